@@ -1,0 +1,36 @@
+"""The `jsonlbatch` command line: a thin layer over the importable library.
+
+Each command lives in its own module beside this one and is registered below. Errors of the
+package's own hierarchy become one clean message and an exit code here, in one place.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from jsonlbatch.errors import JsonlbatchError
+from jsonlbatch.redact import redact
+
+
+class _Group(click.Group):
+    """A click group that renders `JsonlbatchError` without a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except JsonlbatchError as exc:
+            click.echo(f"Error: {redact(str(exc))}", err=True)
+            sys.exit(exc.exit_code)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="jsonlbatch")
+def main() -> None:
+    """Offline LLM batch work over JSONL: gen -> exec -> post/report."""
+
+
+# Command registration: one line per command module.
+# (commands are imported here, after `main` exists, so modules stay independent of each other)

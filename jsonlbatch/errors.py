@@ -1,0 +1,87 @@
+"""The exceptions jsonlbatch raises.
+
+Every error a user can cause (bad input, a wrong option, a server that never came up) is a
+`JsonlbatchError`; the CLI turns these into one clean message and an exit code in one place
+(`jsonlbatch.cli`). Anything else escaping is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with one line of a file, located precisely enough to fix it."""
+
+    path: str
+    line: int | None
+    field: str | None
+    message: str
+
+    def __str__(self) -> str:
+        where = self.path if self.line is None else f"{self.path}:{self.line}"
+        return f"{where}: {self.field}: {self.message}" if self.field else f"{where}: {self.message}"
+
+
+class JsonlbatchError(Exception):
+    """Base class of every error jsonlbatch raises on purpose."""
+
+    exit_code: int = 1
+
+
+class UsageError(JsonlbatchError):
+    """Options that cannot work together, or a value out of range."""
+
+    exit_code = 2
+
+
+class InputError(JsonlbatchError):
+    """A file the user gave us is unreadable or malformed.
+
+    `problems` lists every located problem found (not just the first), so one run of the
+    user's fix-and-retry loop can fix them all.
+    """
+
+    def __init__(self, message: str, problems: Sequence[Problem] = ()) -> None:
+        super().__init__(message)
+        self.problems = list(problems)
+
+    def __str__(self) -> str:
+        lines = [self.args[0]]
+        shown = self.problems[:20]
+        lines += [f"  {p}" for p in shown]
+        if len(self.problems) > len(shown):
+            lines.append(f"  ... and {len(self.problems) - len(shown)} more")
+        return "\n".join(lines)
+
+
+class OutputError(JsonlbatchError):
+    """The output file cannot be used safely (not ours, corrupt mid-file, not writable)."""
+
+
+class ServerError(JsonlbatchError):
+    """A server misbehaved in a way that makes continuing pointless."""
+
+
+class AuthenticationError(ServerError):
+    """The server rejected our credentials (HTTP 401/403). Retrying cannot help."""
+
+
+class ModelNotServedError(ServerError):
+    """The requests name a model the server does not serve."""
+
+
+class ServerUnavailableError(ServerError):
+    """No endpoint answered within the ready timeout."""
+
+
+class LaunchError(ServerError):
+    """A server we launched failed to start or died and could not be restarted."""
+
+
+class Interrupted(JsonlbatchError):
+    """The run was stopped by SIGINT/SIGTERM; the output is valid and re-running resumes."""
+
+    exit_code = 130

@@ -1,0 +1,230 @@
+"""The OpenAI Batch line formats: the contract between gen, exec and the post-processors.
+
+Request lines are what `vllm run-batch` and the OpenAI Batch API read::
+
+    {"custom_id": "a|0", "method": "POST", "url": "/v1/chat/completions", "body": {...}}
+
+Response lines are what they write, plus one extra key, `metrics`::
+
+    {"id": "batch_req_...", "custom_id": "a|0",
+     "response": {"status_code": 200, "request_id": "...", "body": {...}},
+     "error": null, "metrics": {...}}
+
+Checks here return `Problem`s rather than raising, so a validator can report every problem
+of a file in one pass.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from jsonlbatch.errors import InputError, Problem
+
+CHAT_URL = "/v1/chat/completions"
+COMPLETIONS_URL = "/v1/completions"
+EMBEDDINGS_URL = "/v1/embeddings"
+
+#: Endpoint paths a request line may name: the OpenAI Batch API's and `vllm run-batch`'s.
+KNOWN_URLS = frozenset(
+    {
+        CHAT_URL,
+        COMPLETIONS_URL,
+        EMBEDDINGS_URL,
+        "/v1/responses",
+        "/v1/score",
+        "/v1/rerank",
+        "/score",
+        "/rerank",
+    }
+)
+
+_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+
+
+@dataclass(slots=True)
+class Request:
+    """One parsed request line. `line` is 1-based, for messages."""
+
+    custom_id: str
+    url: str
+    body: dict[str, Any]
+    line: int = 0
+    method: str = "POST"
+
+
+def check_messages(messages: Any, field_name: str = "body.messages") -> list[tuple[str, str]]:
+    """Problems with a chat `messages` list, as (field, message) pairs."""
+    if not isinstance(messages, list):
+        return [(field_name, f"must be a list of messages, got {_kind(messages)}")]
+    if not messages:
+        return [(field_name, "must not be empty")]
+    out: list[tuple[str, str]] = []
+    for i, msg in enumerate(messages):
+        where = f"{field_name}[{i}]"
+        if not isinstance(msg, dict):
+            out.append((where, f"must be an object, got {_kind(msg)}"))
+            continue
+        role = msg.get("role")
+        if not isinstance(role, str):
+            out.append((f"{where}.role", "missing or not a string"))
+        elif role not in _ROLES:
+            out.append((f"{where}.role", f"unknown role {role!r}"))
+        content = msg.get("content")
+        if content is None:
+            if not (msg.get("tool_calls") or msg.get("function_call")) and "content" not in msg:
+                out.append((f"{where}.content", "missing"))
+        elif isinstance(content, list):
+            for j, part in enumerate(content):
+                if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+                    out.append((f"{where}.content[{j}]", "must be an object with a 'type'"))
+        elif not isinstance(content, str):
+            out.append((f"{where}.content", f"must be a string or a list, got {_kind(content)}"))
+    return out
+
+
+def check_request(obj: Any, *, require_model: bool = True) -> list[tuple[str, str]]:
+    """Problems with one decoded request line, as (field, message) pairs."""
+    if not isinstance(obj, dict):
+        return [("line", f"must be a JSON object, got {_kind(obj)}")]
+    out: list[tuple[str, str]] = []
+    cid = obj.get("custom_id")
+    if not isinstance(cid, str) or not cid:
+        out.append(("custom_id", "missing or not a non-empty string"))
+    method = obj.get("method", "POST")
+    if method != "POST":
+        out.append(("method", f"must be 'POST', got {method!r}"))
+    url = obj.get("url")
+    if not isinstance(url, str):
+        out.append(("url", "missing or not a string"))
+    elif url not in KNOWN_URLS:
+        out.append(("url", f"unknown endpoint {url!r} (known: {', '.join(sorted(KNOWN_URLS))})"))
+    body = obj.get("body")
+    if not isinstance(body, dict):
+        out.append(("body", f"must be an object, got {_kind(body)}"))
+        return out
+    model = body.get("model")
+    if model is None:
+        if require_model:
+            out.append(("body.model", "missing (or pass --model)"))
+    elif not isinstance(model, str) or not model:
+        out.append(("body.model", "must be a non-empty string"))
+    if url == CHAT_URL:
+        out += check_messages(body.get("messages"))
+    elif url == COMPLETIONS_URL and not isinstance(body.get("prompt"), (str, list)):
+        out.append(("body.prompt", "missing or not a string/list"))
+    elif url == EMBEDDINGS_URL and not isinstance(body.get("input"), (str, list)):
+        out.append(("body.input", "missing or not a string/list"))
+    return out
+
+
+def parse_request(raw: bytes | str, *, path: str, line: int, require_model: bool = True) -> Request:
+    """Decode and check one request line; raise `InputError` naming file, line and field."""
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InputError("invalid request", [Problem(path, line, None, f"bad JSON: {exc}")]) from None
+    problems = check_request(obj, require_model=require_model)
+    if problems:
+        raise InputError("invalid request", [Problem(path, line, f, m) for f, m in problems])
+    return Request(obj["custom_id"], obj["url"], obj["body"], line, obj.get("method", "POST"))
+
+
+def request_line(custom_id: str, body: dict[str, Any], url: str = CHAT_URL) -> bytes:
+    """Encode one request line (with its trailing newline)."""
+    return orjson.dumps({"custom_id": custom_id, "method": "POST", "url": url, "body": body}) + b"\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# Response lines
+
+
+@dataclass(slots=True)
+class Result:
+    """The outcome of one request, as written to the response file.
+
+    `body` is the server's JSON: either decoded, or an `orjson.Fragment` of the raw bytes so a
+    successful body is written back byte for byte without re-encoding.
+    """
+
+    custom_id: str
+    status_code: int | None
+    body: Any = None
+    request_id: str | None = None
+    error: dict[str, Any] | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.status_code is not None and 200 <= self.status_code < 300
+
+    def to_line(self) -> bytes:
+        response = None
+        if self.status_code is not None:
+            response = {
+                "status_code": self.status_code,
+                "request_id": self.request_id,
+                "body": self.body,
+            }
+        return (
+            orjson.dumps(
+                {
+                    "id": "batch_req_" + os.urandom(12).hex(),
+                    "custom_id": self.custom_id,
+                    "response": response,
+                    "error": self.error,
+                    "metrics": self.metrics,
+                }
+            )
+            + b"\n"
+        )
+
+
+def is_failure(obj: dict[str, Any]) -> bool:
+    """Whether a decoded response line records a failed request.
+
+    The OpenAI service signals HTTP errors only through `response.status_code` (with `error`
+    null) while `vllm run-batch` uses `error`: look at both.
+    """
+    if obj.get("error"):
+        return True
+    response = obj.get("response")
+    if not isinstance(response, dict):
+        return True
+    status = response.get("status_code")
+    return not (isinstance(status, int) and 200 <= status < 300)
+
+
+def check_response(obj: Any) -> list[tuple[str, str]]:
+    """Problems with one decoded response line, as (field, message) pairs."""
+    if not isinstance(obj, dict):
+        return [("line", f"must be a JSON object, got {_kind(obj)}")]
+    out: list[tuple[str, str]] = []
+    cid = obj.get("custom_id")
+    if not isinstance(cid, str) or not cid:
+        out.append(("custom_id", "missing or not a non-empty string"))
+    response = obj.get("response")
+    error = obj.get("error")
+    if response is None:
+        if not isinstance(error, dict):
+            out.append(("error", "a line without a response must carry an error object"))
+    elif not isinstance(response, dict):
+        out.append(("response", f"must be an object or null, got {_kind(response)}"))
+    else:
+        if not isinstance(response.get("status_code"), int):
+            out.append(("response.status_code", "missing or not an integer"))
+        body = response.get("body")
+        if response.get("status_code") == 200 and not isinstance(body, dict):
+            out.append(("response.body", "a 200 response must have an object body"))
+    if error is not None and not isinstance(error, dict):
+        out.append(("error", f"must be an object or null, got {_kind(error)}"))
+    return out
+
+
+def _kind(value: Any) -> str:
+    return {dict: "object", list: "list", str: "string", type(None): "null", bool: "boolean"}.get(
+        type(value), type(value).__name__
+    )
