@@ -22,7 +22,9 @@ class Problem:
 
     def __str__(self) -> str:
         where = self.path if self.line is None else f"{self.path}:{self.line}"
-        return f"{where}: {self.field}: {self.message}" if self.field else f"{where}: {self.message}"
+        return (
+            f"{where}: {self.field}: {self.message}" if self.field else f"{where}: {self.message}"
+        )
 
 
 class JsonlbatchError(Exception):
@@ -85,3 +87,7 @@ class Interrupted(JsonlbatchError):
     """The run was stopped by SIGINT/SIGTERM; the output is valid and re-running resumes."""
 
     exit_code = 130
+
+    def __init__(self, message: str, summary: object = None) -> None:
+        super().__init__(message)
+        self.summary = summary

@@ -126,7 +126,9 @@ def parse_request(raw: bytes | str, *, path: str, line: int, require_model: bool
     try:
         obj = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise InputError("invalid request", [Problem(path, line, None, f"bad JSON: {exc}")]) from None
+        raise InputError(
+            "invalid request", [Problem(path, line, None, f"bad JSON: {exc}")]
+        ) from None
     problems = check_request(obj, require_model=require_model)
     if problems:
         raise InputError("invalid request", [Problem(path, line, f, m) for f, m in problems])
@@ -135,7 +137,9 @@ def parse_request(raw: bytes | str, *, path: str, line: int, require_model: bool
 
 def request_line(custom_id: str, body: dict[str, Any], url: str = CHAT_URL) -> bytes:
     """Encode one request line (with its trailing newline)."""
-    return orjson.dumps({"custom_id": custom_id, "method": "POST", "url": url, "body": body}) + b"\n"
+    return (
+        orjson.dumps({"custom_id": custom_id, "method": "POST", "url": url, "body": body}) + b"\n"
+    )
 
 
 # ---------------------------------------------------------------------------------------------

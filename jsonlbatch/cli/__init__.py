@@ -34,3 +34,8 @@ def main() -> None:
 
 # Command registration: one line per command module.
 # (commands are imported here, after `main` exists, so modules stay independent of each other)
+from jsonlbatch.cli import exec as _exec  # noqa: E402
+from jsonlbatch.cli import validate as _validate  # noqa: E402
+
+main.add_command(_exec.exec_)
+main.add_command(_validate.validate)

@@ -1,0 +1,129 @@
+"""`jsonlbatch exec`: the command-line face of `jsonlbatch.executor`."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from jsonlbatch.errors import Interrupted, UsageError
+from jsonlbatch.executor import ExecOptions, Job, run_coroutine
+from jsonlbatch.redact import register_secret
+
+#: Exit status of a run that finished but recorded failed requests.
+EXIT_SOME_FAILED = 3
+
+
+def parse_headers(values: tuple[str, ...]) -> dict[str, str]:
+    headers = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--header wants KEY=VALUE, got {item!r}")
+        headers[key.strip()] = value
+        register_secret(value)
+    return headers
+
+
+@click.command("exec")
+@click.argument("requests", type=click.Path(dir_okay=False))
+@click.option(
+    "-o",
+    "--output",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Response JSONL; if it exists, requests with a result are skipped (resume).",
+)
+@click.option(
+    "--url",
+    "urls",
+    multiple=True,
+    metavar="URL",
+    help="OpenAI-compatible base URL, e.g. http://localhost:8000/v1 (repeat for several).",
+)
+@click.option("-c", "--concurrency", default=256, show_default=True, help="Requests in flight.")
+@click.option(
+    "--model",
+    metavar="NAME|auto",
+    help="Override every request's model; 'auto' uses the one the server serves.",
+)
+@click.option(
+    "--api-key",
+    envvar="OPENAI_API_KEY",
+    show_envvar=True,
+    help="Sent as a Bearer token (as `api-key` to Azure OpenAI).",
+)
+@click.option("--header", "headers", multiple=True, metavar="KEY=VALUE", help="Extra HTTP header.")
+@click.option(
+    "--timeout",
+    default=1800.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Per-attempt timeout; long, for reasoning models and cold caches.",
+)
+@click.option(
+    "--max-retries",
+    default=8,
+    show_default=True,
+    help="Retries for timeouts, dropped connections, 408/429/5xx.",
+)
+@click.option(
+    "--ready-timeout",
+    default=1800.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="How long a refusing or dead server is waited for before giving up.",
+)
+@click.option(
+    "--retry-failed",
+    is_flag=True,
+    help="Re-send requests whose line in the output records a failure.",
+)
+@click.option(
+    "--shard",
+    metavar="K/N",
+    help="Only the K-th of N parts of the input (K from 0), split by custom_id.",
+)
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar or notes; errors only.")
+def exec_(
+    requests: str,
+    output: str,
+    urls: tuple[str, ...],
+    headers: tuple[str, ...],
+    shard: str | None,
+    **kwargs: Any,
+) -> None:
+    """Send the REQUESTS file (OpenAI Batch JSONL) and write one result line per request.
+
+    Stop it at any time (Ctrl-C, kill -9, power loss): the same command again resumes and
+    ends with exactly one line per request. Exit status: 0 all ok, 3 some requests failed
+    (their lines say why; --retry-failed sends them again), 130 interrupted.
+    """
+    if kwargs["api_key"]:
+        register_secret(kwargs["api_key"])
+    options = ExecOptions(
+        urls=urls,
+        headers=parse_headers(headers),
+        shard=_parse_shard(shard) if shard else None,
+        **kwargs,
+    )
+    job = Job(requests, output, options)
+    job.prepare()
+    try:
+        summary = run_coroutine(job.run(handle_signals=True))
+    except Interrupted as exc:
+        if exc.summary is not None and not options.quiet:
+            click.echo(exc.summary.format(), err=True)  # type: ignore[attr-defined]
+        raise
+    if not options.quiet or summary.failed:
+        click.echo(summary.format(), err=True)
+    if summary.failed:
+        click.echo("some requests failed; re-run with --retry-failed to send them again", err=True)
+        sys.exit(EXIT_SOME_FAILED)
+
+
+def _parse_shard(text: str) -> tuple[int, int]:
+    from jsonlbatch.shard import parse_shard
+
+    return parse_shard(text)

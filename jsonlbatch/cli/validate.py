@@ -1,0 +1,36 @@
+"""`jsonlbatch validate FILE`."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from jsonlbatch.validate import validate_file
+
+
+@click.command()
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option(
+    "--kind",
+    type=click.Choice(["auto", "requests", "responses"]),
+    default="auto",
+    show_default=True,
+    help="What the files hold; auto looks at the first line.",
+)
+def validate(files: tuple[str, ...], kind: str) -> None:
+    """Check request or response JSONL files; list every problem with file, line and field.
+
+    Exits 1 if any file has a problem.
+    """
+    bad = 0
+    for path in files:
+        report = validate_file(path, kind)
+        if report.ok:
+            click.echo(f"{path}: ok ({report.lines} {report.kind[:-1]} lines)")
+            continue
+        bad += 1
+        for problem in report.problems:
+            click.echo(str(problem))
+        click.echo(f"{path}: {len(report.problems)} problem(s) in {report.kind}", err=True)
+    sys.exit(1 if bad else 0)

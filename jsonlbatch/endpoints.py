@@ -1,0 +1,267 @@
+"""The servers a run talks to: addressing, credentials, health, and which one gets the next request.
+
+A request goes to the healthy endpoint with the fewest requests in flight. An endpoint that
+refuses connections, or keeps failing, is set aside and probed in the background until it
+answers again; while no endpoint is up, `acquire` waits (up to the ready timeout) instead of
+letting requests burn their attempts on a dead or cold server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import orjson
+
+from jsonlbatch.errors import AuthenticationError, ServerUnavailableError, UsageError
+from jsonlbatch.redact import register_secret
+
+#: Consecutive server-side failures after which an endpoint is set aside and probed.
+SET_ASIDE_AFTER = 8
+
+_AZURE_SUFFIXES = (".openai.azure.com", ".cognitiveservices.azure.com", ".services.ai.azure.com")
+
+
+@dataclass(eq=False)
+class Endpoint:
+    """One base URL, e.g. `http://node1:8000/v1` or an Azure deployment URL."""
+
+    base: str
+    name: str
+    query: str = ""
+    azure: bool = False
+    proxy: str | None = None
+    in_flight: int = 0
+    up: bool = True
+    failures: int = 0
+    down_reason: str = ""
+    probe: asyncio.Task[None] | None = field(default=None, repr=False)
+
+    def url_for(self, path: str) -> str:
+        """Join the base with a request line's `url`, avoiding a doubled `/v1`."""
+        split = urllib.parse.urlsplit(self.base)
+        base_path = split.path.rstrip("/")
+        if base_path and path.startswith("/v1/"):
+            path = path[3:]
+        url = urllib.parse.urlunsplit((split.scheme, split.netloc, base_path + path, "", ""))
+        return f"{url}?{self.query}" if self.query else url
+
+
+def parse_endpoint(url: str) -> Endpoint:
+    """Check and normalise a `--url`. Credentials in the URL are taken out of its display name."""
+    split = urllib.parse.urlsplit(url.strip())
+    if split.scheme not in ("http", "https") or not split.hostname:
+        raise UsageError(
+            f"--url must be an http(s) URL such as http://localhost:8000/v1, got {url!r}"
+        )
+    if split.password:
+        register_secret(split.password)
+    host = split.hostname
+    port = f":{split.port}" if split.port else ""
+    name = f"{split.scheme}://{host}{port}{split.path.rstrip('/')}"
+    base = urllib.parse.urlunsplit((split.scheme, split.netloc, split.path, "", ""))
+    proxies = urllib.request.getproxies()
+    proxy = None
+    if not urllib.request.proxy_bypass(host) and host not in ("127.0.0.1", "localhost", "::1"):
+        proxy = proxies.get(split.scheme)
+    return Endpoint(
+        base=base,
+        name=name,
+        query=split.query,
+        azure=host.endswith(_AZURE_SUFFIXES),
+        proxy=proxy,
+    )
+
+
+def auth_headers(
+    endpoint: Endpoint, api_key: str | None, extra: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    headers = {"Content-Type": "application/json", "Accept": "application/json"}
+    if api_key:
+        register_secret(api_key)
+        if endpoint.azure:
+            headers["api-key"] = api_key
+        else:
+            headers["Authorization"] = f"Bearer {api_key}"
+    for key, value in (extra or {}).items():
+        register_secret(value)
+        headers[key] = value
+    return headers
+
+
+class EndpointPool:
+    """Chooses endpoints, tracks their health, and waits for one when none is up."""
+
+    def __init__(
+        self,
+        endpoints: Sequence[Endpoint],
+        session: aiohttp.ClientSession,
+        headers: Mapping[Endpoint, dict[str, str]],
+        *,
+        ready_timeout: float,
+        watchdog: Callable[[], None] | None = None,
+    ) -> None:
+        if not endpoints:
+            raise UsageError("no endpoint: give --url or --serve")
+        self.endpoints = list(endpoints)
+        self.headers = headers
+        self._session = session
+        self._ready_timeout = ready_timeout
+        self._watchdog = watchdog
+        self._changed = asyncio.Event()
+        self._all_down_since: float | None = None
+        self.status: str = ""  # shown by the progress display while waiting
+
+    # -- choosing ------------------------------------------------------------------------------
+
+    async def acquire(self) -> Endpoint:
+        while True:
+            best: Endpoint | None = None
+            for ep in self.endpoints:
+                if ep.up and (best is None or ep.in_flight < best.in_flight):
+                    best = ep
+            if best is not None:
+                best.in_flight += 1
+                return best
+            await self._wait_for_change()
+
+    def release(self, endpoint: Endpoint) -> None:
+        endpoint.in_flight -= 1
+
+    async def _wait_for_change(self) -> None:
+        now = time.monotonic()
+        if self._all_down_since is None:
+            self._all_down_since = now
+        waited = now - self._all_down_since
+        reasons = "; ".join(f"{ep.name}: {ep.down_reason}" for ep in self.endpoints)
+        self.status = (
+            f"waiting for a server ({waited:.0f}s of {self._ready_timeout:.0f}s): {reasons}"
+        )
+        if self._watchdog is not None:
+            self._watchdog()
+        if waited > self._ready_timeout:
+            raise ServerUnavailableError(
+                f"no server answered for {self._ready_timeout:.0f}s ({reasons}); the output is "
+                "valid: run the same command again to resume"
+            )
+        self._changed.clear()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), timeout=1.0)
+
+    # -- health --------------------------------------------------------------------------------
+
+    def record_success(self, endpoint: Endpoint) -> None:
+        endpoint.failures = 0
+
+    def record_failure(self, endpoint: Endpoint, reason: str) -> None:
+        endpoint.failures += 1
+        if endpoint.failures >= SET_ASIDE_AFTER:
+            self.set_aside(endpoint, f"{endpoint.failures} failures in a row ({reason})")
+
+    def set_aside(self, endpoint: Endpoint, reason: str) -> None:
+        """Stop routing to `endpoint` and probe it until it answers again."""
+        endpoint.down_reason = reason
+        if not endpoint.up:
+            return
+        endpoint.up = False
+        if endpoint.probe is None or endpoint.probe.done():
+            endpoint.probe = asyncio.ensure_future(self._probe(endpoint))
+
+    def _mark_up(self, endpoint: Endpoint) -> None:
+        endpoint.up = True
+        endpoint.failures = 0
+        endpoint.down_reason = ""
+        self._all_down_since = None
+        self.status = ""
+        self._changed.set()
+
+    async def _probe(self, endpoint: Endpoint) -> None:
+        delay = 0.25
+        while not endpoint.up:
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+            try:
+                status, _ = await self.get(endpoint, "/v1/models", timeout=10)
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+                endpoint.down_reason = describe_exception(exc)
+                continue
+            if status < 500:
+                self._mark_up(endpoint)
+            else:
+                endpoint.down_reason = f"HTTP {status}"
+
+    async def get(self, endpoint: Endpoint, path: str, *, timeout: float) -> tuple[int, Any]:
+        """GET a JSON document; returns (status, decoded body or None)."""
+        async with self._session.get(
+            endpoint.url_for(path),
+            headers=self.headers[endpoint],
+            proxy=endpoint.proxy,
+            timeout=aiohttp.ClientTimeout(total=timeout),
+        ) as resp:
+            raw = await resp.read()
+        try:
+            return resp.status, orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return resp.status, None
+
+    # -- start-up ------------------------------------------------------------------------------
+
+    async def served_models(self, endpoint: Endpoint) -> list[str] | None:
+        """Wait until `endpoint` answers (cold start), then list its models.
+
+        Returns None when the server has no usable models listing (then the model check is
+        skipped); raises AuthenticationError on 401/403.
+        """
+        started = time.monotonic()
+        delay = 0.25
+        while True:
+            try:
+                status, body = await self.get(endpoint, "/v1/models", timeout=30)
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+                status, body = None, describe_exception(exc)
+            if status in (401, 403):
+                raise AuthenticationError(
+                    f"{endpoint.name} rejected the credentials (HTTP {status}); check --api-key "
+                    "or OPENAI_API_KEY"
+                )
+            if status is not None and status < 500:
+                if status == 200 and isinstance(body, dict) and isinstance(body.get("data"), list):
+                    return [m["id"] for m in body["data"] if isinstance(m, dict) and "id" in m]
+                return None
+            waited = time.monotonic() - started
+            reason = body if status is None else f"HTTP {status}"
+            self.status = f"waiting for {endpoint.name} ({waited:.0f}s): {reason}"
+            if self._watchdog is not None:
+                self._watchdog()
+            if waited > self._ready_timeout:
+                raise ServerUnavailableError(
+                    f"{endpoint.name} did not answer within --ready-timeout "
+                    f"{self._ready_timeout:.0f}s (last: {reason})"
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+    async def close(self) -> None:
+        for ep in self.endpoints:
+            if ep.probe is not None:
+                ep.probe.cancel()
+        probes = [ep.probe for ep in self.endpoints if ep.probe is not None]
+        await asyncio.gather(*probes, return_exceptions=True)
+
+
+def describe_exception(exc: BaseException) -> str:
+    """A short, key-free description of a transport error."""
+    if isinstance(exc, asyncio.TimeoutError):
+        return "timed out"
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return f"cannot connect ({exc.os_error.strerror or exc.os_error})"
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return "server disconnected"
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

@@ -1,0 +1,583 @@
+"""`jsonlbatch exec` as a library: send a request file to OpenAI-compatible servers, crash-safely.
+
+The shape of a run:
+
+1. `Job.prepare()` scans the existing output (what is done) and validates the whole input (what
+   is asked) before anything is sent or modified, so bad input changes nothing.
+2. `Job.run()` cuts a torn last line, drops the lines about to be retried, checks that the
+   servers serve the requested model, then streams the pending lines through a bounded queue to
+   a fixed pool of worker tasks. Each finished request becomes one output line, appended with
+   whole-line writes; a line is written only once its request is finished, so killing the
+   process at any moment loses at most requests in flight, which the next run sends again.
+
+Memory is bounded by the concurrency: the input is re-read line by line and only compact state
+(ids as 8-byte hashes, pending line numbers) is kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import aiohttp
+import orjson
+
+from jsonlbatch.endpoints import EndpointPool, auth_headers, describe_exception, parse_endpoint
+from jsonlbatch.errors import (
+    AuthenticationError,
+    Interrupted,
+    JsonlbatchError,
+    ModelNotServedError,
+    UsageError,
+)
+from jsonlbatch.jsonl import AppendWriter, filter_lines, iter_lines, repair_tail, rewrite_atomically
+from jsonlbatch.progress import Progress
+from jsonlbatch.records import Request, Result
+from jsonlbatch.retry import Backoff, Verdict, classify, parse_retry_after
+from jsonlbatch.scan import InputScan, OutputScan, scan_input, scan_output
+from jsonlbatch.summary import RunSummary
+
+_T = TypeVar("_T")
+
+_FSYNC_EVERY = 5.0  # seconds: durability against power loss without an fsync per line
+
+
+@dataclass
+class ExecOptions:
+    """Everything that shapes a run besides its two files. Field docs are the CLI's help."""
+
+    urls: Sequence[str] = ()
+    concurrency: int = 256
+    model: str | None = None  # override every body's model; "auto" = the one served
+    api_key: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    timeout: float = 1800.0  # per attempt; reasoning models and cold caches need long ones
+    max_retries: int = 8
+    ready_timeout: float = 1800.0  # how long a refusing or dead server is waited for
+    retry_failed: bool = False
+    stream: bool = False
+    shard: tuple[int, int] | None = None  # (k, n), k 0-based
+    quiet: bool = False
+    grace: float = 10.0  # seconds in-flight requests get after the first Ctrl-C
+    backoff_base: float = 1.0
+    backoff_cap: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise UsageError("--concurrency must be at least 1")
+        if self.max_retries < 0:
+            raise UsageError("--max-retries must be 0 or more")
+        if self.timeout <= 0 or self.ready_timeout < 0:
+            raise UsageError("--timeout must be positive and --ready-timeout not negative")
+
+
+class Job:
+    """One request file going to one response file."""
+
+    def __init__(
+        self,
+        requests: str | os.PathLike[str],
+        output: str | os.PathLike[str],
+        options: ExecOptions | None = None,
+    ) -> None:
+        self.requests = os.fspath(requests)
+        self.output = os.fspath(output)
+        self.options = options or ExecOptions()
+        self.input: InputScan | None = None
+        self.existing: OutputScan | None = None
+        if os.path.abspath(self.requests) == os.path.abspath(self.output):
+            raise UsageError("the output file must not be the request file")
+
+    def prepare(self) -> InputScan:
+        """Validate the input against the existing output; raises before anything is touched."""
+        opts = self.options
+        select = None
+        if opts.shard is not None:
+            from jsonlbatch.shard import in_shard
+
+            k, n = opts.shard
+            select = lambda cid: in_shard(cid, k, n)  # noqa: E731
+        self.existing = scan_output(self.output, separate_failed=opts.retry_failed)
+        self.input = scan_input(
+            self.requests,
+            require_model=opts.model is None,
+            done=self.existing.done,
+            failed=self.existing.failed if opts.retry_failed else frozenset(),
+            select=select,
+        )
+        return self.input
+
+    @property
+    def models(self) -> list[str]:
+        """Model names the requests ask for, most used first (after `prepare`)."""
+        if self.input is None:
+            self.prepare()
+        assert self.input is not None
+        return [m for m, _ in self.input.models.most_common()]
+
+    async def run(
+        self,
+        urls: Sequence[str] | None = None,
+        *,
+        watchdog: Callable[[], None] | None = None,
+        handle_signals: bool = False,
+    ) -> RunSummary:
+        """Send what is pending. `watchdog` is called while waiting for servers and may raise
+        (a launcher uses it to end the run when its server died for good)."""
+        if self.input is None:
+            self.prepare()
+        return await _Run(self, list(urls or self.options.urls), watchdog, handle_signals).main()
+
+
+def execute(
+    requests: str | os.PathLike[str],
+    output: str | os.PathLike[str],
+    *,
+    watchdog: Callable[[], None] | None = None,
+    handle_signals: bool = True,
+    **options: Any,
+) -> RunSummary:
+    """Run a request file to completion and return its summary (blocking).
+
+    Options are the fields of `ExecOptions` (`urls=[...]`, `concurrency=`, `model=`, ...).
+    Raises `Interrupted` (with `.summary`) on Ctrl-C; re-running with the same arguments resumes.
+    """
+    job = Job(requests, output, ExecOptions(**options))
+    job.prepare()
+    return run_coroutine(job.run(watchdog=watchdog, handle_signals=handle_signals))
+
+
+async def aexecute(
+    requests: str | os.PathLike[str],
+    output: str | os.PathLike[str],
+    *,
+    watchdog: Callable[[], None] | None = None,
+    **options: Any,
+) -> RunSummary:
+    """`execute` for callers that already run an event loop (signals are left to them)."""
+    job = Job(requests, output, ExecOptions(**options))
+    job.prepare()
+    return await job.run(watchdog=watchdog)
+
+
+def run_coroutine(coro: Coroutine[Any, Any, _T]) -> _T:
+    """Run on uvloop when it is installed (about a sixth faster here), else on asyncio's loop."""
+    try:
+        import uvloop
+
+        loop = uvloop.new_event_loop()
+    except ImportError:
+        loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(coro)
+    finally:
+        try:
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            loop.close()
+
+
+class _Stop(Exception):
+    """Raised inside a worker to drop its request unwritten (the run is stopping)."""
+
+
+class _Run:
+    """The state of one `Job.run`: queue, workers, writer, counters."""
+
+    def __init__(
+        self,
+        job: Job,
+        urls: list[str],
+        watchdog: Callable[[], None] | None,
+        handle_signals: bool,
+    ) -> None:
+        assert job.input is not None and job.existing is not None
+        self.job = job
+        self.opts = job.options
+        self.scan = job.input
+        self.urls = urls
+        self.watchdog = watchdog
+        self.handle_signals = handle_signals
+        self.summary = RunSummary(
+            output=job.output,
+            requests=self.scan.total,
+            already_done=self.scan.already_done,
+            pending=len(self.scan.pending),
+        )
+        self.progress = Progress(len(self.scan.pending), quiet=self.opts.quiet)
+        self.backoff = Backoff(self.opts.backoff_base, self.opts.backoff_cap)
+        self.model_override: str | None = None
+        self.stopping = asyncio.Event()
+        self.abort: JsonlbatchError | None = None
+        self.signals = 0
+        self.retrying = 0
+        self._out: list[bytes] = []
+        self._flush_scheduled = False
+        self.writer: AppendWriter | None = None
+        self.workers: list[asyncio.Task[None]] = []
+
+    # -- the run -------------------------------------------------------------------------------
+
+    async def main(self) -> RunSummary:
+        started = time.monotonic()
+        self._prepare_output()
+        if not self.scan.pending:
+            self.progress.note(f"nothing to send: all {self.scan.total} requests have a result")
+            self.summary.wall_s = time.monotonic() - started
+            return self.summary
+        if not self.urls:
+            raise UsageError("no endpoint: give --url (or --serve to launch a server)")
+        endpoints = [parse_endpoint(u) for u in self.urls]
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=4.0, ttl_dns_cache=300)
+        loop = asyncio.get_running_loop()
+        if self.handle_signals:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, self._on_signal)
+        try:
+            async with aiohttp.ClientSession(
+                connector=connector, trust_env=False, read_bufsize=1 << 20
+            ) as session:
+                headers = {
+                    ep: auth_headers(ep, self.opts.api_key, self.opts.headers) for ep in endpoints
+                }
+                pool = EndpointPool(
+                    endpoints,
+                    session,
+                    headers,
+                    ready_timeout=self.opts.ready_timeout,
+                    watchdog=self.watchdog,
+                )
+                self.progress.status_source = lambda: pool.status
+                try:
+                    await self._preflight(pool)
+                    self.summary.started_at = time.time()
+                    self.progress.start()
+                    await self._send_all(session, pool)
+                finally:
+                    await pool.close()
+        finally:
+            if self.handle_signals:
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    loop.remove_signal_handler(sig)
+            self._close_output()
+            self.progress.close(self.summary)
+            self.summary.wall_s = time.monotonic() - started
+        if self.abort is not None:
+            raise self.abort
+        if self.signals:
+            self.summary.interrupted = True
+            raise Interrupted(
+                f"interrupted: {self.summary.written} results written; run the same command "
+                "again to resume",
+                summary=self.summary,
+            )
+        return self.summary
+
+    def _prepare_output(self) -> None:
+        """Cut a torn tail and drop lines about to be retried; only now is the output touched."""
+        existing = self.job.existing
+        assert existing is not None
+        if existing.torn:
+            cut = repair_tail(self.job.output, existing.keep_bytes)
+            self.summary.repaired_bytes = cut
+            self.progress.note(f"repaired {self.job.output}: cut a torn last line ({cut} bytes)")
+        if self.scan.already_done:
+            self.progress.note(
+                f"resuming: {self.scan.already_done} of {self.scan.total} requests already have "
+                f"a result in {self.job.output}"
+            )
+        if self.scan.retry_ids:
+            retry = self.scan.retry_ids
+
+            def keep(line: bytes) -> bool:
+                return orjson.loads(line).get("custom_id") not in retry
+
+            rewrite_atomically(self.job.output, filter_lines(self.job.output, keep))
+            self.progress.note(f"retrying {len(retry)} failed requests")
+        self.writer = AppendWriter(self.job.output)
+
+    def _close_output(self) -> None:
+        self._flush()
+        if self.writer is not None:
+            self.writer.close()
+
+    async def _preflight(self, pool: EndpointPool) -> None:
+        """Wait for every endpoint to answer and check it serves the models asked for."""
+        listings = await asyncio.gather(*(pool.served_models(ep) for ep in pool.endpoints))
+        wanted = self.opts.model
+        known = [
+            (ep, names)
+            for ep, names in zip(pool.endpoints, listings, strict=True)
+            if names is not None
+        ]
+        for ep, names in zip(pool.endpoints, listings, strict=True):
+            if names is None:
+                self.progress.note(f"{ep.name} lists no models; skipping the model check")
+        if wanted == "auto":
+            common = set.intersection(*(set(n) for _, n in known)) if known else set()
+            if len(common) != 1:
+                served = ", ".join(sorted({m for _, n in known for m in n})) or "none"
+                raise ModelNotServedError(
+                    f"--model auto needs exactly one model served by every endpoint; served: {served}"
+                )
+            self.model_override = common.pop()
+            self.progress.note(f"--model auto: using {self.model_override}")
+            return
+        self.model_override = wanted
+        asked = [wanted] if wanted else list(self.scan.models)
+        for ep, names in known:
+            missing = [m for m in asked if m not in names]
+            if missing:
+                uses = "" if wanted else f" ({self.scan.models[missing[0]]} requests use it)"
+                raise ModelNotServedError(
+                    f"model {missing[0]!r}{uses} is not served by {ep.name}; it serves: "
+                    f"{', '.join(names) or 'nothing'}. Pass --model NAME to override every "
+                    "request's model, or --model auto to use the served one"
+                )
+
+    async def _send_all(self, session: aiohttp.ClientSession, pool: EndpointPool) -> None:
+        n_workers = min(self.opts.concurrency, len(self.scan.pending))
+        queue: asyncio.Queue[Request | None] = asyncio.Queue(maxsize=2 * n_workers)
+        reader = asyncio.ensure_future(self._read(queue, n_workers))
+        self.workers = [
+            asyncio.ensure_future(self._work(queue, session, pool)) for _ in range(n_workers)
+        ]
+        ticker = asyncio.ensure_future(self._tick())
+        try:
+            done, _ = await asyncio.wait(
+                [reader, *self.workers], return_when=asyncio.FIRST_EXCEPTION
+            )
+            for task in done:
+                if not task.cancelled() and task.exception() is not None:
+                    raise task.exception()  # type: ignore[misc]
+        finally:
+            for task in (reader, *self.workers, ticker):
+                task.cancel()
+            await asyncio.gather(reader, *self.workers, ticker, return_exceptions=True)
+
+    async def _read(self, queue: asyncio.Queue[Request | None], n_workers: int) -> None:
+        pending = self.scan.pending
+        i = 0
+        override = self.model_override
+        for number, raw in iter_lines(self.job.requests):
+            if i >= len(pending):
+                break
+            if number != pending[i]:
+                continue
+            i += 1
+            obj = orjson.loads(raw)
+            body = obj["body"]
+            if override is not None:
+                body["model"] = override
+            await queue.put(Request(obj["custom_id"], obj["url"], body, number))
+            if self.stopping.is_set():
+                break
+        for _ in range(n_workers):
+            await queue.put(None)
+
+    async def _work(
+        self,
+        queue: asyncio.Queue[Request | None],
+        session: aiohttp.ClientSession,
+        pool: EndpointPool,
+    ) -> None:
+        while True:
+            request = await queue.get()
+            if request is None or self.stopping.is_set():
+                return
+            try:
+                result = await self._attempts(request, session, pool)
+            except _Stop:
+                return
+            except JsonlbatchError as exc:
+                self._stop(exc)
+                return
+            self._emit(result)
+
+    async def _attempts(
+        self, req: Request, session: aiohttp.ClientSession, pool: EndpointPool
+    ) -> Result:
+        """Send one request until it succeeds, fails for good, or runs out of retries."""
+        payload = orjson.dumps(req.body)
+        attempts = 0
+        raced = False
+        while True:
+            endpoint = await pool.acquire()
+            if self.stopping.is_set():
+                pool.release(endpoint)
+                raise _Stop
+            attempts += 1
+            start_wall, start = time.time(), time.perf_counter()
+            retry_after = None
+            try:
+                async with session.post(
+                    endpoint.url_for(req.url),
+                    data=payload,
+                    headers=pool.headers[endpoint],
+                    proxy=endpoint.proxy,
+                    timeout=aiohttp.ClientTimeout(total=self.opts.timeout),
+                ) as resp:
+                    raw = await resp.read()
+                    status = resp.status
+                    request_id = resp.headers.get("x-request-id")
+                    if status == 429 or status >= 500:
+                        retry_after = parse_retry_after(resp.headers.get("Retry-After"))
+            except aiohttp.ClientConnectorError as exc:
+                # Refused or unresolvable: the server is down or cold, not this request's fault.
+                pool.set_aside(endpoint, describe_exception(exc))
+                attempts -= 1
+                continue
+            except aiohttp.ServerDisconnectedError as exc:
+                if not raced:  # a keep-alive connection closed under us: not an attempt
+                    raced = True
+                    attempts -= 1
+                    continue
+                failure = ("connection_error", describe_exception(exc))
+            except asyncio.TimeoutError:
+                failure = ("request_timeout", f"no response within {self.opts.timeout:g}s")
+            except (aiohttp.ClientError, OSError) as exc:
+                failure = ("connection_error", describe_exception(exc))
+            else:
+                failure = None
+            finally:
+                pool.release(endpoint)
+            metrics = {
+                "attempts": attempts,
+                "endpoint": endpoint.name,
+                "start_time": round(start_wall, 6),
+                "latency_s": round(time.perf_counter() - start, 6),
+            }
+            if failure is None:
+                result, verdict = _http_result(req.custom_id, status, raw, request_id, metrics)
+                if verdict is Verdict.OK:
+                    pool.record_success(endpoint)
+                    return result
+                if verdict is Verdict.ABORT:
+                    raise AuthenticationError(
+                        f"{endpoint.name} rejected the credentials (HTTP {status}); check "
+                        "--api-key or OPENAI_API_KEY. Nothing more was sent; re-run to resume"
+                    )
+                if verdict is Verdict.FINAL:
+                    return result
+                if status >= 500:
+                    pool.record_failure(endpoint, f"HTTP {status}")
+            else:
+                code, message = failure
+                pool.record_failure(endpoint, message)
+                result = Result(req.custom_id, None, error={"code": code, "message": message})
+                result.metrics = metrics
+            if attempts > self.opts.max_retries:
+                return result
+            self.summary.retries += 1
+            await self._pause(self.backoff.delay(attempts, retry_after))
+
+    async def _pause(self, seconds: float) -> None:
+        """Back off before a retry; give up at once if the run is stopping."""
+        self.retrying += 1
+        try:
+            await asyncio.wait_for(self.stopping.wait(), timeout=seconds)
+        except asyncio.TimeoutError:
+            return
+        finally:
+            self.retrying -= 1
+        raise _Stop
+
+    # -- output --------------------------------------------------------------------------------
+
+    def _emit(self, result: Result) -> None:
+        self._out.append(result.to_line())
+        self.summary.count(result)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        """Write every line finished in this loop iteration with one os.write."""
+        self._flush_scheduled = False
+        if self._out and self.writer is not None:
+            data = b"".join(self._out)
+            self._out.clear()
+            self.writer.write(data)
+
+    async def _tick(self) -> None:
+        last_sync = time.monotonic()
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(0.5)
+            self.progress.update(self.summary, self.retrying)
+            if time.monotonic() - last_sync > _FSYNC_EVERY and self.writer is not None:
+                last_sync = time.monotonic()
+                await loop.run_in_executor(None, self.writer.fsync)
+
+    # -- stopping ------------------------------------------------------------------------------
+
+    def _stop(self, abort: JsonlbatchError | None = None) -> None:
+        if abort is not None and self.abort is None:
+            self.abort = abort
+        if not self.stopping.is_set():
+            self.stopping.set()
+            delay = 0.0 if abort is not None else self.opts.grace
+            asyncio.get_running_loop().call_later(delay, self._cancel_workers)
+
+    def _cancel_workers(self) -> None:
+        for task in self.workers:
+            task.cancel()
+
+    def _on_signal(self) -> None:
+        self.signals += 1
+        if self.signals == 1:
+            self.progress.note(
+                f"stopping: no new requests; waiting up to {self.opts.grace:g}s for those in "
+                "flight (Ctrl-C again to stop now)"
+            )
+            self._stop()
+        elif self.signals == 2:
+            self._cancel_workers()
+        else:  # the loop is wedged: leave now; only whole lines were ever written
+            self._flush()
+            os._exit(130)
+
+
+def _http_result(
+    custom_id: str, status: int, raw: bytes, request_id: str | None, metrics: dict[str, Any]
+) -> tuple[Result, Verdict]:
+    """Turn a response into a Result and decide what it means for the request."""
+    verdict = classify(status, raw)
+    try:
+        body: Any = orjson.loads(raw) if raw else None
+    except orjson.JSONDecodeError:
+        if verdict is Verdict.OK:  # a 200 we cannot read (a proxy cut it?): worth a retry
+            verdict = Verdict.RETRY
+        body = raw.decode("utf-8", "replace")
+    if verdict is Verdict.OK:
+        if not isinstance(body, dict):
+            verdict = Verdict.RETRY
+        else:
+            if request_id is None:
+                request_id = body.get("id")
+            usage = body.get("usage")
+            if isinstance(usage, dict):
+                metrics["prompt_tokens"] = usage.get("prompt_tokens") or 0
+                metrics["completion_tokens"] = usage.get("completion_tokens") or 0
+            # Keep the server's bytes as they are, unless they would break the line.
+            kept = orjson.Fragment(raw) if b"\n" not in raw and b"\r" not in raw else body
+            return Result(custom_id, status, kept, request_id, None, metrics), verdict
+    message = _error_message(body) or f"HTTP {status}"
+    error = {"code": f"http_{status}", "message": message}
+    return Result(custom_id, status, body, request_id, error, metrics), verdict
+
+
+def _error_message(body: Any) -> str:
+    """The human message of an error body, whichever of the common shapes it has."""
+    if isinstance(body, dict):
+        err = body.get("error", body)
+        if isinstance(err, dict):
+            msg = err.get("message") or err.get("detail")
+            return str(msg) if msg else ""
+        return str(err)
+    return str(body)[:500] if body else ""

@@ -1,0 +1,127 @@
+"""Reading and crash-safe writing of JSONL files.
+
+Output is only ever appended in whole lines with one `os.write` per batch on an `O_APPEND`
+descriptor: a crash can at worst leave a torn last line (power loss), never a line glued to
+another. `repair_tail` cuts such a tail off before anything new is appended, and rewrites
+happen through a temporary file and an atomic rename.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+
+from jsonlbatch.errors import InputError, OutputError
+
+_READ_BUFFER = 1 << 20
+
+
+def iter_lines(path: str | os.PathLike[str]) -> Iterator[tuple[int, bytes]]:
+    """Yield (1-based line number, line without surrounding whitespace), skipping blank lines."""
+    try:
+        f = open(path, "rb", buffering=_READ_BUFFER)  # noqa: SIM115 - closed by the with below
+    except OSError as exc:
+        raise InputError(f"cannot read {os.fspath(path)}: {exc.strerror}") from None
+    with f:
+        for number, raw in enumerate(f, 1):
+            raw = raw.strip()
+            if raw:
+                yield number, raw
+
+
+def complete_length(path: str | os.PathLike[str]) -> int:
+    """Length of the file up to and including its last newline: what survives a tail repair."""
+    with open(path, "rb") as f:
+        size = f.seek(0, os.SEEK_END)
+        pos = size
+        while pos > 0:
+            step = min(_READ_BUFFER, pos)
+            f.seek(pos - step)
+            chunk = f.read(step)
+            nl = chunk.rfind(b"\n")
+            if nl >= 0:
+                return pos - step + nl + 1
+            pos -= step
+        return 0
+
+
+def repair_tail(path: str | os.PathLike[str], keep: int) -> int:
+    """Truncate the file to `keep` bytes (a torn or unreadable tail); return the bytes cut."""
+    size = os.path.getsize(path)
+    if size > keep:
+        with open(path, "r+b") as f:
+            f.truncate(keep)
+            f.flush()
+            os.fsync(f.fileno())
+    return max(0, size - keep)
+
+
+class AppendWriter:
+    """Appends whole lines to a file; each `write` is one `os.write` of complete lines."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        try:
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise OutputError(f"cannot write {self.path}: {exc.strerror}") from None
+
+    def write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            written = os.write(self._fd, view)
+            view = view[written:]
+
+    def fsync(self) -> None:
+        if self._fd >= 0:
+            os.fsync(self._fd)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            try:
+                os.fsync(self._fd)
+            finally:
+                os.close(self._fd)
+                self._fd = -1
+
+    def __enter__(self) -> AppendWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def rewrite_atomically(
+    path: str | os.PathLike[str], lines: Iterable[bytes], *, mode: int | None = None
+) -> None:
+    """Write `lines` (each ending in a newline) to a temp file beside `path`, fsync, rename.
+
+    The target is either the old file or the complete new one, whatever happens meanwhile.
+    """
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb", buffering=_READ_BUFFER) as f:
+            for line in lines:
+                f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+        if mode is not None:
+            os.chmod(tmp, mode)
+        elif target.exists():
+            os.chmod(tmp, target.stat().st_mode & 0o777)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def filter_lines(path: str | os.PathLike[str], keep: Callable[[bytes], bool]) -> Iterator[bytes]:
+    """Lines of `path` (newline included) for which `keep(stripped_line)` is true."""
+    with open(path, "rb", buffering=_READ_BUFFER) as f:
+        for raw in f:
+            stripped = raw.strip()
+            if stripped and keep(stripped):
+                yield stripped + b"\n"

@@ -1,0 +1,75 @@
+"""The progress bar and the short notes printed around it (stderr; silenced by `quiet`)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+
+from tqdm import tqdm
+
+from jsonlbatch.summary import RunSummary
+
+_STATUS_EVERY = 10.0  # seconds between repeats of the same "waiting for server" line
+
+
+class Progress:
+    def __init__(self, total: int, *, quiet: bool = False) -> None:
+        self.total = total
+        self.quiet = quiet
+        self.bar: tqdm | None = None
+        self.status_source: Callable[[], str] | None = None
+        self._shown = 0
+        self._last_status = (0.0, "")
+
+    def start(self) -> None:
+        if self.quiet or self.bar is not None:
+            return
+        self.bar = tqdm(
+            total=self.total,
+            unit="req",
+            desc="exec",
+            file=sys.stderr,
+            dynamic_ncols=True,
+            mininterval=0.5,
+            smoothing=0.05,
+        )
+
+    def update(self, summary: RunSummary, retrying: int) -> None:
+        if self.quiet:
+            return
+        status = self.status_source() if self.status_source else ""
+        if status:
+            now = time.monotonic()
+            when, last = self._last_status
+            if status.split("(")[0] != last.split("(")[0] or now - when > _STATUS_EVERY:
+                self._last_status = (now, status)
+                self.note(status)
+        if self.bar is None:
+            return
+        written = summary.written
+        if written > self._shown:
+            self.bar.update(written - self._shown)
+            self._shown = written
+        elapsed = self.bar.format_dict["elapsed"] or 1e-9
+        self.bar.set_postfix_str(
+            f"ok={summary.succeeded} failed={summary.failed} retrying={retrying} "
+            f"out_tok/s={summary.completion_tokens / elapsed:.0f}"
+            + (" [waiting for server]" if status else ""),
+            refresh=True,
+        )
+
+    def note(self, message: str) -> None:
+        if self.quiet:
+            return
+        if self.bar is not None:
+            self.bar.write(message, file=sys.stderr)
+        else:
+            print(message, file=sys.stderr, flush=True)
+
+    def close(self, summary: RunSummary | None = None) -> None:
+        if self.bar is not None:
+            if summary is not None:
+                self.update(summary, 0)
+            self.bar.close()
+            self.bar = None

@@ -1,0 +1,87 @@
+"""Which failures are worth another attempt, and how long to wait before it."""
+
+from __future__ import annotations
+
+import email.utils
+import enum
+import random
+import time
+
+
+class Verdict(enum.Enum):
+    OK = "ok"
+    RETRY = "retry"  # transient: try again after a backoff
+    FINAL = "final"  # this request will never succeed as sent: record it
+    ABORT = "abort"  # nothing will succeed (bad credentials): stop the run
+
+
+_CONTEXT_MARKERS = (
+    "maximum context length",
+    "context length",
+    "context_length_exceeded",
+    "prompt is too long",
+    "too many tokens",
+)
+
+
+def classify(status: int, body: bytes) -> Verdict:
+    """Sort an HTTP status into a verdict, as the OpenAI SDK and vLLM clients do.
+
+    408, 409, 429 and 5xx are transient; 401/403 mean no request can succeed; every other 4xx is
+    the request's own fault. A 400 saying the context is too long is final at once, whatever
+    status a proxy dressed it in.
+    """
+    if 200 <= status < 300:
+        return Verdict.OK
+    if status in (401, 403):
+        return Verdict.ABORT
+    if status in (408, 409, 429) or (status >= 500 and not is_context_length_error(body)):
+        return Verdict.RETRY
+    return Verdict.FINAL
+
+
+def is_context_length_error(body: bytes) -> bool:
+    text = body[:4096].decode("utf-8", "replace").lower()
+    return any(marker in text for marker in _CONTEXT_MARKERS)
+
+
+class Backoff:
+    """Exponential backoff with equal jitter: `base * 2**(attempt-1)`, capped, half of it random.
+
+    Jitter keeps thousands of requests that failed together from retrying in lockstep.
+    """
+
+    def __init__(self, base: float = 1.0, cap: float = 60.0, rng: random.Random | None = None):
+        self.base = base
+        self.cap = cap
+        self._rng = rng or random.Random()
+
+    def delay(self, attempt: int, retry_after: float | None = None) -> float:
+        """Seconds to wait after failed attempt number `attempt` (1-based).
+
+        A server's `Retry-After` is honoured as a floor (it knows its own load), capped at five
+        times the backoff cap so a misconfigured header cannot stall a run for hours.
+        """
+        step = min(self.cap, self.base * 2 ** max(0, attempt - 1))
+        wait = step / 2 + self._rng.uniform(0, step / 2)
+        if retry_after is not None:
+            wait = max(wait, min(retry_after, self.cap * 5))
+        return wait
+
+
+def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
+    """`Retry-After` as seconds: either delta-seconds or an HTTP date."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when is None:
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))

@@ -1,0 +1,74 @@
+"""What a run did, for the end-of-run report and for callers of the library."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from jsonlbatch.records import Result
+
+
+@dataclass
+class RunSummary:
+    output: str
+    requests: int = 0  # in this job (this shard)
+    already_done: int = 0  # had a result before this run
+    pending: int = 0  # to be sent by this run
+    succeeded: int = 0
+    failed: int = 0
+    failures: Counter[str] = field(default_factory=Counter)  # by error code, e.g. http_400
+    retries: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    wall_s: float = 0.0
+    started_at: float | None = None
+    repaired_bytes: int = 0
+    interrupted: bool = False
+
+    @property
+    def written(self) -> int:
+        return self.succeeded + self.failed
+
+    @property
+    def complete(self) -> bool:
+        """Every request of the job has exactly one line in the output."""
+        return self.already_done + self.written == self.requests
+
+    @property
+    def requests_per_s(self) -> float:
+        return self.written / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def output_tokens_per_s(self) -> float:
+        return self.completion_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+    def count(self, result: Result) -> None:
+        if result.ok:
+            self.succeeded += 1
+        else:
+            self.failed += 1
+            self.failures[(result.error or {}).get("code", "error")] += 1
+        self.prompt_tokens += result.metrics.get("prompt_tokens", 0)
+        self.completion_tokens += result.metrics.get("completion_tokens", 0)
+
+    def format(self) -> str:
+        parts = [f"{self.succeeded} ok", f"{self.failed} failed"]
+        if self.already_done:
+            parts.append(f"{self.already_done} already done")
+        if self.remaining:
+            parts.append(f"{self.remaining} not sent")
+        lines = [f"{self.output}: {', '.join(parts)} (of {self.requests} requests)"]
+        if self.failures:
+            lines.append(
+                "  failures: " + ", ".join(f"{k} x{v}" for k, v in self.failures.most_common())
+            )
+        lines.append(
+            f"  {self.wall_s:.1f}s wall, {self.requests_per_s:.1f} req/s, {self.retries} retries, "
+            f"tokens in/out {self.prompt_tokens}/{self.completion_tokens} "
+            f"({self.output_tokens_per_s:.0f} out tok/s)"
+        )
+        return "\n".join(lines)
+
+    @property
+    def remaining(self) -> int:
+        return max(0, self.pending - self.written)
