@@ -118,6 +118,9 @@ class EndpointPool:
         self._changed = asyncio.Event()
         self._all_down_since: float | None = None
         self.status: str = ""  # shown by the progress display while waiting
+        #: Called with (endpoint, its model list or None) when an endpoint is first seen or comes
+        #: back; returns why it must not be used, or None. Set by the executor's model check.
+        self.admit: Callable[[Endpoint, list[str] | None], str | None] = lambda ep, names: None
 
     # -- choosing ------------------------------------------------------------------------------
 
@@ -188,14 +191,18 @@ class EndpointPool:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
             try:
-                status, _ = await self.get(endpoint, "/v1/models", timeout=10)
+                status, body = await self.get(endpoint, "/v1/models", timeout=10)
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
                 endpoint.down_reason = describe_exception(exc)
                 continue
-            if status < 500:
-                self._mark_up(endpoint)
-            else:
+            if status >= 500:
                 endpoint.down_reason = f"HTTP {status}"
+                continue
+            refusal = self.admit(endpoint, _model_ids(body) if status == 200 else None)
+            if refusal:
+                endpoint.down_reason = refusal
+            else:
+                self._mark_up(endpoint)
 
     async def get(self, endpoint: Endpoint, path: str, *, timeout: float) -> tuple[int, Any]:
         """GET a JSON document; returns (status, decoded body or None)."""
@@ -232,9 +239,7 @@ class EndpointPool:
                     "or OPENAI_API_KEY"
                 )
             if status is not None and status < 500:
-                if status == 200 and isinstance(body, dict) and isinstance(body.get("data"), list):
-                    return [m["id"] for m in body["data"] if isinstance(m, dict) and "id" in m]
-                return None
+                return _model_ids(body) if status == 200 else None
             waited = time.monotonic() - started
             reason = body if status is None else f"HTTP {status}"
             self.status = f"waiting for {endpoint.name} ({waited:.0f}s): {reason}"
@@ -248,12 +253,45 @@ class EndpointPool:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
 
+    async def preflight(self, grace: float = 2.0) -> list[tuple[Endpoint, list[str] | None]]:
+        """Wait (up to the ready timeout) until some endpoint answers, give the others `grace`
+        seconds more, and set aside those still silent: they join when their probe succeeds.
+
+        Returns (endpoint, model list or None) for each endpoint that answered.
+        """
+        tasks = {asyncio.ensure_future(self.served_models(ep)): ep for ep in self.endpoints}
+        answered: list[tuple[Endpoint, list[str] | None]] = []
+        pending = set(tasks)
+        try:
+            while pending and not answered:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    answered.append((tasks[task], task.result()))  # re-raises auth errors etc.
+            if pending:
+                done, pending = await asyncio.wait(pending, timeout=grace)
+                for task in done:
+                    answered.append((tasks[task], task.result()))
+        finally:
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        self.status = ""
+        for task in pending:
+            self.set_aside(tasks[task], "not answering yet")
+        return answered
+
     async def close(self) -> None:
         for ep in self.endpoints:
             if ep.probe is not None:
                 ep.probe.cancel()
         probes = [ep.probe for ep in self.endpoints if ep.probe is not None]
         await asyncio.gather(*probes, return_exceptions=True)
+
+
+def _model_ids(body: Any) -> list[str] | None:
+    if isinstance(body, dict) and isinstance(body.get("data"), list):
+        return [m["id"] for m in body["data"] if isinstance(m, dict) and "id" in m]
+    return None
 
 
 def describe_exception(exc: BaseException) -> str:

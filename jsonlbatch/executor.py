@@ -27,7 +27,13 @@ from typing import Any, TypeVar
 import aiohttp
 import orjson
 
-from jsonlbatch.endpoints import EndpointPool, auth_headers, describe_exception, parse_endpoint
+from jsonlbatch.endpoints import (
+    Endpoint,
+    EndpointPool,
+    auth_headers,
+    describe_exception,
+    parse_endpoint,
+)
 from jsonlbatch.errors import (
     AuthenticationError,
     Interrupted,
@@ -307,15 +313,14 @@ class _Run:
             self.writer.close()
 
     async def _preflight(self, pool: EndpointPool) -> None:
-        """Wait for every endpoint to answer and check it serves the models asked for."""
-        listings = await asyncio.gather(*(pool.served_models(ep) for ep in pool.endpoints))
+        """Wait for the servers and check they serve the models asked for.
+
+        Endpoints that come up later are checked by the same rule before they get requests.
+        """
+        answered = await pool.preflight()
         wanted = self.opts.model
-        known = [
-            (ep, names)
-            for ep, names in zip(pool.endpoints, listings, strict=True)
-            if names is not None
-        ]
-        for ep, names in zip(pool.endpoints, listings, strict=True):
+        known = [(ep, names) for ep, names in answered if names is not None]
+        for ep, names in answered:
             if names is None:
                 self.progress.note(f"{ep.name} lists no models; skipping the model check")
         if wanted == "auto":
@@ -323,22 +328,36 @@ class _Run:
             if len(common) != 1:
                 served = ", ".join(sorted({m for _, n in known for m in n})) or "none"
                 raise ModelNotServedError(
-                    f"--model auto needs exactly one model served by every endpoint; served: {served}"
+                    "--model auto needs exactly one model served by every endpoint; "
+                    f"served: {served}"
                 )
             self.model_override = common.pop()
             self.progress.note(f"--model auto: using {self.model_override}")
-            return
-        self.model_override = wanted
-        asked = [wanted] if wanted else list(self.scan.models)
+        else:
+            self.model_override = wanted
+        asked = [self.model_override] if self.model_override else list(self.scan.models)
+
+        def missing(names: list[str] | None) -> str | None:
+            return next((m for m in asked if names is not None and m not in names), None)
+
         for ep, names in known:
-            missing = [m for m in asked if m not in names]
-            if missing:
-                uses = "" if wanted else f" ({self.scan.models[missing[0]]} requests use it)"
+            model = missing(names)
+            if model is not None:
+                uses = "" if wanted else f" ({self.scan.models[model]} requests use it)"
                 raise ModelNotServedError(
-                    f"model {missing[0]!r}{uses} is not served by {ep.name}; it serves: "
-                    f"{', '.join(names) or 'nothing'}. Pass --model NAME to override every "
-                    "request's model, or --model auto to use the served one"
+                    f"model {model!r}{uses} is not served by {ep.name}; it serves: "
+                    f"{', '.join(names or []) or 'nothing'}. Pass --model NAME to override "
+                    "every request's model, or --model auto to use the served one"
                 )
+
+        def admit(ep: Endpoint, names: list[str] | None) -> str | None:
+            model = missing(names)
+            if model is None:
+                return None
+            self.progress.note(f"{ep.name} is up but does not serve {model!r}; not using it")
+            return f"does not serve {model!r}"
+
+        pool.admit = admit
 
     async def _send_all(self, session: aiohttp.ClientSession, pool: EndpointPool) -> None:
         n_workers = min(self.opts.concurrency, len(self.scan.pending))

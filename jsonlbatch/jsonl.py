@@ -31,22 +31,6 @@ def iter_lines(path: str | os.PathLike[str]) -> Iterator[tuple[int, bytes]]:
                 yield number, raw
 
 
-def complete_length(path: str | os.PathLike[str]) -> int:
-    """Length of the file up to and including its last newline: what survives a tail repair."""
-    with open(path, "rb") as f:
-        size = f.seek(0, os.SEEK_END)
-        pos = size
-        while pos > 0:
-            step = min(_READ_BUFFER, pos)
-            f.seek(pos - step)
-            chunk = f.read(step)
-            nl = chunk.rfind(b"\n")
-            if nl >= 0:
-                return pos - step + nl + 1
-            pos -= step
-        return 0
-
-
 def repair_tail(path: str | os.PathLike[str], keep: int) -> int:
     """Truncate the file to `keep` bytes (a torn or unreadable tail); return the bytes cut."""
     size = os.path.getsize(path)

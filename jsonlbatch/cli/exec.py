@@ -76,6 +76,14 @@ def parse_headers(values: tuple[str, ...]) -> dict[str, str]:
     help="How long a refusing or dead server is waited for before giving up.",
 )
 @click.option(
+    "--backoff",
+    "backoff_base",
+    default=1.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="First retry delay; doubles per attempt (with jitter) up to 60 s.",
+)
+@click.option(
     "--retry-failed",
     is_flag=True,
     help="Re-send requests whose line in the output records a failure.",

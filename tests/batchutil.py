@@ -1,0 +1,75 @@
+"""Helpers shared by the executor tests: write request files, read results, run the CLI."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from jsonlbatch.records import is_failure
+
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
+ENV.pop("OPENAI_API_KEY", None)
+
+
+def chat_body(i: int, model: str = "mock", **extra: Any) -> dict[str, Any]:
+    return {"model": model, "messages": [{"role": "user", "content": f"question {i}"}], **extra}
+
+
+def write_requests(path: Path, n: int, model: str = "mock", **extra: Any) -> list[dict]:
+    lines = [
+        {
+            "custom_id": f"req-{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": chat_body(i, model, **extra),
+        }
+        for i in range(n)
+    ]
+    path.write_bytes(b"".join(orjson.dumps(x) + b"\n" for x in lines))
+    return lines
+
+
+def read_results(path: Path) -> dict[str, dict]:
+    """custom_id -> response line; asserts every line is whole JSON and no id repeats."""
+    out: dict[str, dict] = {}
+    data = path.read_bytes()
+    assert not data or data.endswith(b"\n"), "output must end with a whole line"
+    for number, raw in enumerate(data.splitlines(), 1):
+        obj = orjson.loads(raw)
+        cid = obj["custom_id"]
+        assert cid not in out, f"{cid} duplicated at line {number}"
+        out[cid] = obj
+    return out
+
+
+def content(line: dict, index: int = 0) -> str:
+    return line["response"]["body"]["choices"][index]["message"]["content"]
+
+
+def failures(results: dict[str, dict]) -> dict[str, dict]:
+    return {k: v for k, v in results.items() if is_failure(v)}
+
+
+def cli(*args: str, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "jsonlbatch", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env or ENV,
+    )
+
+
+def start_cli(*args: str, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "jsonlbatch", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env or ENV,
+    )

@@ -1,0 +1,107 @@
+"""Small pure pieces of the executor: retry verdicts, backoff, Retry-After, ids, URLs, tails."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from jsonlbatch.endpoints import auth_headers, parse_endpoint
+from jsonlbatch.errors import UsageError
+from jsonlbatch.idset import IdSet
+from jsonlbatch.redact import redact
+from jsonlbatch.retry import Backoff, Verdict, classify, parse_retry_after
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "verdict"),
+    [
+        (200, b"{}", Verdict.OK),
+        (400, b'{"error": {"message": "bad"}}', Verdict.FINAL),
+        (404, b"{}", Verdict.FINAL),
+        (401, b'{"error": "Unauthorized"}', Verdict.ABORT),
+        (403, b"", Verdict.ABORT),
+        (408, b"", Verdict.RETRY),
+        (429, b"", Verdict.RETRY),
+        (500, b"", Verdict.RETRY),
+        (503, b"", Verdict.RETRY),
+        (400, b"This model's maximum context length is 4096 tokens", Verdict.FINAL),
+        (500, b"maximum context length exceeded", Verdict.FINAL),
+    ],
+)
+def test_classify(status, body, verdict):
+    assert classify(status, body) is verdict
+
+
+def test_backoff_grows_with_jitter_and_honours_retry_after():
+    b = Backoff(base=1.0, cap=8.0, rng=random.Random(0))
+    delays = [b.delay(n) for n in range(1, 7)]
+    assert 0.5 <= delays[0] <= 1.0 and 1.0 <= delays[1] <= 2.0
+    assert all(4.0 <= d <= 8.0 for d in delays[3:])  # capped
+    assert b.delay(1, retry_after=30.0) == 30.0
+    assert b.delay(1, retry_after=10_000.0) == 40.0  # a silly header cannot stall for hours
+
+
+def test_parse_retry_after():
+    assert parse_retry_after("2") == 2.0
+    assert parse_retry_after("0.5") == 0.5
+    assert parse_retry_after(None) is None
+    assert parse_retry_after("soon") is None
+    now = 1_700_000_000.0
+    assert parse_retry_after("Tue, 14 Nov 2023 22:13:30 GMT", now=now) == pytest.approx(10.0)
+
+
+def test_idset_membership_and_duplicates():
+    ids = IdSet()
+    for i in range(10_000):
+        ids.add(f"id-{i}")
+    ids.add("id-42")
+    assert "id-9999" in ids and "id-10000" not in ids
+    assert ids.colliding_hashes() == {hash("id-42")}
+
+
+@pytest.mark.parametrize(
+    ("base", "path", "url"),
+    [
+        (
+            "http://localhost:8000/v1",
+            "/v1/chat/completions",
+            "http://localhost:8000/v1/chat/completions",
+        ),
+        ("http://localhost:8000/v1/", "/v1/embeddings", "http://localhost:8000/v1/embeddings"),
+        (
+            "http://localhost:8000",
+            "/v1/chat/completions",
+            "http://localhost:8000/v1/chat/completions",
+        ),
+        (
+            "https://res.openai.azure.com/openai/deployments/gpt4o?api-version=2024-10-21",
+            "/v1/chat/completions",
+            "https://res.openai.azure.com/openai/deployments/gpt4o/chat/completions?api-version=2024-10-21",
+        ),
+    ],
+)
+def test_endpoint_urls(base, path, url):
+    assert parse_endpoint(base).url_for(path) == url
+
+
+def test_azure_uses_api_key_header_and_keys_are_redacted():
+    azure = parse_endpoint("https://res.openai.azure.com/openai/deployments/d?api-version=1")
+    assert auth_headers(azure, "sk-azure-secret")["api-key"] == "sk-azure-secret"
+    plain = parse_endpoint("http://localhost:8000/v1")
+    headers = auth_headers(plain, "sk-plain-secret", {"X-Extra": "tok-extra-secret"})
+    assert headers["Authorization"] == "Bearer sk-plain-secret"
+    assert headers["X-Extra"] == "tok-extra-secret"
+    text = redact("key sk-plain-secret and tok-extra-secret and sk-azure-secret")
+    assert "secret" not in text
+
+
+def test_url_credentials_are_not_shown():
+    ep = parse_endpoint("http://user:pw-hidden-1@localhost:8000/v1")
+    assert "pw-hidden-1" not in ep.name
+    assert redact("http://user:pw-hidden-1@x") == "http://user:***@x"
+
+
+def test_bad_url_is_a_usage_error():
+    with pytest.raises(UsageError):
+        parse_endpoint("localhost:8000")
