@@ -48,6 +48,7 @@ class AppendWriter:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
         try:
+            os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         except OSError as exc:
             raise OutputError(f"cannot write {self.path}: {exc.strerror}") from None

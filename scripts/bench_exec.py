@@ -1,0 +1,200 @@
+#!/usr/bin/env python3
+"""Client throughput, side by side: a bare aiohttp loop, `jsonlbatch exec`, and the OpenAI SDK.
+
+The server is the built-in mock in instant mode, pinned to one core; each client runs in its own
+process pinned to the other (on a machine with at least two cores), so the figures measure the
+client. Every client sends the same request file at the same concurrency.
+
+    python scripts/bench_exec.py                      # 20,000 requests at concurrency 256
+    python scripts/bench_exec.py --requests 50000 --concurrency 256 --openai-requests 3000
+
+Prints requests/s per client and the ratios the executor issue sets targets for:
+jsonlbatch / bare aiohttp (>= 0.6) and jsonlbatch / OpenAI SDK (>= 5).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import orjson
+
+HERE = Path(__file__).resolve().parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pin(core: int) -> None:
+    if hasattr(os, "sched_setaffinity") and os.cpu_count() and os.cpu_count() > 1:
+        os.sched_setaffinity(0, {core})
+
+
+def write_requests(path: Path, n: int) -> None:
+    with path.open("wb") as f:
+        for i in range(n):
+            body = {
+                "model": "mock",
+                "messages": [
+                    {"role": "system", "content": "You are a careful assistant. " * 8},
+                    {"role": "user", "content": f"Question {i}: " + "what is the answer? " * 20},
+                ],
+                "max_tokens": 16,
+                "temperature": 0.7,
+            }
+            line = {"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}
+            f.write(orjson.dumps(line) + b"\n")
+
+
+def start_server(port: int) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "jsonlbatch.mock", "--port", str(port), "--served-model-name", "mock"]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, text=True, preexec_fn=lambda: pin(1), start_new_session=True
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if "ready" not in line:
+        proc.kill()
+        raise SystemExit(f"mock server did not start: {line!r}")
+    return proc
+
+
+# -- the clients, each run as `python bench_exec.py --client NAME ...` in its own process --------
+
+
+async def bare_aiohttp(url: str, path: Path, concurrency: int) -> int:
+    """The floor of client cost: read lines, POST pre-encoded bytes, read the body, discard."""
+    import asyncio
+
+    import aiohttp
+
+    lines = path.read_bytes().splitlines()
+    queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+    for raw in lines:
+        queue.put_nowait(orjson.dumps(orjson.loads(raw)["body"]))
+    for _ in range(concurrency):
+        queue.put_nowait(None)
+    done = 0
+    headers = {"Content-Type": "application/json"}
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def worker() -> None:
+            nonlocal done
+            while (payload := await queue.get()) is not None:
+                async with session.post(url + "/chat/completions", data=payload, headers=headers) as r:
+                    await r.read()
+                done += 1
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return done
+
+
+async def openai_sdk(url: str, path: Path, concurrency: int) -> int:
+    """What most users write first: AsyncOpenAI + a semaphore, one task per line."""
+    import asyncio
+
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=url, api_key="none", max_retries=0)
+    sem = asyncio.Semaphore(concurrency)
+    out = []
+
+    async def one(raw: bytes) -> None:
+        line = orjson.loads(raw)
+        async with sem:
+            resp = await client.chat.completions.create(**line["body"])
+        out.append(orjson.dumps({"custom_id": line["custom_id"], "body": resp.model_dump()}))
+
+    await asyncio.gather(*(one(raw) for raw in path.read_bytes().splitlines()))
+    await client.close()
+    return len(out)
+
+
+def run_client(name: str, url: str, path: Path, concurrency: int) -> None:
+    pin(0)
+    try:
+        import uvloop
+
+        loop = uvloop.new_event_loop()
+    except ImportError:
+        import asyncio
+
+        loop = asyncio.new_event_loop()
+    fn = {"aiohttp": bare_aiohttp, "openai": openai_sdk}[name]
+    start = time.perf_counter()
+    n = loop.run_until_complete(fn(url, path, concurrency))
+    print(json.dumps({"requests": n, "seconds": time.perf_counter() - start}))
+
+
+def measure(name: str, url: str, path: Path, concurrency: int, out: Path) -> dict:
+    if name == "jsonlbatch":
+        out.unlink(missing_ok=True)
+        cmd = [sys.executable, "-m", "jsonlbatch", "exec", str(path), "-o", str(out), "--url", url,
+               "-c", str(concurrency)]
+        start = time.perf_counter()
+        proc = subprocess.run(cmd, preexec_fn=lambda: pin(0), capture_output=True, text=True)
+        seconds = time.perf_counter() - start
+        if proc.returncode != 0:
+            raise SystemExit(proc.stderr)
+        n = sum(1 for _ in out.open("rb"))
+        return {"requests": n, "seconds": seconds}
+    cmd = [sys.executable, __file__, "--client", name, "--url", url, "--input", str(path),
+           "--concurrency", str(concurrency)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(proc.stderr)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--requests", type=int, default=20_000)
+    ap.add_argument("--openai-requests", type=int, default=3_000, help="the SDK is slow: fewer")
+    ap.add_argument("--concurrency", type=int, default=256)
+    ap.add_argument("--runs", type=int, default=3, help="median of this many runs per client")
+    ap.add_argument("--client", help=argparse.SUPPRESS)
+    ap.add_argument("--url", help=argparse.SUPPRESS)
+    ap.add_argument("--input", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.client:
+        run_client(args.client, args.url, Path(args.input), args.concurrency)
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        tmpdir = Path(tmp)
+        big, small = tmpdir / "req.jsonl", tmpdir / "req_small.jsonl"
+        write_requests(big, args.requests)
+        write_requests(small, args.openai_requests)
+        port = free_port()
+        server = start_server(port)
+        url = f"http://127.0.0.1:{port}/v1"
+        rates: dict[str, float] = {}
+        try:
+            for name, path in (("aiohttp", big), ("jsonlbatch", big), ("openai", small)):
+                runs = sorted(
+                    (r["requests"] / r["seconds"])
+                    for r in (measure(name, url, path, args.concurrency, tmpdir / "out.jsonl")
+                              for _ in range(args.runs))
+                )
+                rates[name] = runs[len(runs) // 2]
+                print(f"{name:>10}: {rates[name]:8.0f} req/s  (runs: {', '.join(f'{r:.0f}' for r in runs)})")
+        finally:
+            server.terminate()
+            server.wait(timeout=10)
+    print(f"jsonlbatch / bare aiohttp = {rates['jsonlbatch'] / rates['aiohttp']:.2f}  (target >= 0.60)")
+    print(f"jsonlbatch / openai SDK   = {rates['jsonlbatch'] / rates['openai']:.1f}x (target >= 5x)")
+    print("(jsonlbatch is timed as a whole command: start-up, input scan, progress bar, output writes)")
+
+
+if __name__ == "__main__":
+    main()
