@@ -1,0 +1,178 @@
+"""Command lines for the servers jsonlbatch can launch: the built-in mock, vLLM and SGLang.
+
+One set of options (`ServeOptions`) maps onto each server's own flag names, so a user learns one
+vocabulary and can still pass any other server flag through unchanged (`server_args`). Keys go
+through the environment where the server reads one there (vLLM, the mock): argv is visible to
+every user of the machine in `ps`.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from jsonlbatch.errors import UsageError
+from jsonlbatch.redact import redact, register_secret
+
+BACKEND_NAMES = ("mock", "vllm", "sglang")
+DP_MODES = ("native", "replicas")
+
+
+@dataclass
+class ServeOptions:
+    """What to launch. `dp_mode` "native" is one server using its own DP flag; "replicas" is
+    `dp_size` servers on their own ports and GPU groups, which the executor balances over."""
+
+    backend: str
+    model_path: str | None = None
+    served_model_name: tuple[str, ...] = ()
+    tp_size: int = 1
+    dp_size: int = 1
+    dp_mode: str = "native"
+    host: str = "127.0.0.1"
+    port: int | None = None
+    gpus: tuple[str, ...] | None = None
+    api_key: str | None = None
+    gpu_memory_utilization: float | None = None
+    context_length: int | None = None
+    chat_template: str | None = None
+    reasoning_parser: str | None = None
+    tool_call_parser: str | None = None
+    seed: int | None = None
+    server_args: tuple[str, ...] = ()
+    executable: str | None = None
+    ready_timeout: float = 1800.0
+    restart: int = 0
+    log_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        self.served_model_name = tuple(self.served_model_name)
+        self.server_args = tuple(self.server_args)
+        if self.backend not in BACKEND_NAMES:
+            raise UsageError(f"unknown server {self.backend!r}; choose {', '.join(BACKEND_NAMES)}")
+        if self.dp_mode not in DP_MODES:
+            raise UsageError(
+                f"--dp-mode must be one of {', '.join(DP_MODES)}, got {self.dp_mode!r}"
+            )
+        if self.tp_size < 1 or self.dp_size < 1:
+            raise UsageError("--tp-size and --dp-size must be at least 1")
+        if self.port is not None and not 1 <= self.port <= 65535:
+            raise UsageError(f"--port must be within 1..65535, got {self.port}")
+        if self.ready_timeout <= 0:
+            raise UsageError("--ready-timeout must be positive")
+        if self.restart < 0:
+            raise UsageError("--restart-server must be 0 or more")
+        mem = self.gpu_memory_utilization
+        if mem is not None and not 0 < mem <= 1:
+            raise UsageError(f"--gpu-memory-utilization must be within (0, 1], got {mem}")
+        if self.backend != "mock" and not self.model_path:
+            raise UsageError(f"--serve {self.backend} needs --model-path")
+        if self.backend == "sglang" and len(self.served_model_name) > 1:
+            raise UsageError("SGLang serves one name: give --served-model-name once")
+        register_secret(self.api_key)
+
+    @property
+    def served_names(self) -> tuple[str, ...]:
+        """The model names clients use: the served names, else the model path (as the servers
+        themselves do)."""
+        if self.served_model_name:
+            return self.served_model_name
+        return (self.model_path,) if self.model_path else ()
+
+    @property
+    def replicas(self) -> int:
+        """How many server processes: DP of them in replicas mode, one otherwise."""
+        return self.dp_size if self.dp_mode == "replicas" else 1
+
+
+@dataclass(frozen=True)
+class Command:
+    """One server process to start: argv plus the environment variables to add."""
+
+    argv: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = ()
+
+    def display(self) -> str:
+        """The command line as it may be shown or logged: quoted and without secrets."""
+        return redact(shlex.join(self.argv))
+
+
+@dataclass(frozen=True)
+class Backend:
+    """How one kind of server is started."""
+
+    name: str
+    program: tuple[str, ...]  # default executable; `ServeOptions.executable` replaces it
+    default_port: int
+    port_stride: int  # distance between replicas' ports (room for the server's side ports)
+    needs_gpus: bool
+    flags: Callable[[ServeOptions, int, int], tuple[list[str], dict[str, str]]]
+
+    def command(self, options: ServeOptions, *, port: int, data_parallel: int) -> Command:
+        """The command for one server. `data_parallel` is the DP this process itself runs
+        (`dp_size` in native mode, 1 for each replica)."""
+        argv, env = self.flags(options, port, data_parallel)
+        program = shlex.split(options.executable) if options.executable else list(self.program)
+        return Command(tuple(program + argv + list(options.server_args)), tuple(env.items()))
+
+
+def _vllm(opts: ServeOptions, port: int, dp: int) -> tuple[list[str], dict[str, str]]:
+    assert opts.model_path is not None
+    argv = ["serve", opts.model_path, "--host", opts.host, "--port", str(port)]
+    if opts.served_model_name:
+        argv += ["--served-model-name", *opts.served_model_name]
+    argv += ["--tensor-parallel-size", str(opts.tp_size)]
+    if dp > 1:
+        argv += ["--data-parallel-size", str(dp)]
+    argv += _flag("--gpu-memory-utilization", opts.gpu_memory_utilization)
+    argv += _flag("--max-model-len", opts.context_length)
+    argv += _flag("--chat-template", opts.chat_template)
+    argv += _flag("--reasoning-parser", opts.reasoning_parser)
+    if opts.tool_call_parser:
+        argv += ["--enable-auto-tool-choice", "--tool-call-parser", opts.tool_call_parser]
+    argv += _flag("--seed", opts.seed)
+    return argv, ({"VLLM_API_KEY": opts.api_key} if opts.api_key else {})
+
+
+def _sglang(opts: ServeOptions, port: int, dp: int) -> tuple[list[str], dict[str, str]]:
+    assert opts.model_path is not None
+    argv = ["--model-path", opts.model_path, "--host", opts.host, "--port", str(port)]
+    if opts.served_model_name:
+        argv += ["--served-model-name", opts.served_model_name[0]]
+    argv += ["--tp-size", str(opts.tp_size)]
+    if dp > 1:
+        argv += ["--dp-size", str(dp)]
+    argv += _flag("--api-key", opts.api_key)  # SGLang reads no key from the environment
+    argv += _flag("--mem-fraction-static", opts.gpu_memory_utilization)
+    argv += _flag("--context-length", opts.context_length)
+    argv += _flag("--chat-template", opts.chat_template)
+    argv += _flag("--reasoning-parser", opts.reasoning_parser)
+    argv += _flag("--tool-call-parser", opts.tool_call_parser)
+    argv += _flag("--random-seed", opts.seed)
+    return argv, {}
+
+
+def _mock(opts: ServeOptions, port: int, dp: int) -> tuple[list[str], dict[str, str]]:
+    argv = ["--host", opts.host, "--port", str(port), "--served-model-name", *opts.served_names]
+    return argv, ({"JSONLBATCH_MOCK_API_KEY": opts.api_key} if opts.api_key else {})
+
+
+def _flag(name: str, value: object) -> list[str]:
+    return [] if value is None else [name, str(value)]
+
+
+BACKENDS = {
+    "mock": Backend("mock", (sys.executable, "-m", "jsonlbatch.mock"), 8000, 1, False, _mock),
+    "vllm": Backend("vllm", ("vllm",), 8000, 1, True, _vllm),
+    # SGLang puts its NCCL port at a random 100..1000 above --port: keep replicas beyond that.
+    "sglang": Backend(
+        "sglang", (sys.executable, "-m", "sglang.launch_server"), 30000, 1024, True, _sglang
+    ),
+}
+
+
+def build_command(options: ServeOptions, *, port: int, data_parallel: int) -> Command:
+    """The command line for one server of `options.backend`."""
+    return BACKENDS[options.backend].command(options, port=port, data_parallel=data_parallel)

@@ -1,0 +1,505 @@
+"""Launch inference servers for a run, wait until they serve, and always take them down.
+
+    with serving(ServeOptions("vllm", model_path="/ckpt/m", tp_size=2, dp_size=4,
+                              dp_mode="replicas")) as servers:
+        jsonlbatch.execute("in.jsonl", "out.jsonl", urls=servers.urls, watchdog=servers.check)
+
+Everything that can be checked before a server spends minutes loading (options, GPU fit, free
+ports) is checked first. Each server runs under `jsonlbatch.reaper` in its own process group, so
+nothing survives us: not on an error, not on Ctrl-C or SIGTERM, not even on SIGKILL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import orjson
+
+from jsonlbatch.backends import BACKENDS, Command, ServeOptions, build_command
+from jsonlbatch.errors import Interrupted, LaunchError, UsageError
+from jsonlbatch.gpus import describe_holders, gpu_groups, gpu_holders, pick_ports, visible_gpus
+from jsonlbatch.reaper import SECRETS_ENV, group_pids, wait_group_gone
+from jsonlbatch.redact import redact
+
+__all__ = ["STOP_GRACE", "ServeOptions", "ServerProcess", "Servers", "plan_servers", "serving"]
+
+#: Seconds a server gets between SIGTERM and SIGKILL (vLLM and SGLang free GPU memory on exit).
+STOP_GRACE = 15.0
+LOG_TAIL_LINES = 40
+_PROBE_TIMEOUT = 10.0  # SGLang's /health can be slow under load; a slow answer is not death
+_STATUS_EVERY = 15.0  # seconds between status lines when stderr is not a terminal
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # our servers are local
+
+
+class ServerProcess:
+    """One server under its reaper. It can be started again, on the same port, after it died."""
+
+    def __init__(
+        self,
+        index: int,
+        command: Command,
+        url: str,
+        log_path: str,
+        *,
+        served_name: str,
+        api_key: str | None = None,
+        grace: float = STOP_GRACE,
+    ) -> None:
+        self.index = index
+        self.command = command
+        self.url = url
+        self.log_path = log_path
+        self.served_name = served_name
+        self.api_key = api_key
+        self.grace = grace
+        self.starts = 0
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._pipe: int | None = None  # write end of the reaper's stdin: EOF = we are gone
+        self._log_offset = 0
+
+    def __repr__(self) -> str:
+        return f"<server {self.index} {self.url} pid={self.pid}>"
+
+    @property
+    def pid(self) -> int | None:
+        """The reaper's pid, which is also the process group of the whole server."""
+        return self._proc.pid if self._proc is not None else None
+
+    def start(self) -> None:
+        """Start (or start again) under a reaper in a new session, output to the log file."""
+        Path(self.log_path).parent.mkdir(parents=True, exist_ok=True)
+        self.release()
+        self.starts += 1
+        env = {**os.environ, **dict(self.command.env), SECRETS_ENV: self.api_key or ""}
+        argv = [sys.executable, "-m", "jsonlbatch.reaper", "--grace", f"{self.grace:g}", "--"]
+        with open(self.log_path, "ab") as log:
+            self._log_offset = log.tell()
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+            header = f"===== jsonlbatch {stamp}: start {self.starts}: {self.command.display()}\n"
+            log.write(header.encode())
+            log.flush()
+            read_end, self._pipe = os.pipe()
+            try:
+                self._proc = subprocess.Popen(
+                    argv + list(self.command.argv),
+                    stdin=read_end,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                os.close(self._pipe)
+                self._pipe = None
+                raise LaunchError(f"cannot start the server: {exc.strerror or exc}") from None
+            finally:
+                os.close(read_end)
+
+    def poll(self) -> int | None:
+        """The exit status once the server (and so its reaper) has ended, else None."""
+        return self._proc.poll() if self._proc is not None else None
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        """The last lines the current start wrote: the server's own words on why it failed."""
+        try:
+            with open(self.log_path, "rb") as f:
+                size = f.seek(0, os.SEEK_END)
+                f.seek(max(self._log_offset, size - 256 * 1024))
+                data = f.read()
+        except OSError:
+            return ""
+        text = data.decode("utf-8", "replace").replace("\r", "\n")
+        return redact("\n".join(text.rstrip("\n").splitlines()[-lines:]))
+
+    def describe_exit(self, code: int, when: str) -> str:
+        return (
+            f"server {self.index} ({self.url}) exited with status {code} {when}; the last lines "
+            f"of its log {self.log_path}:\n{self.log_tail()}"
+        )
+
+    def probe(self) -> str | None:
+        """None once `/health` answers 200 and `/v1/models` lists our model; else why not."""
+        root = self.url[: -len("/v1")] if self.url.endswith("/v1") else self.url
+        status, _ = _get(f"{root}/health", self.api_key)
+        if status != 200:
+            return status if isinstance(status, str) else f"/health answers HTTP {status}"
+        status, body = _get(f"{self.url}/models", self.api_key)
+        if status != 200:
+            return status if isinstance(status, str) else f"/v1/models answers HTTP {status}"
+        data = body.get("data") if isinstance(body, dict) else None
+        ids = [m.get("id") for m in data if isinstance(m, dict)] if isinstance(data, list) else []
+        if self.served_name not in ids:
+            return f"/v1/models lists {ids}, not {self.served_name!r}"
+        return None
+
+    def signal(self, sig: signal.Signals) -> None:
+        """Signal the whole group (not a group that is gone: its id may be reused)."""
+        if self._proc is not None and (self._proc.poll() is None or group_pids(self._proc.pid)):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._proc.pid, sig)
+
+    def wait_gone(self, deadline: float) -> bool:
+        """Wait until the reaper is reaped and its group is empty, at most until `deadline`."""
+        if self._proc is None:
+            return True
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._proc.wait(max(0.0, deadline - time.monotonic()))
+        if self._proc.poll() is None:
+            return False
+        return wait_group_gone(self._proc.pid, max(0.0, deadline - time.monotonic()))
+
+    def release(self) -> None:
+        """Close our end of the reaper's pipe (the server is gone: nothing left to watch)."""
+        if self._pipe is not None:
+            os.close(self._pipe)
+            self._pipe = None
+
+
+def stop_all(servers: Sequence[ServerProcess], grace: float = STOP_GRACE) -> list[int]:
+    """SIGTERM every server group, wait `grace`, SIGKILL what is left, wait until all are gone.
+
+    A Ctrl-C while waiting skips the rest of the grace. Returns pids still alive at the end
+    (none, unless a process escaped into a group of its own or is stuck in the kernel).
+    """
+    running = [s for s in servers if s.pid is not None]
+    for s in running:
+        s.signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    left = list(running)
+    with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C: kill now
+        left = [s for s in running if not s.wait_gone(deadline)]
+    for s in left:
+        s.signal(signal.SIGKILL)
+    kill_deadline = time.monotonic() + 10.0
+    stuck = [s for s in left if not s.wait_gone(kill_deadline)]
+    for s in running:
+        s.release()
+    return [pid for s in stuck if s.pid is not None for pid in group_pids(s.pid)]
+
+
+class Servers:
+    """The servers of one `serving` block: their URLs, and a watchdog for the executor."""
+
+    def __init__(
+        self, options: ServeOptions, processes: Sequence[ServerProcess], *, quiet: bool = False
+    ) -> None:
+        self.options = options
+        self.processes = list(processes)
+        self.quiet = quiet
+        self._restarts = [0] * len(self.processes)
+        self._failure: str | None = None  # set by a restart's readiness watcher
+        self._closing = threading.Event()
+
+    @property
+    def urls(self) -> list[str]:
+        """Base URLs ending in /v1, one per server."""
+        return [p.url for p in self.processes]
+
+    @property
+    def api_key(self) -> str | None:
+        """The key clients must send (None: the servers accept any request)."""
+        return self.options.api_key
+
+    @property
+    def log_paths(self) -> list[str]:
+        return [p.log_path for p in self.processes]
+
+    def start(self) -> None:
+        for p in self.processes:
+            self.note(f"starting server {p.index}: {p.command.display()} (log: {p.log_path})")
+            p.start()
+
+    def wait_ready(self) -> None:
+        """Block until every server serves its model; LaunchError if one dies or times out."""
+        timeout = self.options.ready_timeout
+        started = time.monotonic()
+        pending = list(self.processes)
+        reasons: dict[int, str] = {}
+        status = _StatusLine(quiet=self.quiet)
+        delay = 0.1
+        try:
+            while pending:
+                for p in list(pending):
+                    code = p.poll()
+                    if code is not None:
+                        raise LaunchError(p.describe_exit(code, "before it was ready"))
+                    reason = p.probe()
+                    if reason is None:
+                        pending.remove(p)
+                    else:
+                        reasons[p.index] = reason
+                waited = time.monotonic() - started
+                if not pending:
+                    break
+                if waited > timeout:
+                    p = pending[0]
+                    raise LaunchError(
+                        f"server {p.index} ({p.url}) not ready within --ready-timeout "
+                        f"{timeout:g}s ({reasons[p.index]}); the last lines of its log "
+                        f"{p.log_path}:\n{p.log_tail()}"
+                    )
+                ready = len(self.processes) - len(pending)
+                why = "; ".join(f"{p.index}: {reasons[p.index]}" for p in pending[:3])
+                status.show(
+                    f"waiting for server ({waited:.0f}s of {timeout:g}s, {ready}/"
+                    f"{len(self.processes)} ready) {why}"
+                )
+                time.sleep(delay)
+                delay = min(delay * 1.5, 1.0)
+        finally:
+            status.close()
+        self.note(f"ready after {time.monotonic() - started:.0f}s: {', '.join(self.urls)}")
+
+    def check(self) -> None:
+        """Restart a server that died (same port) while restarts are left; else LaunchError.
+
+        Cheap and non-blocking: the executor calls it while it waits for endpoints, and pauses
+        sending meanwhile, so a restarted server simply rejoins when it answers again.
+        """
+        if self._failure is not None:
+            raise LaunchError(self._failure)
+        for i, p in enumerate(self.processes):
+            code = p.poll()
+            if code is None:
+                continue
+            if self._restarts[i] >= self.options.restart:
+                used = f"--restart-server {self.options.restart} used up"
+                raise LaunchError(p.describe_exit(code, f"while serving ({used})"))
+            self._restarts[i] += 1
+            self.note(
+                f"server {p.index} ({p.url}) exited with status {code}; restarting it "
+                f"({self._restarts[i]} of {self.options.restart}); its log: {p.log_path}"
+            )
+            stop_all([p], grace=p.grace)  # leftovers of the dead one must free GPU and port
+            p.start()
+            watcher = threading.Thread(target=self._watch_restart, args=(p, p.starts), daemon=True)
+            watcher.start()
+
+    def _watch_restart(self, p: ServerProcess, start: int) -> None:
+        deadline = time.monotonic() + self.options.ready_timeout
+        while not self._closing.is_set() and p.starts == start and p.poll() is None:
+            reason = p.probe()
+            if reason is None:
+                self.note(f"server {p.index} ({p.url}) is serving again")
+                return
+            if time.monotonic() > deadline:
+                self._failure = (
+                    f"restarted server {p.index} ({p.url}) not ready within --ready-timeout "
+                    f"{self.options.ready_timeout:g}s ({reason}); the last lines of its log "
+                    f"{p.log_path}:\n{p.log_tail()}"
+                )
+                return
+            self._closing.wait(1.0)
+
+    def stop(self) -> None:
+        """Take every server down and wait until its processes are gone."""
+        self._closing.set()
+        if any(p.poll() is None for p in self.processes):
+            self.note("stopping server(s)")
+        stuck = stop_all(self.processes, grace=STOP_GRACE)
+        if stuck:
+            self.note(f"warning: processes {stuck} did not exit after SIGKILL")
+
+    def note(self, message: str) -> None:
+        """A line on stderr for the user, unless quiet."""
+        if not self.quiet:
+            sys.stderr.write(redact(message) + "\n")
+            sys.stderr.flush()
+
+
+def plan_servers(options: ServeOptions, *, log_stem: str | None = None) -> list[ServerProcess]:
+    """Decide every server's command, GPUs, port and log file; start nothing.
+
+    Raises UsageError for anything that cannot work (TP x DP beyond the GPUs, a taken --port).
+    """
+    backend = BACKENDS[options.backend]
+    if not options.served_names:
+        raise UsageError(f"--serve {options.backend} needs --served-model-name or --model-path")
+    replicas = options.dp_mode == "replicas"
+    # The mock uses no GPU: only an explicit --gpus pins it (handy to try replicas out).
+    gpus = visible_gpus(options.gpus, None if backend.needs_gpus else {}, detect=backend.needs_gpus)
+    if gpus is None and replicas and backend.needs_gpus:
+        raise UsageError(
+            "--dp-mode replicas pins each server to its own GPUs: give --gpus or set "
+            "CUDA_VISIBLE_DEVICES (nvidia-smi was not found to list them)"
+        )
+    groups = gpu_groups(gpus, options.tp_size, options.dp_size, replicas=replicas)
+    ports = pick_ports(
+        options.host,
+        len(groups),
+        options.port or backend.default_port,
+        stride=backend.port_stride,
+        exact=options.port is not None,
+    )
+    logs = log_paths(options, len(groups), log_stem)
+    host = _connect_host(options.host)
+    servers = []
+    for i, (group, port) in enumerate(zip(groups, ports, strict=True)):
+        command = build_command(
+            options, port=port, data_parallel=1 if replicas else options.dp_size
+        )
+        if group is not None:
+            command = Command(
+                command.argv, (*command.env, ("CUDA_VISIBLE_DEVICES", ",".join(group)))
+            )
+        servers.append(
+            ServerProcess(
+                i,
+                command,
+                f"http://{host}:{port}/v1",
+                logs[i],
+                served_name=options.served_names[0],
+                api_key=options.api_key,
+            )
+        )
+    return servers
+
+
+def log_paths(options: ServeOptions, count: int, log_stem: str | None) -> list[str]:
+    """`<stem>.server.log`, or `<stem>.server-<i>.log` per replica; in `log_dir` if given.
+
+    The stem is the output file for `exec` (the log lies beside it), else `jsonlbatch-<backend>`.
+    """
+    stem = log_stem or f"jsonlbatch-{options.backend}"
+    if options.log_dir:
+        stem = os.path.join(options.log_dir, os.path.basename(stem))
+    if count == 1:
+        return [f"{stem}.server.log"]
+    return [f"{stem}.server-{i}.log" for i in range(count)]
+
+
+@contextlib.contextmanager
+def serving(
+    options: ServeOptions, *, quiet: bool = False, log_stem: str | None = None
+) -> Iterator[Servers]:
+    """Start the servers `options` describe, wait until all serve, yield them, stop them.
+
+    Startup raises LaunchError with the server's own last log lines when a server exits or
+    does not become ready in time; Ctrl-C or SIGTERM meanwhile raises Interrupted. Teardown
+    runs however the block ends.
+    """
+    servers = Servers(options, plan_servers(options, log_stem=log_stem), quiet=quiet)
+    if BACKENDS[options.backend].needs_gpus:
+        holders = gpu_holders(_pinned_gpus(servers.processes))
+        if holders:
+            servers.note(describe_holders(holders))
+    restore = _raise_on_sigterm()
+    try:
+        try:
+            servers.start()
+            servers.wait_ready()
+        except KeyboardInterrupt:
+            raise Interrupted("interrupted while the server was starting; it was stopped") from None
+        yield servers
+    finally:
+        with _sigterm_ignored():
+            servers.stop()
+        restore()
+
+
+def _pinned_gpus(processes: Sequence[ServerProcess]) -> list[str] | None:
+    pinned = [
+        gpu
+        for p in processes
+        for key, value in p.command.env
+        if key == "CUDA_VISIBLE_DEVICES"
+        for gpu in value.split(",")
+    ]
+    return pinned or None
+
+
+def _raise_on_sigterm() -> Callable[[], None]:
+    """Make SIGTERM raise Interrupted (so `finally` blocks run) where nobody handles it yet."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return lambda: None
+
+    def handler(signum: int, frame: object) -> None:
+        raise Interrupted("stopped by SIGTERM")
+
+    signal.signal(signal.SIGTERM, handler)
+    return lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def _sigterm_ignored() -> Iterator[None]:
+    """A second SIGTERM during teardown must not cut it short (the reaper would still clean up,
+    but without the wait)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class _StatusLine:
+    """ "waiting for server ..." on stderr: rewritten in place on a terminal, else every 15 s."""
+
+    def __init__(self, *, quiet: bool) -> None:
+        self.quiet = quiet
+        self.tty = sys.stderr.isatty()
+        self._last = float("-inf")
+        self._shown = False
+
+    def show(self, text: str) -> None:
+        if self.quiet:
+            return
+        now = time.monotonic()
+        if self.tty:
+            sys.stderr.write("\r\x1b[K" + redact(text)[:200])
+        elif now - self._last >= _STATUS_EVERY:
+            sys.stderr.write(redact(text) + "\n")
+            self._last = now
+        else:
+            return
+        self._shown = True
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self._shown and self.tty:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+def _get(url: str, api_key: str | None) -> tuple[int | str, object]:
+    """GET `url`: (status, decoded JSON or None), or (reason, None) when it cannot connect."""
+    request = urllib.request.Request(url)
+    if api_key:
+        request.add_header("Authorization", f"Bearer {api_key}")
+    try:
+        with _OPENER.open(request, timeout=_PROBE_TIMEOUT) as resp:
+            status, raw = resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, None
+    except urllib.error.URLError as exc:
+        reason = exc.reason
+        return f"cannot connect ({getattr(reason, 'strerror', None) or reason})", None
+    except (TimeoutError, OSError) as exc:
+        return f"no answer ({type(exc).__name__})", None
+    try:
+        return status, orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return status, None
+
+
+def _connect_host(host: str) -> str:
+    """Where clients connect: a wildcard bind address is reached over loopback."""
+    if host in ("", "0.0.0.0"):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host
