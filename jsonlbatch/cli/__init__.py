@@ -39,3 +39,8 @@ from jsonlbatch.cli import validate as _validate  # noqa: E402
 
 main.add_command(_exec.exec_)
 main.add_command(_validate.validate)
+from jsonlbatch.cli import merge as _merge  # noqa: E402
+from jsonlbatch.cli import serve as _serve  # noqa: E402
+
+main.add_command(_serve.serve)
+main.add_command(_merge.merge_)

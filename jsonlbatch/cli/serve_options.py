@@ -1,0 +1,194 @@
+"""The server-launch options shared by `jsonlbatch serve` and `jsonlbatch exec --serve`.
+
+Names follow the servers' own where they agree (`--tp-size`, `--dp-size`, `--model-path`,
+`--reasoning-parser`), with vLLM's long names as aliases. Options whose plain name would be
+ambiguous next to `exec`'s client options carry a `server-` prefix (`--server-api-key`,
+`--server-seed`). `--ready-timeout` is read, not defined here: `exec` already has one with the
+same meaning.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from jsonlbatch.backends import BACKEND_NAMES, DP_MODES, ServeOptions
+from jsonlbatch.errors import UsageError
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+_OPTIONS = [
+    click.option(
+        "--serve",
+        "--backend",
+        "backend",
+        type=click.Choice(BACKEND_NAMES),
+        help="Launch this server (stopped at the end): the built-in mock, vLLM or SGLang.",
+    ),
+    click.option("--model-path", metavar="PATH|HF_ID", help="Model the server loads."),
+    click.option(
+        "--served-model-name",
+        multiple=True,
+        metavar="NAME",
+        help="Name clients use for the model (default: the model path). vLLM takes several.",
+    ),
+    click.option(
+        "--tp-size",
+        "--tensor-parallel-size",
+        "tp_size",
+        type=click.IntRange(min=1),
+        default=1,
+        show_default=True,
+        help="GPUs per model copy (tensor parallelism).",
+    ),
+    click.option(
+        "--dp-size",
+        "--data-parallel-size",
+        "dp_size",
+        type=click.IntRange(min=1),
+        default=1,
+        show_default=True,
+        help="Model copies (data parallelism); uses TP x DP GPUs.",
+    ),
+    click.option(
+        "--dp-mode",
+        type=click.Choice(DP_MODES),
+        default="native",
+        show_default=True,
+        help="native: one server with its own DP flag; replicas: DP servers on their own "
+        "ports and GPUs, requests spread over them.",
+    ),
+    click.option(
+        "--gpus",
+        metavar="0,1,...",
+        help="GPUs to use (default: CUDA_VISIBLE_DEVICES, else all that nvidia-smi lists).",
+    ),
+    click.option(
+        "--host",
+        default="127.0.0.1",
+        show_default=True,
+        help="Address the server binds (0.0.0.0 to serve other machines).",
+    ),
+    click.option(
+        "--port",
+        type=click.IntRange(1, 65535),
+        help="First server port (default: a free one from 8000, 30000 for SGLang).",
+    ),
+    click.option(
+        "--server-api-key",
+        "api_key",
+        envvar="JSONLBATCH_SERVER_API_KEY",
+        show_envvar=True,
+        help="Key the launched server requires (SGLang only takes it on its command line).",
+    ),
+    click.option(
+        "--gpu-memory-utilization",
+        "--mem-fraction-static",
+        "gpu_memory_utilization",
+        type=float,
+        help="Share of GPU memory the server may take (lower it, e.g. 0.88, for MTP).",
+    ),
+    click.option(
+        "--context-length",
+        "--max-model-len",
+        "context_length",
+        type=click.IntRange(min=1),
+        help="Longest prompt + completion, in tokens.",
+    ),
+    click.option("--chat-template", metavar="FILE", help="Chat template for the server."),
+    click.option("--reasoning-parser", metavar="NAME", help="e.g. qwen3, deepseek-r1."),
+    click.option("--tool-call-parser", metavar="NAME", help="Enables tool calls with this parser."),
+    click.option("--server-seed", "seed", type=int, help="The server's random seed."),
+    click.option(
+        "--server-arg",
+        "server_args",
+        multiple=True,
+        metavar="ARG",
+        help="Any other server flag, passed on as is: --server-arg=--max-num-seqs=512 (repeat).",
+    ),
+    click.option(
+        "--server-executable",
+        "executable",
+        metavar="CMD",
+        help="Run this instead of `vllm` / `python -m sglang.launch_server`, e.g. a path or "
+        "'python -m my.server'.",
+    ),
+    click.option(
+        "--restart-server",
+        "restart",
+        type=click.IntRange(min=0),
+        default=0,
+        show_default=True,
+        help="Restart a server that dies mid-run up to N times (requests wait meanwhile).",
+    ),
+    click.option(
+        "--server-log-dir",
+        "log_dir",
+        type=click.Path(file_okay=False),
+        help="Directory for server logs (default: beside the output file).",
+    ),
+]
+
+#: Parameter name -> default, to tell "given" from "left alone" when there is no --serve.
+_DEFAULTS = {
+    "backend": None,
+    "model_path": None,
+    "served_model_name": (),
+    "tp_size": 1,
+    "dp_size": 1,
+    "dp_mode": "native",
+    "gpus": None,
+    "host": "127.0.0.1",
+    "port": None,
+    "api_key": None,
+    "gpu_memory_utilization": None,
+    "context_length": None,
+    "chat_template": None,
+    "reasoning_parser": None,
+    "tool_call_parser": None,
+    "seed": None,
+    "server_args": (),
+    "executable": None,
+    "restart": 0,
+    "log_dir": None,
+}
+
+
+def serve_options(func: _F) -> _F:
+    """Add the server-launch options to a click command."""
+    for option in reversed(_OPTIONS):
+        func = option(func)
+    return func
+
+
+def serve_options_from_kwargs(kwargs: dict[str, Any]) -> ServeOptions | None:
+    """Take the server-launch options out of a command's kwargs (they are popped, so the rest
+    can go on to the command's own code). None when no server is to be launched."""
+    values = {name: kwargs.pop(name, default) for name, default in _DEFAULTS.items()}
+    if values["backend"] is None:
+        given = [name for name, value in values.items() if value != _DEFAULTS[name]]
+        if given:
+            raise UsageError(
+                f"{_flag(given[0])} is a server option: it needs --serve mock|vllm|sglang"
+            )
+        return None
+    gpus = values.pop("gpus")
+    args = values.pop("server_args")
+    return ServeOptions(
+        **values,
+        gpus=tuple(gpus.split(",")) if gpus else None,
+        server_args=tuple(a for item in args for a in shlex.split(item)),
+        ready_timeout=kwargs.get("ready_timeout", 1800.0),
+    )
+
+
+def _flag(name: str) -> str:
+    """The option as the user typed it (`api_key` is `--server-api-key`)."""
+    ctx = click.get_current_context(silent=True)
+    for param in ctx.command.params if ctx is not None else ():
+        if param.name == name and param.opts:
+            return param.opts[0]
+    return "--" + name.replace("_", "-")
