@@ -1,0 +1,166 @@
+"""Jinja2 templates rendered once per data row: prompts, custom_ids and row filters.
+
+Templates come from users and datasets from anywhere, so they run in Jinja's sandbox, and with
+`StrictUndefined`: a misspelt field is an error naming the row and the field rather than an
+empty string silently sent to a model a million times.
+
+A template sees the row's fields as variables, plus `row` (the whole row, for fields whose
+names are not identifiers, or `row | tojson`) and `row_index`; a field of the same name wins.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from jinja2 import StrictUndefined, TemplateSyntaxError, UndefinedError
+from jinja2.sandbox import SandboxedEnvironment
+
+from jsonlbatch.errors import InputError, Problem, UsageError
+from jsonlbatch.records import check_messages
+from jsonlbatch.sources import Row
+
+_FILENAME = "<template>"
+_UNDEFINED = re.compile(r"'([^']+)' is undefined|has no attribute '([^']+)'")
+_ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
+
+
+def _tojson(value: Any) -> str:
+    """Plain JSON: Jinja's own `tojson` escapes `<`, `>`, `&` and `'` for HTML, which would
+    reach a model as `\\u003c` in a text prompt."""
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+_ENV = SandboxedEnvironment(undefined=StrictUndefined, autoescape=False)
+_ENV.filters["tojson"] = _tojson
+
+
+def _context(row: Row) -> dict[str, Any]:
+    return {"row": row.data, "row_index": row.index, **row.data}
+
+
+class RowTemplate:
+    """One compiled template; `name` (a file name, or an option name) labels its errors."""
+
+    def __init__(self, source: str, *, name: str = "template") -> None:
+        self.name = name
+        try:
+            self._template = _ENV.from_string(source)
+        except TemplateSyntaxError as exc:
+            raise InputError(
+                f"bad template {name}", [Problem(name, exc.lineno, None, exc.message or "")]
+            ) from None
+
+    @classmethod
+    def from_file(cls, path: str) -> RowTemplate:
+        try:
+            with open(path, encoding="utf-8") as f:
+                source = f.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+            raise InputError(f"cannot read template {path}: {reason}") from None
+        return cls(source, name=path)
+
+    @classmethod
+    def inline(cls, text: str, *, name: str) -> RowTemplate:
+        """A template typed on the command line, where `\\n` and `\\t` mean newline and tab."""
+        return cls(re.sub(r"\\([nt\\])", lambda m: _ESCAPES[m.group(1)], text), name=name)
+
+    def render(self, row: Row) -> str:
+        try:
+            return self._template.render(_context(row))
+        except Exception as exc:  # any failure inside a user's template is the user's to fix
+            raise render_error(exc, row, f"cannot render {self.name}") from None
+
+
+def render_error(exc: Exception, row: Row, what: str, *, template_line: bool = True) -> InputError:
+    """An error naming the row, the missing field when there is one, and the template line."""
+    field = None
+    if isinstance(exc, UndefinedError):
+        match = _UNDEFINED.search(exc.message or "")
+        if match:
+            field = match.group(1) or match.group(2)
+            message = f"has no field {field!r} (it has: {_fields(row)})"
+        else:
+            message = exc.message or "undefined value"
+    else:
+        message = f"{type(exc).__name__}: {exc}"
+    frames = traceback.extract_tb(exc.__traceback__) if template_line else []
+    lines = [f.lineno for f in frames if f.filename == _FILENAME]
+    if lines:
+        what += f" (template line {lines[-1]})"
+    return InputError(what, [row.problem(field, message)])
+
+
+def _fields(row: Row) -> str:
+    names = list(row.data)
+    shown = ", ".join(names[:12]) or "no fields"
+    return shown + (f", ... ({len(names)} in all)" if len(names) > 12 else "")
+
+
+def compile_condition(expression: str) -> Callable[[Row], bool]:
+    """A row filter from a Jinja expression such as `split == 'test' and stars > 3`."""
+    try:
+        compiled = _ENV.compile_expression(expression, undefined_to_none=False)
+    except TemplateSyntaxError as exc:
+        raise UsageError(f"bad condition {expression!r}: {exc.message}") from None
+
+    def condition(row: Row) -> bool:
+        try:
+            return bool(compiled(_context(row)))
+        except Exception as exc:
+            what = f"cannot evaluate condition {expression!r}"
+            raise render_error(exc, row, what, template_line=False) from None
+
+    return condition
+
+
+@dataclass
+class Prompt:
+    """What one row asks: either `user` text (optionally after a `system` text), giving a
+    prompt string or a two-message chat, or `messages`, a template that renders a JSON list of
+    chat messages (multi-turn, multi-part, images): the whole conversation is the template's."""
+
+    user: RowTemplate | None = None
+    system: RowTemplate | None = None
+    messages: RowTemplate | None = None
+
+    def __post_init__(self) -> None:
+        if (self.user is None) == (self.messages is None):
+            raise UsageError("give exactly one prompt: a user text template or a messages template")
+        if self.messages is not None and self.system is not None:
+            raise UsageError(
+                "a messages template writes its own system message; drop the system text"
+            )
+
+    def build(self, row: Row) -> str | list[dict[str, Any]]:
+        """The user text alone (a plain prompt), or a list of chat messages."""
+        if self.messages is not None:
+            return self._messages(row, self.messages)
+        assert self.user is not None
+        text = self.user.render(row)
+        if self.system is None:
+            return text
+        return [
+            {"role": "system", "content": self.system.render(row)},
+            {"role": "user", "content": text},
+        ]
+
+    @staticmethod
+    def _messages(row: Row, template: RowTemplate) -> list[dict[str, Any]]:
+        rendered = template.render(row)
+        what = f"{template.name} did not render a list of messages"
+        try:
+            messages = orjson.loads(rendered)
+        except orjson.JSONDecodeError as exc:
+            hint = "; insert fields with `{{ field | tojson }}`"
+            raise InputError(what, [row.problem(None, f"not JSON ({exc}){hint}")]) from None
+        problems = check_messages(messages, "messages")
+        if problems:
+            raise InputError(what, [row.problem(f, m) for f, m in problems])
+        return messages
