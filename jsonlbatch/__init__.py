@@ -19,12 +19,14 @@ from jsonlbatch.errors import (
     UsageError,
 )
 from jsonlbatch.executor import ExecOptions, Job, aexecute, execute
+from jsonlbatch.gen import GenSummary, RequestWriter
 from jsonlbatch.summary import RunSummary
 from jsonlbatch.validate import ValidationReport, validate_file
 
 __all__ = [
     "AuthenticationError",
     "ExecOptions",
+    "GenSummary",
     "InputError",
     "Interrupted",
     "Job",
@@ -33,6 +35,7 @@ __all__ = [
     "ModelNotServedError",
     "OutputError",
     "Problem",
+    "RequestWriter",
     "RunSummary",
     "ServerError",
     "ServerUnavailableError",

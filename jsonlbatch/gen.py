@@ -1,0 +1,375 @@
+"""Writing OpenAI Batch request files: request bodies, samples, thinking switches.
+
+`RequestWriter` is the one place a request line is made, whether from `jsonlbatch gen` or
+from a user's own pipeline, so the CLI and the API cannot disagree. Every line it writes
+passes `records.check_request`, the check `jsonlbatch exec` applies when it reads the file.
+
+The file appears only when complete: lines go to a temp file beside the target, which is
+renamed over it on success and removed on any error, so a half-written request file never
+looks like a finished one.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+
+from jsonlbatch.errors import InputError, OutputError, UsageError
+from jsonlbatch.records import (
+    CHAT_URL,
+    COMPLETIONS_URL,
+    EMBEDDINGS_URL,
+    check_request,
+    request_line,
+)
+from jsonlbatch.sources import Row
+from jsonlbatch.templates import Prompt, RowTemplate
+
+#: The endpoints the generator writes bodies for, and the body field each one's prompt goes in.
+PROMPT_FIELDS = {CHAT_URL: "messages", COMPLETIONS_URL: "prompt", EMBEDDINGS_URL: "input"}
+
+#: Body fields that only make sense when something is generated.
+GENERATION_FIELDS = ("temperature", "top_p", "top_k", "min_p", "max_tokens", "n", "seed", "stop")
+
+#: What `--no-think-suffix` appends to the last user message (Qwen3's prompt-level switch).
+NO_THINK_SUFFIX = "/no_think"
+
+#: Characters per token of the prompt-token estimate: a rough English-text average.
+CHARS_PER_TOKEN = 4
+
+
+class RequestError(InputError):
+    """A request that cannot be written: `fields` holds (field, message) pairs saying why."""
+
+    def __init__(self, custom_id: str, fields: list[tuple[str, str]]) -> None:
+        super().__init__(f"request {custom_id!r}: " + "; ".join(f"{f}: {m}" for f, m in fields))
+        self.custom_id = custom_id
+        self.fields = fields
+
+
+@dataclass(frozen=True)
+class GenSummary:
+    """What a writer wrote."""
+
+    path: str
+    prompts: int
+    requests: int
+    prompt_chars: int
+
+    @property
+    def prompt_tokens_estimate(self) -> int:
+        """Prompt tokens sent, estimated as characters / 4 (no tokenizer: a rough guide only)."""
+        return math.ceil(self.prompt_chars / CHARS_PER_TOKEN)
+
+
+def merge_patch(target: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
+    """`target` updated by `patch` as in JSON Merge Patch (RFC 7386): objects merge key by key,
+    `None` removes a key, anything else replaces. `target` is not modified."""
+    out = dict(target)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = merge_patch(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def parse_param(text: str) -> dict[str, Any]:
+    """`key=JSON` as a merge patch; a dotted key reaches into objects
+    (`chat_template_kwargs.enable_thinking=false`); a value that is not JSON is a string."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise UsageError(f"--param wants KEY=JSON, got {text!r}")
+    try:
+        value: Any = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        value = raw
+    for part in reversed(key.split(".")):
+        value = {part: value}
+    return value
+
+
+def load_body_file(path: str) -> dict[str, Any]:
+    """A JSON object of body fields to start every request from."""
+    try:
+        with open(path, "rb") as f:
+            body = orjson.loads(f.read())
+    except OSError as exc:
+        raise InputError(f"cannot read body file {path}: {exc.strerror}") from None
+    except orjson.JSONDecodeError as exc:
+        raise InputError(f"body file {path} is not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise InputError(f"body file {path} must hold a JSON object")
+    return body
+
+
+class RequestWriter:
+    """Write a request file one prompt at a time, holding only the set of ids seen.
+
+    `body_defaults` (temperature=..., max_tokens=..., any body field) go into every request,
+    on top of `body` (the same as one mapping, e.g. a JSON file's); `add` may override them
+    per prompt. With `samples=K` each prompt becomes K requests
+    `<id><sample_sep><k>` (Agentless naming); `greedy_first` makes sample 0 greedy
+    (temperature 0, a single choice), and a `seed` becomes seed + k per sample.
+    `no_think` / `think_budget` set the chat-template and server switches of reasoning models;
+    `no_think_suffix` appends `/no_think` to the last user message for servers that take no
+    `chat_template_kwargs`.
+
+    Use it as a context manager: the file replaces `path` when the block ends without an
+    exception; otherwise nothing is written.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        model: str | None = None,
+        url: str = CHAT_URL,
+        force: bool = False,
+        samples: int | None = None,
+        greedy_first: bool = False,
+        sample_sep: str = "|",
+        no_think: bool = False,
+        no_think_suffix: bool = False,
+        think_budget: int | None = None,
+        body: Mapping[str, Any] | None = None,
+        **body_defaults: Any,
+    ) -> None:
+        if url not in PROMPT_FIELDS:
+            raise UsageError(
+                f"cannot write requests for {url!r} (known: {', '.join(PROMPT_FIELDS)})"
+            )
+        _check_options(
+            url, samples, greedy_first, sample_sep, no_think, no_think_suffix, think_budget
+        )
+        base = merge_patch(body or {}, body_defaults)
+        if url == EMBEDDINGS_URL and (pointless := [k for k in GENERATION_FIELDS if k in base]):
+            raise UsageError(
+                f"{', '.join(pointless)}: no meaning for {url}, which generates nothing"
+            )
+        if model is not None:  # first in the body, where a reader looks for it
+            base.pop("model", None)
+            base = {"model": model, **base}
+        if no_think:
+            base = merge_patch(base, {"chat_template_kwargs": {"enable_thinking": False}})
+        if think_budget is not None:
+            # vLLM enforces `thinking_token_budget`; Qwen3's chat template reads `thinking_budget`
+            # (SGLang passes it through). Each server ignores the field it does not know.
+            base = merge_patch(
+                base,
+                {
+                    "thinking_token_budget": think_budget,
+                    "chat_template_kwargs": {"thinking_budget": think_budget},
+                },
+            )
+        self.path = os.fspath(path)
+        self.url = url
+        self.force = force
+        self.samples, self.greedy_first, self.sample_sep = samples, greedy_first, sample_sep
+        self.no_think_suffix = no_think_suffix
+        self._base = base
+        self._seen: set[str] = set()
+        self._prompts = self._requests = self._chars = 0
+        self._refuse_overwrite()
+        self._file, self._tmp = self._open_temp()
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def add(
+        self, custom_id: str, messages_or_prompt: str | list[Any], **body_overrides: Any
+    ) -> list[str]:
+        """Write the request(s) for one prompt; return their custom_ids.
+
+        A string is the user message (chat) or the prompt/input; a list is the chat messages
+        (or a list prompt/input for the other endpoints). `None` in the overrides removes
+        a default."""
+        if self._file is None:
+            raise OutputError(f"{self.path}: the writer is closed")
+        if not isinstance(custom_id, str) or not custom_id:
+            raise RequestError(str(custom_id), [("custom_id", "must be a non-empty string")])
+        payload = self._payload(custom_id, messages_or_prompt)
+        body = merge_patch(self._base, body_overrides)
+        body.update(payload)
+        requests = self._expand(custom_id, body)
+        ids = [cid for cid, _ in requests]
+        for cid in ids:
+            if cid in self._seen:
+                raise RequestError(cid, [("custom_id", "repeats an earlier request's id")])
+        lines = []
+        for cid, request_body in requests:
+            problems = check_request({"custom_id": cid, "url": self.url, "body": request_body})
+            if problems:
+                raise RequestError(cid, problems)
+            try:
+                lines.append(request_line(cid, request_body, self.url))
+            except orjson.JSONEncodeError as exc:
+                raise RequestError(cid, [("body", f"not JSON-serializable: {exc}")]) from None
+        self._file.write(b"".join(lines))
+        self._seen.update(ids)
+        self._prompts += 1
+        self._requests += len(lines)
+        self._chars += _text_chars(payload) * len(lines)
+        return ids
+
+    def _payload(self, custom_id: str, prompt: str | list[Any]) -> dict[str, Any]:
+        field = PROMPT_FIELDS[self.url]
+        is_chat = isinstance(prompt, list) and any(isinstance(m, dict) for m in prompt)
+        if self.url != CHAT_URL:
+            if is_chat or not isinstance(prompt, (str, list)):
+                msg = f"{self.url} takes a string or a list of strings, not chat messages"
+                raise RequestError(custom_id, [(f"body.{field}", msg)])
+            return {field: prompt}
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        if self.no_think_suffix:
+            messages = _with_suffix(custom_id, messages)
+        return {field: messages}
+
+    def _expand(self, custom_id: str, body: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+        if self.samples is None:
+            return [(custom_id, body)]
+        out = []
+        for k in range(self.samples):
+            sample = dict(body)
+            if isinstance(body.get("seed"), int):
+                sample["seed"] = body["seed"] + k
+            if k == 0 and self.greedy_first:
+                sample["temperature"] = 0
+                sample.pop("n", None)  # n greedy choices would all be the same
+            out.append((f"{custom_id}{self.sample_sep}{k}", sample))
+        return out
+
+    # -- the file --------------------------------------------------------------------------
+
+    def _refuse_overwrite(self) -> None:
+        if not self.force and os.path.lexists(self.path):
+            raise OutputError(f"{self.path} exists; refusing to overwrite it (--force replaces it)")
+
+    def _open_temp(self) -> tuple[IO[bytes], str]:
+        directory, name = os.path.split(os.path.abspath(self.path))
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
+        except OSError as exc:
+            raise OutputError(f"cannot write {self.path}: {exc.strerror}") from None
+        return os.fdopen(fd, "wb", buffering=1 << 20), tmp
+
+    def close(self) -> GenSummary:
+        """Finish the file and move it into place."""
+        if self._file is not None:
+            file, self._file = self._file, None
+            try:
+                file.flush()
+                os.fsync(file.fileno())
+                file.close()
+                os.chmod(self._tmp, 0o644)  # mkstemp's 0600 would surprise whoever reads it next
+                self._refuse_overwrite()  # it may have appeared while we wrote
+                os.replace(self._tmp, self.path)
+            except OSError as exc:
+                Path(self._tmp).unlink(missing_ok=True)
+                raise OutputError(f"cannot write {self.path}: {exc.strerror}") from None
+            except BaseException:
+                Path(self._tmp).unlink(missing_ok=True)
+                raise
+        return self.summary
+
+    def abort(self) -> None:
+        """Drop what was written; the target is left as it was."""
+        if self._file is not None:
+            file, self._file = self._file, None
+            file.close()
+            Path(self._tmp).unlink(missing_ok=True)
+
+    @property
+    def summary(self) -> GenSummary:
+        return GenSummary(self.path, self._prompts, self._requests, self._chars)
+
+    def __enter__(self) -> RequestWriter:
+        return self
+
+    def __exit__(self, exc_type: object, *_: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
+def write_requests(
+    rows: Iterable[Row],
+    writer: RequestWriter,
+    prompt: Prompt,
+    *,
+    custom_id: RowTemplate | None = None,
+) -> None:
+    """One prompt per row into `writer`; errors name the row. The id is the rendered
+    `custom_id` template, or the row's index in its source."""
+    for row in rows:
+        cid = custom_id.render(row).strip() if custom_id is not None else str(row.index)
+        if not cid:
+            raise InputError("empty custom_id", [row.problem("custom_id", "the id rendered empty")])
+        content = prompt.build(row)
+        try:
+            writer.add(cid, content)
+        except RequestError as exc:
+            raise InputError(
+                "cannot write the request of a row", [row.problem(f, m) for f, m in exc.fields]
+            ) from None
+
+
+def _check_options(
+    url: str,
+    samples: int | None,
+    greedy_first: bool,
+    sample_sep: str,
+    no_think: bool,
+    no_think_suffix: bool,
+    think_budget: int | None,
+) -> None:
+    if samples is not None and samples < 1:
+        raise UsageError(f"samples must be >= 1, got {samples}")
+    if greedy_first and samples is None:
+        raise UsageError("greedy-first needs samples (--samples K)")
+    if not sample_sep:
+        raise UsageError("the sample separator must not be empty")
+    if think_budget is not None and think_budget < 0:
+        raise UsageError(f"think budget must be >= 0, got {think_budget}")
+    if url != CHAT_URL and (no_think or no_think_suffix or think_budget is not None):
+        raise UsageError(f"the thinking switches apply to {CHAT_URL} only, not {url}")
+    if url == EMBEDDINGS_URL and samples is not None:
+        raise UsageError(f"samples make no sense for {url}: embeddings are deterministic")
+
+
+def _with_suffix(custom_id: str, messages: list[Any]) -> list[Any]:
+    """A copy of `messages` whose last user message ends with `/no_think`."""
+    for i in range(len(messages) - 1, -1, -1):
+        message = messages[i]
+        if isinstance(message, dict) and message.get("role") == "user":
+            content = message.get("content")
+            if isinstance(content, str):
+                content = f"{content} {NO_THINK_SUFFIX}"
+            elif isinstance(content, list):
+                content = [*content, {"type": "text", "text": NO_THINK_SUFFIX}]
+            return [*messages[:i], {**message, "content": content}, *messages[i + 1 :]]
+    raise RequestError(
+        custom_id, [("body.messages", f"no user message to append {NO_THINK_SUFFIX} to")]
+    )
+
+
+def _text_chars(value: Any) -> int:
+    """Characters of prompt text in a payload: message contents and text parts, not images."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, list):
+        return sum(_text_chars(v) for v in value)
+    if isinstance(value, dict):
+        return sum(
+            _text_chars(value.get(k)) for k in ("messages", "prompt", "input", "content", "text")
+        )
+    return 0
