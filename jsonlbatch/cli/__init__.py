@@ -44,3 +44,6 @@ from jsonlbatch.cli import serve as _serve  # noqa: E402
 
 main.add_command(_serve.serve)
 main.add_command(_merge.merge_)
+from jsonlbatch.cli import gen as _gen  # noqa: E402
+
+main.add_command(_gen.gen)

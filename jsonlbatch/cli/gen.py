@@ -1,0 +1,183 @@
+"""`jsonlbatch gen`: a dataset and a prompt template in, an OpenAI Batch request file out."""
+
+from __future__ import annotations
+
+import click
+
+from jsonlbatch.errors import UsageError
+from jsonlbatch.gen import (
+    CHARS_PER_TOKEN,
+    PROMPT_FIELDS,
+    RequestWriter,
+    load_body_file,
+    merge_patch,
+    parse_param,
+    write_requests,
+)
+from jsonlbatch.records import CHAT_URL
+from jsonlbatch.sources import FORMATS, iter_rows, select
+from jsonlbatch.templates import Prompt, RowTemplate, compile_condition
+
+
+@click.command("gen")
+@click.option(
+    "-d",
+    "--data",
+    required=True,
+    help="Rows: .jsonl, .json (a list), .csv, .parquet, or - for stdin.",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(FORMATS),
+    help="Data format, when the suffix does not say (stdin: jsonl).",
+)
+@click.option(
+    "--template", type=click.Path(dir_okay=False), help="Jinja2 file rendering the user message."
+)
+@click.option("--prompt", "prompt_text", help="Inline Jinja2 user message (\\n, \\t understood).")
+@click.option(
+    "--messages",
+    type=click.Path(dir_okay=False),
+    help="Jinja2 file rendering a JSON list of chat messages.",
+)
+@click.option("--system", help="Inline Jinja2 system message, before the user message.")
+@click.option("--id", "id_template", help="Jinja2 custom_id per row [default: the row's index].")
+@click.option("--model", help="Model name for every request.")
+@click.option(
+    "--url",
+    type=click.Choice(list(PROMPT_FIELDS)),
+    default=CHAT_URL,
+    show_default=True,
+    help="Endpoint; sets the body shape.",
+)
+@click.option(
+    "--where",
+    multiple=True,
+    help="Keep rows where this Jinja2 expression is true, e.g. \"split == 'test'\". Repeatable (all must hold).",
+)
+@click.option("--limit", type=click.IntRange(min=0), help="Read at most N matching rows.")
+@click.option(
+    "--sample",
+    type=click.IntRange(min=1),
+    help="Draw K of the matching rows at random (seeded by --seed, else 0).",
+)
+@click.option(
+    "--n",
+    type=click.IntRange(min=1),
+    help="K choices in one request (body.n): one call, prompt prefilled once.",
+)
+@click.option("--samples", type=click.IntRange(min=1), help="K requests per row, named <id>|<k>.")
+@click.option("--greedy-first", is_flag=True, help="Sample 0 at temperature 0 (with --samples).")
+@click.option(
+    "--sample-sep", default="|", show_default=True, help="Separator of <id> and <k> in sample ids."
+)
+@click.option("--temperature", type=float)
+@click.option("--top-p", type=float)
+@click.option("--top-k", type=int)
+@click.option("--min-p", type=float)
+@click.option("--max-tokens", type=click.IntRange(min=1))
+@click.option("--seed", type=int, help="body.seed (seed + k for sample k); also seeds --sample.")
+@click.option("--stop", multiple=True, help="Stop string. Repeatable.")
+@click.option(
+    "--param",
+    multiple=True,
+    metavar="KEY=JSON",
+    help="Any body field, e.g. repetition_penalty=1.05 or chat_template_kwargs.thinking=true. Repeatable.",
+)
+@click.option(
+    "--body-file",
+    type=click.Path(dir_okay=False),
+    help="JSON object of body fields; options override it.",
+)
+@click.option("--no-think", is_flag=True, help="chat_template_kwargs.enable_thinking=false.")
+@click.option("--no-think-suffix", is_flag=True, help="Append /no_think to the last user message.")
+@click.option(
+    "--think-budget",
+    type=click.IntRange(min=0),
+    help="Cap on thinking tokens (thinking_token_budget, chat_template_kwargs.thinking_budget).",
+)
+@click.option(
+    "-o", "--output", required=True, type=click.Path(dir_okay=False), help="Request JSONL to write."
+)
+@click.option("--force", is_flag=True, help="Replace the output file if it exists.")
+def gen(
+    data: str,
+    fmt: str | None,
+    template: str | None,
+    prompt_text: str | None,
+    messages: str | None,
+    system: str | None,
+    id_template: str | None,
+    model: str | None,
+    url: str,
+    where: tuple[str, ...],
+    limit: int | None,
+    sample: int | None,
+    n: int | None,
+    samples: int | None,
+    greedy_first: bool,
+    sample_sep: str,
+    temperature: float | None,
+    top_p: float | None,
+    top_k: int | None,
+    min_p: float | None,
+    max_tokens: int | None,
+    seed: int | None,
+    stop: tuple[str, ...],
+    param: tuple[str, ...],
+    body_file: str | None,
+    no_think: bool,
+    no_think_suffix: bool,
+    think_budget: int | None,
+    output: str,
+    force: bool,
+) -> None:
+    """Write an OpenAI Batch request file: one request per data row (or --samples per row)."""
+    if sum(x is not None for x in (template, prompt_text, messages)) != 1:
+        raise UsageError("give exactly one of --template, --prompt or --messages")
+    if template is not None:
+        user = RowTemplate.from_file(template)
+    elif prompt_text is not None:
+        user = RowTemplate.inline(prompt_text, name="--prompt")
+    else:
+        user = None
+    prompt = Prompt(
+        user=user,
+        messages=RowTemplate.from_file(messages) if messages else None,
+        system=RowTemplate.inline(system, name="--system") if system is not None else None,
+    )
+    custom_id = RowTemplate.inline(id_template, name="--id") if id_template else None
+    condition = compile_condition(" and ".join(f"({w})" for w in where)) if where else None
+
+    options = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p}
+    options |= {"max_tokens": max_tokens, "n": n, "seed": seed, "stop": list(stop) or None}
+    body = load_body_file(body_file) if body_file else {}
+    body = merge_patch(body, {k: v for k, v in options.items() if v is not None})
+    for p in param:
+        body = merge_patch(body, parse_param(p))
+
+    rows = select(iter_rows(data, fmt), where=condition, limit=limit, sample=sample, seed=seed or 0)
+    with RequestWriter(
+        output,
+        model=model,
+        url=url,
+        force=force,
+        samples=samples,
+        greedy_first=greedy_first,
+        sample_sep=sample_sep,
+        no_think=no_think,
+        no_think_suffix=no_think_suffix,
+        think_budget=think_budget,
+        body=body,
+    ) as writer:
+        write_requests(rows, writer, prompt, custom_id=custom_id)
+    s = writer.summary
+    per = f" ({s.prompts} rows x {samples} samples)" if samples else ""
+    click.echo(
+        f"wrote {s.requests} requests{per} to {s.path}; about {s.prompt_tokens_estimate:,} prompt"
+        f" tokens (estimated as characters / {CHARS_PER_TOKEN}, no tokenizer)",
+        err=True,
+    )
+    if s.requests == 0:
+        click.echo("warning: no row got through; check --where, --limit and the data", err=True)
