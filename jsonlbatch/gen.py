@@ -256,6 +256,7 @@ class RequestWriter:
     def _open_temp(self) -> tuple[IO[bytes], str]:
         directory, name = os.path.split(os.path.abspath(self.path))
         try:
+            os.makedirs(directory, exist_ok=True)  # as exec does for its output
             fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
         except OSError as exc:
             raise OutputError(f"cannot write {self.path}: {exc.strerror}") from None

@@ -216,8 +216,11 @@ def test_refuses_to_overwrite_unless_forced(tmp_path):
         w.close()
     assert late.read_text() == "someone else's\n"
     assert leftovers(tmp_path) == []
+    with RequestWriter(tmp_path / "new" / "dir" / "r.jsonl", model="m") as w:
+        w.add("a", MSG)
+    assert read(tmp_path / "new" / "dir" / "r.jsonl")[0]["custom_id"] == "a"
     with pytest.raises(OutputError, match="cannot write"):
-        RequestWriter(tmp_path / "no" / "dir.jsonl", model="m")
+        RequestWriter(tmp_path / "late.jsonl" / "r.jsonl", model="m")  # under a file
 
 
 def test_closed_writer_refuses_more(tmp_path):
