@@ -1,0 +1,324 @@
+"""Deliverable files out of responses: `OUT/<custom_id>/<path>` plus a manifest.
+
+Files come from fenced blocks that name a file (a `title=`/`filename=` info string, a
+`### path` or `# file: path` first line, or such a heading right above the block) or from a
+JSON spec `{"files": [{"path", "content"}]}` (content may be base64). Names are untrusted:
+see `jsonlbatch.post.paths`. Every file found is listed in the manifest, including the ones
+refused and why. With `run`, a generated Python script is executed (`jsonlbatch.post.sandbox`)
+and the files it creates are collected too.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+
+from jsonlbatch.post.markdown import Fence, file_name_in, iter_fences
+from jsonlbatch.post.outputs import JsonlWriter
+from jsonlbatch.post.paths import UnsafePathError, safe_relpath, write_inside
+from jsonlbatch.post.responses import Sample, read_responses
+from jsonlbatch.post.sandbox import RunLimits, run_script
+from jsonlbatch.post.summary import FAILED, TRUNCATED, Unused
+
+NO_FILES = "no files found"
+REFUSED = "file refused"
+RUN_FAILED = "script run failed"
+
+_ATTR = re.compile(r"""\b(?:title|filename|file|path)\s*=\s*(?:"([^"]+)"|'([^']+)'|([^\s"']+))""")
+_PYTHON = frozenset({"python", "py", "python3"})
+MANIFEST = "manifest.jsonl"
+
+
+@dataclass(frozen=True)
+class FileSpec:
+    """A file an answer asks for; `problem` says why its content could not be decoded."""
+
+    path: str
+    content: bytes
+    source: str  # fence:info | fence:first-line | fence:heading | json | run
+    problem: str = ""
+
+
+@dataclass
+class Limits:
+    """Caps on what one sample may write."""
+
+    max_file_bytes: int = 10 * 1024**2
+    max_files: int = 100
+    max_total_bytes: int = 50 * 1024**2
+
+
+@dataclass
+class FileRecord:
+    """One manifest line. `status`: written, refused, replaced (a later block won), ran, failed."""
+
+    id: str
+    choice: int
+    path: str
+    source: str
+    status: str
+    bytes: int | None = None
+    sha256: str | None = None
+    reason: str = ""
+
+
+def _fence_file(fence: Fence) -> FileSpec | None:
+    m = _ATTR.search(fence.info)
+    if m:
+        return FileSpec(m[1] or m[2] or m[3], fence.text.encode(), "fence:info")
+    if fence.lines and file_name_in(fence.lines[0]) and fence.lines[0].lstrip()[:1] in "#/-;<":
+        name = file_name_in(fence.lines[0]) or ""
+        return FileSpec(
+            name, "".join(x + "\n" for x in fence.lines[1:]).encode(), "fence:first-line"
+        )
+    if fence.before and fence.before.lstrip()[:1] in "#*`" and file_name_in(fence.before):
+        return FileSpec(file_name_in(fence.before) or "", fence.text.encode(), "fence:heading")
+    return None
+
+
+def _json_files(text: str, fences: list[Fence]) -> list[FileSpec] | None:
+    chunks = [text.strip()] + [f.text for f in fences if f.language == "json"]
+    for chunk in chunks:
+        try:
+            spec = json.loads(chunk)
+        except ValueError:
+            continue
+        if isinstance(spec, dict) and isinstance(spec.get("files"), list):
+            return [_json_file(item) for item in spec["files"]]
+    return None
+
+
+def _json_file(item: object) -> FileSpec:
+    if not isinstance(item, dict):
+        return FileSpec("?", b"", "json", "a files entry must be an object")
+    name = item.get("path") or item.get("filename") or item.get("name")
+    name = name if isinstance(name, str) else "?"
+    encoded = item.get("content_base64")
+    if encoded is None and item.get("encoding") == "base64":
+        encoded = item.get("content")
+    if encoded is not None:
+        try:
+            return FileSpec(name, base64.b64decode(str(encoded), validate=True), "json")
+        except (binascii.Error, ValueError):
+            return FileSpec(name, b"", "json", "content is not valid base64")
+    content = item.get("content")
+    if not isinstance(content, str):
+        return FileSpec(name, b"", "json", "no string content")
+    return FileSpec(name, content.encode(), "json")
+
+
+def find_files(text: str) -> list[FileSpec]:
+    """The files an answer names, in order (a JSON spec wins over fenced blocks)."""
+    fences = list(iter_fences(text))
+    from_json = _json_files(text, fences)
+    if from_json is not None:
+        return from_json
+    return [spec for spec in map(_fence_file, fences) if spec is not None]
+
+
+def _rel(name: str) -> str | None:
+    try:
+        return safe_relpath(name)
+    except UnsafePathError:
+        return None
+
+
+def script_of(text: str, specs: Sequence[FileSpec], script: str | None = None) -> str | None:
+    """Which file `--run` executes: `script`, else the only .py file, else `main.py`.
+
+    An answer whose code is in an unnamed python block gets that block as `main.py`.
+    """
+    names = {_rel(s.path) for s in specs if not s.problem} - {None}
+    if script:
+        return script if script in names else None
+    python = [n for n in names if n.endswith(".py")]
+    if len(python) == 1:
+        return python[0]
+    if "main.py" in names or python:
+        return "main.py" if "main.py" in names else None
+    return "main.py" if _unnamed_python(text) else None
+
+
+def _unnamed_python(text: str) -> str | None:
+    blocks = [f for f in iter_fences(text) if f.language in _PYTHON and _fence_file(f) is None]
+    return blocks[-1].text if blocks else None
+
+
+def sample_dir(sample: Sample) -> str:
+    """`OUT/<custom_id>` (plus `/choice-<i>` for n>1), made safe: odd characters replaced and a
+    short hash added so two ids never share a folder."""
+    name = re.sub(r"[^A-Za-z0-9._|#=+@-]", "_", sample.custom_id)[:120]
+    if name != sample.custom_id or name.strip(".") == "" or name == MANIFEST:
+        name += "-" + hashlib.sha256(sample.custom_id.encode()).hexdigest()[:8]
+    return name if sample.choices == 1 else f"{name}/choice-{sample.index}"
+
+
+def save_files(
+    specs: Sequence[FileSpec], out_dir: str, folder: str, ids: tuple[str, int], limits: Limits
+) -> list[FileRecord]:
+    """Write `specs` under `out_dir/folder`; one record per spec, refused ones with a reason."""
+    os.makedirs(out_dir, exist_ok=True)
+    records: list[FileRecord] = []
+    clean = [_rel(spec.path) for spec in specs]
+    last = {rel: n for n, rel in enumerate(clean) if rel is not None}
+    written = total = 0
+    for n, (spec, rel) in enumerate(zip(specs, clean, strict=True)):
+        record = FileRecord(
+            ids[0], ids[1], rel or spec.path, spec.source, "refused", len(spec.content),
+            hashlib.sha256(spec.content).hexdigest(),
+        )  # fmt: skip
+        records.append(record)
+        if rel is None or spec.problem:
+            record.reason = spec.problem or _unsafe_reason(spec.path)
+        elif last[rel] != n:
+            record.status, record.reason = "replaced", "a later block names the same file"
+        elif written >= limits.max_files:
+            record.reason = f"over the limit of {limits.max_files} files"
+        elif len(spec.content) > limits.max_file_bytes:
+            record.reason = f"larger than {limits.max_file_bytes} bytes"
+        elif total + len(spec.content) > limits.max_total_bytes:
+            record.reason = f"over {limits.max_total_bytes} bytes in all"
+        else:
+            try:
+                write_inside(out_dir, f"{folder}/{rel}", spec.content)
+                record.status = "written"
+                written += 1
+                total += len(spec.content)
+            except (UnsafePathError, OSError) as exc:
+                record.reason = str(exc)
+    return records
+
+
+def _unsafe_reason(name: str) -> str:
+    try:
+        safe_relpath(name)
+    except UnsafePathError as exc:
+        return str(exc)
+    return "unusable name"
+
+
+@dataclass
+class FilesSummary:
+    """Counts of one run, and what could not be used."""
+
+    samples: int = 0
+    written: int = 0
+    runs: int = 0
+    unused: Unused = field(default_factory=Unused)
+
+    def lines(self) -> list[str]:
+        head = f"files: {self.written} files written from {self.samples} samples"
+        head += f" ({self.runs} scripts ran)" if self.runs else ""
+        return [head] + (["not used:", *self.unused.lines()] if self.unused.total else [])
+
+
+def extract_files(
+    paths: str | Sequence[str],
+    out_dir: str,
+    *,
+    limits: Limits | None = None,
+    run: bool = False,
+    run_limits: RunLimits | None = None,
+    script: str | None = None,
+    use_truncated: bool = False,
+    strict: bool = False,
+) -> FilesSummary:
+    """Write every sample's files under `out_dir` and the manifest `out_dir/manifest.jsonl`.
+
+    Under `strict` the files and manifest are still written, then `UnusableSamplesError` is
+    raised if any sample or file was not used.
+    """
+    limits = limits or Limits()
+    job = _Job(
+        out_dir,
+        limits,
+        run,
+        run_limits or RunLimits(file_bytes=limits.max_file_bytes, max_files=limits.max_files),
+        script,
+        use_truncated,
+    )
+    with JsonlWriter(f"{out_dir}/{MANIFEST}") as manifest:
+        for sample in read_responses(paths, job.summary.unused):
+            job.summary.samples += 1
+            for record in job.sample(sample):
+                manifest.write(asdict(record))
+    job.summary.unused.check(strict, "samples or files")
+    return job.summary
+
+
+@dataclass
+class _Job:
+    out_dir: str
+    limits: Limits
+    run: bool
+    run_limits: RunLimits
+    script: str | None
+    use_truncated: bool
+    summary: FilesSummary = field(default_factory=FilesSummary)
+
+    def sample(self, sample: Sample) -> list[FileRecord]:
+        unused = self.summary.unused
+        if sample.failed:
+            unused.add(FAILED, sample.sample_id, sample.error or "")
+            return []
+        if sample.truncated and not self.use_truncated:
+            unused.add(TRUNCATED, sample.sample_id)
+            return []
+        specs = find_files(sample.text)
+        to_run = script_of(sample.text, specs, self.script) if self.run else None
+        if not specs and not to_run:
+            unused.add(NO_FILES, sample.sample_id)
+            return []
+        folder, ids = sample_dir(sample), (sample.custom_id, sample.index)
+        records = save_files(specs, self.out_dir, folder, ids, self.limits)
+        if to_run:
+            records += self._run(sample, specs, records, to_run, folder, ids)
+        elif self.run:
+            unused.add(RUN_FAILED, sample.sample_id, "no script to run (pick one with --script)")
+        for r in records:
+            if r.status == "refused":
+                unused.add(REFUSED, sample.sample_id, f"{r.path}: {r.reason}")
+        self.summary.written += sum(r.status == "written" for r in records)
+        return records
+
+    def _run(
+        self,
+        sample: Sample,
+        specs: Sequence[FileSpec],
+        records: Sequence[FileRecord],
+        to_run: str,
+        folder: str,
+        ids: tuple[str, int],
+    ) -> list[FileRecord]:
+        written = {
+            r.path: s.content for r, s in zip(records, specs, strict=True) if r.status == "written"
+        }
+        if to_run not in written and _unnamed_python(sample.text) is not None:
+            written[to_run] = (_unnamed_python(sample.text) or "").encode()
+        code = written.get(to_run, b"")
+        record = FileRecord(
+            ids[0], ids[1], to_run, "run", "failed", len(code), hashlib.sha256(code).hexdigest()
+        )
+        if to_run not in written:
+            record.reason = "the script file was refused"
+            self.summary.unused.add(RUN_FAILED, sample.sample_id, record.reason)
+            return [record]
+        result = run_script(to_run, written, self.run_limits)
+        self.summary.runs += 1
+        if not result.ok:
+            record.reason = result.reason
+            self.summary.unused.add(RUN_FAILED, sample.sample_id, result.reason)
+            return [record]
+        record.status = "ran"
+        made = [FileSpec(path, data, "run") for path, data in result.files.items()]
+        refused = [
+            FileRecord(ids[0], ids[1], path, "run", "refused", reason=why)
+            for path, why in result.refused
+        ]
+        return [record, *save_files(made, self.out_dir, folder, ids, self.limits), *refused]

@@ -1,0 +1,247 @@
+"""Deliverable files: every way an answer names a file, untrusted names, caps, the manifest,
+and `--run` of a generated script."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import re
+from pathlib import Path
+
+import pytest
+from postutil import ENV, chat_line, post, read_jsonl, write_jsonl
+
+from jsonlbatch.post import Limits, extract_files, find_files
+
+REPORT = """Here are the deliverables.
+
+```python title="make_report.py"
+import csv
+print("hello")
+```
+
+```csv filename=data/table.csv
+a,b
+1,2
+```
+
+````markdown
+### docs/README.md
+# Usage
+
+```bash
+pip install thing
+```
+````
+
+```javascript
+// file: web/app.js
+console.log(1);
+```
+
+### notes.txt
+```
+plain notes
+```
+
+```python
+print("an unnamed block is not a file")
+```
+"""
+
+
+def test_find_files_in_every_form() -> None:
+    found = {f.path: (f.source, f.content.decode()) for f in find_files(REPORT)}
+    assert found == {
+        "make_report.py": ("fence:info", 'import csv\nprint("hello")\n'),
+        "data/table.csv": ("fence:info", "a,b\n1,2\n"),
+        "docs/README.md": ("fence:first-line", "# Usage\n\n```bash\npip install thing\n```\n"),
+        "web/app.js": ("fence:first-line", "console.log(1);\n"),
+        "notes.txt": ("fence:heading", "plain notes\n"),
+    }
+
+
+def test_json_spec_with_base64() -> None:
+    blob = bytes(range(256))
+    text = (
+        '```json\n{"files": [{"path": "out/a.txt", "content": "hi"},'
+        f' {{"path": "img.bin", "content": "{base64.b64encode(blob).decode()}",'
+        ' "encoding": "base64"},'
+        ' {"path": "bad.bin", "content_base64": "!!!"}]}\n```'
+    )
+    files = find_files(text)
+    assert [(f.path, f.content, f.problem) for f in files] == [
+        ("out/a.txt", b"hi", ""),
+        ("img.bin", blob, ""),
+        ("bad.bin", b"", "content is not valid base64"),
+    ]
+
+
+def test_extract_writes_files_and_manifest(tmp_path: Path) -> None:
+    responses = write_jsonl(
+        tmp_path / "r.jsonl",
+        [chat_line("task-1", REPORT), chat_line("task/2", "no files here", "```txt title=a.txt\nA\n```")],
+    )  # fmt: skip
+    out = tmp_path / "deliverables"
+    summary = extract_files(str(responses), str(out))
+    assert (out / "task-1" / "data" / "table.csv").read_text() == "a,b\n1,2\n"
+    assert (out / "task-1" / "docs" / "README.md").read_text().startswith("# Usage\n")
+    # an id that is not a safe folder name gets a cleaned name plus a hash; n>1 gets choice folders
+    [folder] = [p.name for p in out.iterdir() if p.name.startswith("task_2-")]
+    assert (out / folder / "choice-1" / "a.txt").read_text() == "A\n"
+    manifest = read_jsonl(out / "manifest.jsonl")
+    table = next(m for m in manifest if m["path"] == "data/table.csv")
+    assert table == {
+        "id": "task-1", "choice": 0, "path": "data/table.csv", "source": "fence:info",
+        "status": "written", "bytes": 8, "sha256": hashlib.sha256(b"a,b\n1,2\n").hexdigest(),
+        "reason": "",
+    }  # fmt: skip
+    assert summary.written == 6
+    assert summary.unused.counts == {"no files found": 1}
+
+
+def test_untrusted_names_and_planted_symlinks(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "victim.txt").write_text("original\n")
+    out = tmp_path / "out"
+    (out / "evil").mkdir(parents=True)
+    os.symlink(outside, out / "evil" / "linkdir")  # planted by someone, e.g. a previous run
+    os.symlink(outside / "victim.txt", out / "evil" / "report.txt")
+    answer = "\n".join(
+        f'```text title="{name}"\nPWNED\n```'
+        for name in ["../escape.txt", "/tmp/abs.txt", "a/../../b.txt", "linkdir/x.txt",
+                     "report.txt", "ok/fine.txt"]
+    )  # fmt: skip
+    responses = write_jsonl(tmp_path / "r.jsonl", [chat_line("evil", answer)])
+    result = post("files", responses, "--out-dir", out)
+    assert result.returncode == 0, result.stderr
+    assert (outside / "victim.txt").read_text() == "original\n"
+    assert list(outside.iterdir()) == [outside / "victim.txt"]
+    assert not (tmp_path / "escape.txt").exists() and not Path("/tmp/abs.txt").exists()
+    assert (out / "evil" / "ok" / "fine.txt").read_text() == "PWNED\n"
+    reasons = {m["path"]: (m["status"], m["reason"]) for m in read_jsonl(out / "manifest.jsonl")}
+    assert reasons == {
+        "../escape.txt": ("refused", "'..' in file name '../escape.txt'"),
+        "/tmp/abs.txt": ("refused", "absolute file name '/tmp/abs.txt'"),
+        "a/../../b.txt": ("refused", "'..' in file name 'a/../../b.txt'"),
+        "linkdir/x.txt": ("refused", "evil/linkdir/x.txt: 'linkdir' is a symlink"),
+        "report.txt": ("refused", "evil/report.txt is a symlink"),
+        "ok/fine.txt": ("written", ""),
+    }
+    assert "5 file refused: evil (../escape.txt:" in result.stderr
+    strict = post("files", responses, "--out-dir", out, "--strict")
+    assert strict.returncode == 1 and "Error: --strict" in strict.stderr
+
+
+def test_caps_on_count_and_size(tmp_path: Path) -> None:
+    answer = "\n".join(f'```text title="f{i}.txt"\n{"x" * (10 * i)}\n```' for i in range(1, 5))
+    answer += '\n```text title="f1.txt"\nreplaced\n```'
+    responses = write_jsonl(tmp_path / "r.jsonl", [chat_line("cap", answer)])
+    out = tmp_path / "out"
+    extract_files(str(responses), str(out), limits=Limits(max_file_bytes=35, max_files=2))
+    status = [(m["path"], m["status"], m["reason"]) for m in read_jsonl(out / "manifest.jsonl")]
+    assert status == [
+        ("f1.txt", "replaced", "a later block names the same file"),
+        ("f2.txt", "written", ""),
+        ("f3.txt", "written", ""),
+        ("f4.txt", "refused", "over the limit of 2 files"),
+        ("f1.txt", "refused", "over the limit of 2 files"),
+    ]
+    assert not (out / "cap" / "f4.txt").exists()
+    tiny = tmp_path / "tiny"
+    extract_files(str(responses), str(tiny), limits=Limits(max_file_bytes=25))
+    sizes = {m["path"]: m["reason"] for m in read_jsonl(tiny / "manifest.jsonl") if m["reason"]}
+    assert sizes["f3.txt"] == "larger than 25 bytes"
+
+
+SCRIPT = """I will write code that renders the deliverables.
+
+```python
+import os, pathlib
+pathlib.Path("out").mkdir()
+pathlib.Path("out/table.csv").write_text(open("input.csv").read().upper())
+names = sorted(k for k in os.environ)
+pathlib.Path("env.txt").write_text("\\n".join(names) + "\\n" + os.environ.get("HOME", ""))
+os.symlink("/etc/passwd", "leak.txt")
+```
+
+```csv title="input.csv"
+a,b
+```
+"""
+
+
+def test_run_collects_created_files_with_a_clean_env(tmp_path: Path) -> None:
+    responses = write_jsonl(tmp_path / "r.jsonl", [chat_line("gen", SCRIPT)])
+    out = tmp_path / "out"
+    env = {**ENV, "OPENAI_API_KEY": "sk-test-secret-123", "HF_TOKEN": "hf_abc", "MY_SECRET": "s"}
+    result = post("files", responses, "--out-dir", out, "--run", env=env)
+    assert result.returncode == 0, result.stderr
+    assert (out / "gen" / "out" / "table.csv").read_text() == "A,B\n"
+    env_names = (out / "gen" / "env.txt").read_text()
+    assert "PATH" in env_names.split("\n")
+    assert not re.search("KEY|TOKEN|SECRET", env_names) and "sk-test" not in env_names
+    assert not env_names.endswith(str(Path.home()))  # HOME is the temporary directory
+    assert not (out / "gen" / "leak.txt").exists()
+    manifest = {m["path"]: m for m in read_jsonl(out / "manifest.jsonl")}
+    assert manifest["main.py"]["status"] == "ran" and manifest["main.py"]["source"] == "run"
+    assert manifest["out/table.csv"]["source"] == "run"
+    assert manifest["leak.txt"]["reason"] == "the script made a symlink; not followed"
+    assert "input.csv" in manifest and manifest["input.csv"]["source"] == "fence:info"
+
+
+def _alive_with(marker: str) -> list[int]:
+    """Live (non-zombie) processes whose command line contains `marker`."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                cmdline = fh.read()
+            with open(f"/proc/{entry}/stat") as fh:
+                state = fh.read().rsplit(")", 1)[-1].split()[0]
+        except (FileNotFoundError, NotADirectoryError, PermissionError, ProcessLookupError):
+            continue
+        if marker.encode() in cmdline and state != "Z":
+            pids.append(int(entry))
+    return pids
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="checks processes through /proc")
+def test_run_timeout_kills_the_process_group(tmp_path: Path) -> None:
+    marker = f"jsonlbatch-orphan-check-{os.getpid()}-{tmp_path.name}"
+    hang = (
+        "```python\nimport subprocess, sys, time\n"
+        f"child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)', '{marker}'])\n"
+        "print('child started', flush=True)\nwhile True:\n    time.sleep(0.1)\n```"
+    )
+    responses = write_jsonl(tmp_path / "r.jsonl", [chat_line("hang", hang)])
+    out = tmp_path / "out"
+    summary = extract_files(str(responses), str(out), run=True, run_limits=_limits(timeout=3))
+    [record] = read_jsonl(out / "manifest.jsonl")
+    assert record["status"] == "failed" and record["reason"].startswith("timed out")
+    assert _alive_with(marker) == []  # the script's child died with it
+    assert summary.unused.counts == {"script run failed": 1}
+
+
+def test_run_memory_limit_and_bad_exit(tmp_path: Path) -> None:
+    hog = "```python\nx = bytearray(2 * 1024**3)\nopen('never.txt', 'w').write('x')\n```"
+    crash = "```python title=main.py\nraise SystemExit('bad input')\n```"
+    responses = write_jsonl(
+        tmp_path / "r.jsonl", [chat_line("hog", hog), chat_line("crash", crash)]
+    )
+    out = tmp_path / "out"
+    extract_files(
+        str(responses), str(out), run=True, run_limits=_limits(memory_bytes=512 * 1024**2)
+    )
+    records = {m["id"]: m for m in read_jsonl(out / "manifest.jsonl") if m["source"] == "run"}
+    assert records["hog"]["status"] == "failed" and "MemoryError" in records["hog"]["reason"]
+    assert records["crash"]["reason"] == "exit status 1; bad input"
+    assert not (out / "hog").exists()
+
+
+def _limits(**fields: float):
+    from jsonlbatch.post import RunLimits
+
+    return RunLimits(**fields)  # type: ignore[arg-type]
