@@ -47,3 +47,6 @@ main.add_command(_merge.merge_)
 from jsonlbatch.cli import gen as _gen  # noqa: E402
 
 main.add_command(_gen.gen)
+from jsonlbatch.cli import post as _post  # noqa: E402
+
+main.add_command(_post.post)
