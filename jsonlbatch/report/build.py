@@ -1,0 +1,107 @@
+"""The report of one or more runs, and its rendering to a file or a string.
+
+`build_report` is the library entry point of `jsonlbatch report`: it loads each response file
+(streaming, compactly), computes its stats, and keeps the compact columns for the charts.
+Several files make a comparison, the first being the baseline the others are measured against.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from jsonlbatch.errors import OutputError, UsageError
+from jsonlbatch.report.load import RunData, load_request_fields, load_run, request_fields_for
+from jsonlbatch.report.options import Price, Sla
+from jsonlbatch.report.render_html import render_html
+from jsonlbatch.report.render_json import render_json
+from jsonlbatch.report.render_md import render_markdown
+from jsonlbatch.report.render_text import render_text
+from jsonlbatch.report.stats import RunStats, summarize
+
+FORMATS = ("text", "md", "json", "html")
+_SUFFIXES = {".txt": "text", ".md": "md", ".markdown": "md", ".json": "json", ".html": "html"}
+_SUFFIXES[".htm"] = "html"
+
+
+@dataclass
+class Report:
+    """Stats of each run (first = baseline), with the columns the charts are drawn from."""
+
+    runs: list[RunStats]
+    data: list[RunData] = field(repr=False)
+    sla: list[Sla] = field(default_factory=list)
+    price: Price | None = None
+    by: list[str] = field(default_factory=list)
+
+    @property
+    def title(self) -> str:
+        return "jsonlbatch report: " + " vs ".join(run.label for run in self.runs)
+
+
+def build_report(
+    paths: Sequence[str],
+    *,
+    sla: Sequence[Sla] = (),
+    by: Sequence[str] = (),
+    requests: Sequence[str] = (),
+    price: Price | None = None,
+) -> Report:
+    """Load and summarize each response file; `requests` files supply `--by` request fields."""
+    if not paths:
+        raise UsageError("give at least one response file")
+    fields = request_fields_for(by) if requests else []
+    index = load_request_fields(requests, fields) if fields else None
+    data = [
+        load_run(path, by=by, requests=index, request_fields=fields, label=label)
+        for path, label in zip(paths, _labels(paths), strict=True)
+    ]
+    runs = [summarize(d, sla=sla, price=price) for d in data]
+    return Report(runs, data, list(sla), price, list(by))
+
+
+def format_for(path: str | None, fmt: str | None) -> str:
+    """The output format: the one asked for, else the file's suffix, else the terminal table."""
+    if fmt is not None:
+        if fmt not in FORMATS:
+            raise UsageError(f"unknown report format {fmt!r} (known: {', '.join(FORMATS)})")
+        return fmt
+    if path is None:
+        return "text"
+    suffix = os.path.splitext(path)[1].lower()
+    if suffix not in _SUFFIXES:
+        raise UsageError(
+            f"cannot tell the report format from {path!r}: name it .html, .md or .json, or "
+            "pass --format"
+        )
+    return _SUFFIXES[suffix]
+
+
+def render(report: Report, fmt: str = "text") -> str:
+    """The report as text in one of `FORMATS`."""
+    renderers = {
+        "text": render_text,
+        "md": render_markdown,
+        "json": render_json,
+        "html": render_html,
+    }
+    return renderers[format_for(None, fmt)](report)
+
+
+def write_report(report: Report, path: str, fmt: str | None = None) -> str:
+    """Write the report to `path` (format from `fmt` or the suffix); return the format used."""
+    fmt = format_for(path, fmt)
+    text = render(report, fmt)
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as exc:
+        raise OutputError(f"cannot write {path}: {exc.strerror}") from None
+    return fmt
+
+
+def _labels(paths: Sequence[str]) -> list[str]:
+    """Short names for the runs: file names, or the paths as given where names repeat."""
+    names = [os.path.basename(p) or p for p in paths]
+    return names if len(set(names)) == len(names) else list(paths)

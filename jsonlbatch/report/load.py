@@ -1,0 +1,363 @@
+"""Reading response files into compact per-run data for the report.
+
+A response file can hold millions of lines with large bodies, so it is read line by line and
+only what the statistics need is kept: counters, and one `array` of floats per per-request
+number (latencies, tokens) of the successful requests, NaN where a line lacks it. Failed lines
+count in the counters but never in the latency or token columns.
+
+Lines of `vllm run-batch` or the OpenAI Batch API (no `metrics`) are read too: they count,
+their tokens come from `usage`, they just have no timings.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from jsonlbatch.errors import InputError, Problem, UsageError
+from jsonlbatch.records import check_response, is_failure
+
+#: Per-request columns, each an `array('d')` aligned with the successful requests.
+COLUMNS = ("e2e", "ttft", "tpot", "itl", "prompt", "completion", "reasoning", "end")
+
+#: `--by` keys read from the response lines themselves; anything else is a request field.
+BUILTIN_KEYS = ("endpoint", "model", "status")
+
+UNKNOWN = "(unknown)"
+MAX_GROUPS = 1000  # per --by key: more is a field with per-request values, not a breakdown
+MAX_PROBLEMS = 1000  # stop reading a file that is plainly not a response file
+_MODEL_FIELD = "body.model"
+_NAN = math.nan
+
+
+@dataclass(slots=True)
+class _Line:
+    """What the report keeps of one response line."""
+
+    ok: bool
+    status: str
+    error: str | None
+    attempts: int | None
+    start: float
+    latency: float
+    ttft: float
+    tpot: float
+    itl: float
+    chunks: int
+    prompt: float
+    completion: float
+    reasoning: float
+    finish_reasons: list[str]
+
+
+@dataclass
+class RunData:
+    """Counters and per-request columns of one response file, or of one group of its lines."""
+
+    label: str
+    lines: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    status_codes: Counter[str] = field(default_factory=Counter)
+    errors: Counter[str] = field(default_factory=Counter)
+    finish_reasons: Counter[str] = field(default_factory=Counter)
+    retries: int = 0
+    retried: int = 0
+    max_attempts: int = 0
+    untimed: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    reasoning_tokens: int = 0
+    first_start: float = math.inf
+    last_end: float = -math.inf
+    itl_gap_sum: float = 0.0
+    itl_gaps: int = 0
+    torn_tail: bool = False
+    columns: dict[str, array] = field(default_factory=lambda: {c: array("d") for c in COLUMNS})
+    groups: dict[str, dict[str, RunData]] = field(default_factory=dict)
+
+    def add(self, line: _Line) -> None:
+        self.lines += 1
+        self.status_codes[line.status] += 1
+        if line.attempts is not None:
+            self.retries += max(0, line.attempts - 1)
+            self.retried += line.attempts > 1
+            self.max_attempts = max(self.max_attempts, line.attempts)
+        if math.isfinite(line.start) and math.isfinite(line.latency):
+            self.first_start = min(self.first_start, line.start)
+            self.last_end = max(self.last_end, line.start + line.latency)
+        else:
+            self.untimed += 1
+        for name, value in (
+            ("prompt_tokens", line.prompt),
+            ("completion_tokens", line.completion),
+            ("reasoning_tokens", line.reasoning),
+        ):
+            if math.isfinite(value):
+                setattr(self, name, getattr(self, name) + int(value))
+        if not line.ok:
+            self.failed += 1
+            self.errors[line.error or UNKNOWN] += 1
+            return
+        self.succeeded += 1
+        self.finish_reasons.update(line.finish_reasons)
+        if line.chunks > 1 and math.isfinite(line.itl):
+            self.itl_gap_sum += line.itl * (line.chunks - 1)
+            self.itl_gaps += line.chunks - 1
+        cols = self.columns
+        cols["e2e"].append(line.latency)
+        cols["ttft"].append(line.ttft)
+        cols["tpot"].append(line.tpot)
+        cols["itl"].append(line.itl)
+        cols["prompt"].append(line.prompt)
+        cols["completion"].append(line.completion)
+        cols["reasoning"].append(line.reasoning)
+        cols["end"].append(line.start + line.latency)
+
+
+def load_run(
+    path: str,
+    *,
+    by: Sequence[str] = (),
+    requests: dict[str, tuple[str, ...]] | None = None,
+    request_fields: Sequence[str] = (),
+    label: str | None = None,
+) -> RunData:
+    """Read one response file; group its lines by each `--by` key as they stream past.
+
+    `requests` maps custom_id to the values of `request_fields` (see `load_request_fields`),
+    needed for any `--by` key that is not one of `BUILTIN_KEYS`.
+    """
+    for key in by:
+        if key not in BUILTIN_KEYS and key not in request_fields:
+            raise UsageError(
+                f"--by {key}: not one of {', '.join(BUILTIN_KEYS)}, so it is a request field: "
+                "give the request file with --requests"
+            )
+    data = RunData(label or path)
+    problems: list[Problem] = []
+    try:
+        f = open(path, "rb", buffering=1 << 20)  # noqa: SIM115 - closed by the with below
+    except OSError as exc:
+        raise InputError(f"cannot read {path}: {exc.strerror}") from None
+    with f:
+        for number, raw in enumerate(f, 1):
+            text = raw.strip()
+            if not text:
+                continue
+            try:
+                obj = orjson.loads(text)
+            except orjson.JSONDecodeError as exc:
+                if not raw.endswith(b"\n"):  # a run still writing, or a crash mid-line
+                    data.torn_tail = True
+                    break
+                problems.append(Problem(path, number, None, f"bad JSON: {exc}"))
+            else:
+                if data.lines == 0 and not problems:
+                    _refuse_request_file(obj, path)
+                line = _parse(obj, path, number, problems)
+                if line is not None:
+                    data.add(line)
+                    for key in by:
+                        value = _group_value(key, obj, line, requests, request_fields)
+                        _group(data, key, value).add(line)
+            if len(problems) >= MAX_PROBLEMS:
+                raise InputError(
+                    f"{path}: stopped after {MAX_PROBLEMS} malformed lines; is it a response file?",
+                    problems,
+                )
+    if problems:
+        raise InputError(f"{path}: {len(problems)} malformed response line(s)", problems)
+    if data.lines == 0:
+        raise InputError(f"{path}: no response lines")
+    return data
+
+
+def load_request_fields(paths: Iterable[str], fields: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    """custom_id -> the value (as text) of each field of its request line.
+
+    A dotted field such as `body.temperature` is looked up in the request line as written, then
+    under `body`, then under `body.metadata`, so `--by temperature` or `--by task` work too.
+    """
+    out: dict[str, tuple[str, ...]] = {}
+    for path in paths:
+        problems: list[Problem] = []
+        try:
+            f = open(path, "rb", buffering=1 << 20)  # noqa: SIM115 - closed by the with below
+        except OSError as exc:
+            raise InputError(f"cannot read {path}: {exc.strerror}") from None
+        with f:
+            for number, raw in enumerate(f, 1):
+                if not raw.strip():
+                    continue
+                try:
+                    obj = orjson.loads(raw)
+                except orjson.JSONDecodeError as exc:
+                    problems.append(Problem(path, number, None, f"bad JSON: {exc}"))
+                    continue
+                cid = obj.get("custom_id") if isinstance(obj, dict) else None
+                if not isinstance(cid, str) or not cid:
+                    problems.append(Problem(path, number, "custom_id", "missing or not a string"))
+                    continue
+                out[cid] = tuple(_field_text(obj, name) for name in fields)
+                if len(problems) >= MAX_PROBLEMS:
+                    break
+        if problems:
+            raise InputError(f"{path}: {len(problems)} unreadable request line(s)", problems)
+    return out
+
+
+def request_fields_for(by: Sequence[str]) -> list[str]:
+    """The request fields a set of `--by` keys needs (the model, for failed lines, included)."""
+    fields = [key for key in by if key not in BUILTIN_KEYS]
+    if "model" in by and _MODEL_FIELD not in fields:
+        fields.append(_MODEL_FIELD)
+    return fields
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def _refuse_request_file(obj: Any, path: str) -> None:
+    if isinstance(obj, dict) and "body" in obj and "url" in obj and "response" not in obj:
+        raise InputError(
+            f"{path} holds requests, not responses: report reads the output of "
+            "`jsonlbatch exec` (pass requests with --requests)"
+        )
+
+
+def _parse(obj: Any, path: str, number: int, problems: list[Problem]) -> _Line | None:
+    found = check_response(obj)
+    metrics = obj.get("metrics") if isinstance(obj, dict) else None
+    if metrics is not None and not isinstance(metrics, dict):
+        found.append(("metrics", "must be an object"))
+    if found:
+        problems.extend(Problem(path, number, f, m) for f, m in found)
+        return None
+    metrics = metrics or {}
+    response = obj.get("response") if isinstance(obj.get("response"), dict) else {}
+    body = response.get("body")
+    body = body if isinstance(body, dict) else {}
+    usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
+
+    def num(key: str) -> float:
+        value = metrics.get(key)
+        if value is None:
+            return _NAN
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            problems.append(
+                Problem(path, number, f"metrics.{key}", "must be a non-negative number")
+            )
+            return _NAN
+        return float(value)
+
+    ok = not is_failure(obj)
+    latency, ttft = num("latency_s"), num("ttft_s")
+    completion = _usage_number(num("completion_tokens"), usage.get("completion_tokens"))
+    chunks = num("chunks")
+    tpot = num("tpot_s")
+    if math.isnan(tpot) and completion > 1 and not math.isnan(ttft + latency):
+        tpot = (latency - ttft) / (completion - 1)  # written by another tool: derive it
+    attempts = num("attempts")
+    status = response.get("status_code")
+    error = obj.get("error")
+    reasons = []
+    if ok:
+        for choice in body.get("choices") or ():
+            if isinstance(choice, dict):
+                reasons.append(str(choice.get("finish_reason") or "(none)"))
+    return _Line(
+        ok=ok,
+        status=str(status) if isinstance(status, int) else "no response",
+        error=(
+            str(error.get("code") or error.get("type") or UNKNOWN)
+            if isinstance(error, dict)
+            else (f"http_{status}" if not ok and isinstance(status, int) else None)
+        ),
+        attempts=None if math.isnan(attempts) else int(attempts),
+        start=num("start_time"),
+        latency=latency,
+        ttft=ttft,
+        tpot=tpot,
+        itl=num("itl_mean_s"),
+        chunks=0 if math.isnan(chunks) else int(chunks),
+        prompt=_usage_number(num("prompt_tokens"), usage.get("prompt_tokens")),
+        completion=completion,
+        reasoning=_reasoning_tokens(num("reasoning_tokens"), usage),
+        finish_reasons=reasons,
+    )
+
+
+def _usage_number(from_metrics: float, from_usage: Any) -> float:
+    if not math.isnan(from_metrics):
+        return from_metrics
+    if isinstance(from_usage, (int, float)) and not isinstance(from_usage, bool):
+        return float(from_usage)
+    return _NAN
+
+
+def _reasoning_tokens(from_metrics: float, usage: dict[str, Any]) -> float:
+    details = usage.get("completion_tokens_details")
+    value = details.get("reasoning_tokens") if isinstance(details, dict) else None
+    if value is None:
+        value = usage.get("reasoning_tokens")  # SGLang
+    return _usage_number(from_metrics, value)
+
+
+def _group_value(
+    key: str,
+    obj: dict[str, Any],
+    line: _Line,
+    requests: dict[str, tuple[str, ...]] | None,
+    request_fields: Sequence[str],
+) -> str:
+    if key == "status":
+        return line.status
+    if key == "endpoint":
+        metrics = obj.get("metrics") or {}
+        return str(metrics.get("endpoint") or UNKNOWN)
+    if key == "model":
+        body = (obj.get("response") or {}).get("body")
+        model = body.get("model") if isinstance(body, dict) else None
+        if model:
+            return str(model)
+        key = _MODEL_FIELD
+    if requests is None or key not in request_fields:
+        return UNKNOWN
+    values = requests.get(obj["custom_id"])
+    return values[request_fields.index(key)] if values is not None else "(not in requests)"
+
+
+def _group(data: RunData, key: str, value: str) -> RunData:
+    groups = data.groups.setdefault(key, {})
+    found = groups.get(value)
+    if found is None:
+        if len(groups) >= MAX_GROUPS:
+            raise UsageError(
+                f"--by {key}: more than {MAX_GROUPS} distinct values; pick a field with "
+                "fewer values"
+            )
+        found = groups[value] = RunData(value)
+    return found
+
+
+def _field_text(obj: dict[str, Any], name: str) -> str:
+    for prefix in ("", "body.", "body.metadata."):
+        found, value = _lookup(obj, prefix + name)
+        if found:
+            return value if isinstance(value, str) else orjson.dumps(value).decode()
+    return "(none)"
+
+
+def _lookup(obj: Any, dotted: str) -> tuple[bool, Any]:
+    for part in dotted.split("."):
+        if not isinstance(obj, dict) or part not in obj:
+            return False, None
+        obj = obj[part]
+    return True, obj

@@ -1,0 +1,223 @@
+"""The numbers of a report, computed from loaded run data.
+
+Definitions follow the vLLM and SGLang serving benchmarks, so figures can be set beside theirs:
+throughput is over the run's wall window (first attempt start to last attempt end), TPOT is
+`(e2e - ttft) / (completion_tokens - 1)`, goodput is requests meeting every SLA per second.
+Percentiles interpolate linearly between closest ranks (numpy's default); `std` is the
+population standard deviation (numpy's default, ddof=0). Failed requests count in the outcome
+counters, never in the latency or token distributions.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from jsonlbatch.report.load import RunData
+from jsonlbatch.report.options import Price, Sla
+
+PERCENTILES: tuple[int, ...] = (10, 25, 50, 90, 95, 99)
+LATENCIES: tuple[str, ...] = ("e2e", "ttft", "tpot", "itl")
+TOKENS: tuple[str, ...] = ("prompt", "completion", "reasoning")
+
+
+def percentile(ordered: Sequence[float], p: float) -> float:
+    """The p-th percentile of sorted values, interpolating linearly between closest ranks.
+
+    Same as `numpy.percentile(values, p)` (method "linear"): rank `p/100 * (n - 1)`.
+    """
+    if not ordered:
+        raise ValueError("percentile of no values")
+    if not 0 <= p <= 100:
+        raise ValueError(f"percentile must be within 0..100, got {p}")
+    rank = p / 100 * (len(ordered) - 1)
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+@dataclass
+class Distribution:
+    """Summary of one per-request number over the successful requests that have it."""
+
+    count: int
+    mean: float
+    std: float
+    min: float
+    p10: float
+    p25: float
+    p50: float
+    p90: float
+    p95: float
+    p99: float
+    max: float
+
+
+def describe(values: Iterable[float]) -> Distribution | None:
+    """The distribution of the finite values (NaN marks "not measured"); None if there are none."""
+    ordered = sorted(v for v in values if not math.isnan(v))
+    n = len(ordered)
+    if n == 0:
+        return None
+    mean = math.fsum(ordered) / n
+    std = math.sqrt(math.fsum((v - mean) ** 2 for v in ordered) / n)
+    ranks = {f"p{p}": percentile(ordered, p) for p in PERCENTILES}
+    return Distribution(n, mean, std, ordered[0], max=ordered[-1], **ranks)
+
+
+@dataclass
+class SlaResult:
+    """How many successful requests had the metric (`judged`) and met the bound."""
+
+    metric: str
+    bound_s: float
+    judged: int
+    met: int
+    share: float | None  # met / judged
+
+
+@dataclass
+class Cost:
+    """Dollars for the tokens reported, at the given price per million tokens."""
+
+    input_usd: float
+    output_usd: float
+    total_usd: float
+    per_request_usd: float | None  # per successful request
+
+
+@dataclass
+class RunStats:
+    """Everything a report shows for one run (or one group of a run's lines)."""
+
+    label: str
+    lines: int
+    succeeded: int
+    failed: int
+    status_codes: dict[str, int]
+    errors: dict[str, int]
+    retries: int
+    retried_requests: int
+    max_attempts: int
+    finish_reasons: dict[str, int]
+    choices: int
+    truncated: int  # choices with finish_reason "length": cut by max_tokens
+    aborted: int  # choices with finish_reason "abort" (SGLang)
+    prompt_tokens: int
+    completion_tokens: int
+    reasoning_tokens: int
+    start_time: float | None
+    end_time: float | None
+    wall_s: float | None
+    requests_per_s: float | None
+    output_tokens_per_s: float | None
+    total_tokens_per_s: float | None
+    latency: dict[str, Distribution | None]
+    itl_pooled_mean_s: float | None  # mean over every inter-chunk gap of every request
+    tokens: dict[str, Distribution | None]
+    sla: list[SlaResult]
+    good: int | None  # successful requests meeting every SLA
+    goodput_per_s: float | None
+    cost: Cost | None
+    untimed: int  # lines without timings (not written by jsonlbatch exec)
+    torn_tail: bool
+    breakdown: dict[str, dict[str, RunStats]] = field(default_factory=dict)
+
+    @property
+    def truncated_share(self) -> float | None:
+        return self.truncated / self.choices if self.choices else None
+
+
+def summarize(
+    data: RunData,
+    *,
+    sla: Sequence[Sla] = (),
+    price: Price | None = None,
+    window: tuple[float, float] | None = None,
+) -> RunStats:
+    """Compute the stats of a run; `window` overrides its wall window (for groups, whose
+    throughput is their share of the whole run's)."""
+    if window is None and data.last_end >= data.first_start:
+        window = (data.first_start, data.last_end)
+    wall = window[1] - window[0] if window is not None else None
+    cols = data.columns
+
+    def rate(count: float) -> float | None:
+        return count / wall if wall else None
+
+    results, good = _judge(cols, sla, data.succeeded)
+    reasons = dict(data.finish_reasons.most_common())
+    stats = RunStats(
+        label=data.label,
+        lines=data.lines,
+        succeeded=data.succeeded,
+        failed=data.failed,
+        status_codes=dict(sorted(data.status_codes.items())),
+        errors=dict(data.errors.most_common()),
+        retries=data.retries,
+        retried_requests=data.retried,
+        max_attempts=data.max_attempts,
+        finish_reasons=reasons,
+        choices=sum(reasons.values()),
+        truncated=reasons.get("length", 0),
+        aborted=reasons.get("abort", 0),
+        prompt_tokens=data.prompt_tokens,
+        completion_tokens=data.completion_tokens,
+        reasoning_tokens=data.reasoning_tokens,
+        start_time=window[0] if window else None,
+        end_time=window[1] if window else None,
+        wall_s=wall,
+        requests_per_s=rate(data.succeeded),
+        output_tokens_per_s=rate(data.completion_tokens),
+        total_tokens_per_s=rate(data.prompt_tokens + data.completion_tokens),
+        latency={name: describe(cols[name]) for name in LATENCIES},
+        itl_pooled_mean_s=data.itl_gap_sum / data.itl_gaps if data.itl_gaps else None,
+        tokens={name: describe(cols[name]) for name in TOKENS},
+        sla=results,
+        good=good,
+        goodput_per_s=rate(good) if good is not None else None,
+        cost=_cost(data, price),
+        untimed=data.untimed,
+        torn_tail=data.torn_tail,
+    )
+    for key, groups in data.groups.items():
+        stats.breakdown[key] = {
+            value: summarize(group, sla=sla, price=price, window=window)
+            for value, group in sorted(groups.items())
+        }
+    return stats
+
+
+def _judge(
+    cols: dict[str, Sequence[float]], slas: Sequence[Sla], succeeded: int
+) -> tuple[list[SlaResult], int | None]:
+    """Per-SLA shares, and how many requests meet them all; an unmeasured value meets none."""
+    if not slas:
+        return [], None
+    all_met = [True] * succeeded
+    results = []
+    for sla in slas:
+        judged = met = 0
+        for i, value in enumerate(cols[sla.metric]):
+            if math.isnan(value):
+                all_met[i] = False
+                continue
+            judged += 1
+            if value <= sla.bound_s:
+                met += 1
+            else:
+                all_met[i] = False
+        results.append(
+            SlaResult(sla.metric, sla.bound_s, judged, met, met / judged if judged else None)
+        )
+    return results, sum(all_met)
+
+
+def _cost(data: RunData, price: Price | None) -> Cost | None:
+    if price is None:
+        return None
+    input_usd = data.prompt_tokens * price.input_per_m / 1e6
+    output_usd = data.completion_tokens * price.output_per_m / 1e6
+    total = input_usd + output_usd
+    return Cost(input_usd, output_usd, total, total / data.succeeded if data.succeeded else None)

@@ -1,0 +1,326 @@
+"""The report as tables of typed cells: what the text, Markdown and HTML renderers lay out.
+
+Building the tables once, here, keeps the three human formats saying exactly the same thing;
+a renderer only decides borders and markup. In a comparison, every cell of a later run keeps
+the baseline's value so the renderer can show the change beside it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+from jsonlbatch.report.stats import LATENCIES, PERCENTILES, TOKENS, Distribution, RunStats
+
+if TYPE_CHECKING:
+    from jsonlbatch.report.build import Report
+
+LATENCY_NAMES = {
+    "e2e": "E2E latency",
+    "ttft": "TTFT",
+    "tpot": "TPOT",
+    "itl": "ITL (mean per request)",
+}
+_DIST_FIELDS = ("count", "mean", "std", *(f"p{p}" for p in PERCENTILES), "max")
+
+#: Latency columns of a breakdown table (when measured): enough to spot the slow group.
+_BREAKDOWN_PERCENTILES = (("e2e", 50), ("e2e", 90), ("ttft", 50), ("ttft", 90), ("tpot", 50))
+
+NOTE_FAILED = "Failed requests count in the outcomes, never in the distributions."
+NOTE_PERCENTILES = (
+    "Percentiles interpolate linearly between closest ranks (numpy's default); std is the "
+    "population standard deviation."
+)
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One value, how to show it (count, seconds, rate, share, number, usd or text), and in a
+    comparison the baseline value it changed from."""
+
+    value: Any
+    kind: str = "text"
+    base: Any = None
+
+
+@dataclass
+class Table:
+    title: str
+    header: list[str]
+    rows: list[list[Cell]]
+    notes: list[str] = field(default_factory=list)
+
+
+def format_value(value: Any, kind: str) -> str:
+    if value is None:
+        return "-"
+    if kind == "count":
+        return f"{int(value):,}"
+    if kind == "seconds":
+        return f"{value * 1000:.1f} ms" if abs(value) < 1 else f"{value:,.3f} s"
+    if kind == "rate":
+        return f"{value:,.2f}"
+    if kind == "share":
+        return f"{value * 100:.1f}%"
+    if kind == "number":
+        return f"{value:,.0f}" if float(value).is_integer() else f"{value:,.1f}"
+    if kind == "usd":
+        return f"${value:,.2f}" if abs(value) >= 1 else f"${value:.6f}"
+    return str(value)
+
+
+def format_delta(cell: Cell) -> str:
+    """The change from the baseline: relative (%), or in points for shares; '' if unchanged or
+    not comparable (no baseline, or a baseline of 0)."""
+    value, base = cell.value, cell.base
+    if not isinstance(value, (int, float)) or not isinstance(base, (int, float)) or value == base:
+        return ""
+    if cell.kind == "share":
+        return f"{(value - base) * 100:+.1f} pp"
+    if base == 0:
+        return ""
+    return f"{(value - base) / abs(base) * 100:+.1f}%"
+
+
+def format_cell(cell: Cell) -> str:
+    text = format_value(cell.value, cell.kind)
+    delta = format_delta(cell)
+    return f"{text} ({delta})" if delta else text
+
+
+def build_tables(report: Report) -> list[Table]:
+    """Every table of the report, in reading order (empty sections left out)."""
+    runs = report.runs
+    tables = [
+        _outcomes(runs),
+        _finish_reasons(runs),
+        _tokens(runs),
+        _throughput(runs),
+        _distributions("Latency", runs, LATENCIES, LATENCY_NAMES, "seconds", _latency_notes(runs)),
+        _distributions("Tokens per request", runs, TOKENS, {}, "number", [NOTE_FAILED]),
+    ]
+    if report.sla:
+        tables.append(_sla(runs))
+    if report.price is not None:
+        tables.append(_cost(runs, report.price.input_per_m, report.price.output_per_m))
+    for key in report.by:
+        tables += [_breakdown(key, run, len(runs) > 1) for run in runs]
+    return [t for t in tables if t.rows]
+
+
+def present_latencies(runs: Iterable[RunStats]) -> list[str]:
+    """The latency metrics measured in at least one run (TTFT and up need `exec --stream`)."""
+    runs = list(runs)
+    return [name for name in LATENCIES if any(run.latency[name] for run in runs)]
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def _by_run(
+    runs: list[RunStats], rows: list[tuple[str, str, Callable[[RunStats], Any]]]
+) -> list[list[Cell]]:
+    """One row per (label, kind, getter): a cell per run, later runs against the first."""
+    out = []
+    for label, kind, get in rows:
+        base = get(runs[0])
+        cells = [Cell(base, kind)] + [Cell(get(run), kind, base) for run in runs[1:]]
+        out.append([Cell(label), *cells])
+    return out
+
+
+def _header(runs: list[RunStats]) -> list[str]:
+    return ["", *(run.label for run in runs)]
+
+
+def _union(runs: list[RunStats], get: Callable[[RunStats], dict[str, int]]) -> list[str]:
+    keys: dict[str, None] = {}
+    for run in runs:
+        keys.update(dict.fromkeys(get(run)))
+    return list(keys)
+
+
+def _outcomes(runs: list[RunStats]) -> Table:
+    rows: list[tuple[str, str, Callable[[RunStats], Any]]] = [
+        ("lines", "count", lambda r: r.lines),
+        ("succeeded", "count", lambda r: r.succeeded),
+        ("failed", "count", lambda r: r.failed),
+    ]
+    for code in sorted(_union(runs, lambda r: r.status_codes)):
+        rows.append((f"status {code}", "count", lambda r, c=code: r.status_codes.get(c, 0)))
+    for code in _union(runs, lambda r: r.errors):
+        rows.append((f"error {code}", "count", lambda r, c=code: r.errors.get(c, 0)))
+    rows += [
+        ("retries", "count", lambda r: r.retries),
+        ("requests retried", "count", lambda r: r.retried_requests),
+        ("most attempts", "count", lambda r: r.max_attempts),
+    ]
+    notes = []
+    for run in runs:
+        if run.torn_tail:
+            notes.append(f"{run.label}: torn last line ignored (a run still writing?)")
+        if run.untimed:
+            notes.append(
+                f"{run.label}: {run.untimed} line(s) without timings (not written by "
+                "jsonlbatch exec): counted, but not in latencies or throughput"
+            )
+    return Table("Outcomes", _header(runs), _by_run(runs, rows), notes)
+
+
+def _finish_reasons(runs: list[RunStats]) -> Table:
+    rows: list[tuple[str, str, Callable[[RunStats], Any]]] = [
+        (reason, "count", lambda r, k=reason: r.finish_reasons.get(k, 0))
+        for reason in _union(runs, lambda r: r.finish_reasons)
+    ]
+    if rows:
+        rows.append(("truncated (length) share", "share", lambda r: r.truncated_share))
+    notes = []
+    for run in runs:
+        if run.truncated:
+            notes.append(
+                f"{run.label}: {run.truncated} of {run.choices} choices were cut by max_tokens "
+                "(finish_reason length)"
+            )
+        if run.aborted:
+            notes.append(f"{run.label}: {run.aborted} choices aborted by the server (abort)")
+    return Table("Finish reasons (choices)", _header(runs), _by_run(runs, rows), notes)
+
+
+def _tokens(runs: list[RunStats]) -> Table:
+    rows: list[tuple[str, str, Callable[[RunStats], Any]]] = [
+        ("prompt tokens", "count", lambda r: r.prompt_tokens),
+        ("completion tokens", "count", lambda r: r.completion_tokens),
+    ]
+    if any(run.reasoning_tokens for run in runs):
+        rows.append(("of which reasoning", "count", lambda r: r.reasoning_tokens))
+    rows.append(("total tokens", "count", lambda r: r.prompt_tokens + r.completion_tokens))
+    return Table("Tokens", _header(runs), _by_run(runs, rows))
+
+
+def _throughput(runs: list[RunStats]) -> Table:
+    rows: list[tuple[str, str, Callable[[RunStats], Any]]] = [
+        ("started (UTC)", "text", lambda r: _utc(r.start_time)),
+        ("wall window", "seconds", lambda r: r.wall_s),
+        ("requests/s", "rate", lambda r: r.requests_per_s),
+        ("output tokens/s", "rate", lambda r: r.output_tokens_per_s),
+        ("total tokens/s", "rate", lambda r: r.total_tokens_per_s),
+    ]
+    notes = [
+        "Over the wall window: first attempt start to last attempt end; requests/s counts "
+        "successful requests."
+    ]
+    return Table("Throughput", _header(runs), _by_run(runs, rows), notes)
+
+
+def _utc(timestamp: float | None) -> str | None:
+    if timestamp is None:
+        return None
+    return datetime.fromtimestamp(timestamp, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _distributions(
+    title: str,
+    runs: list[RunStats],
+    names: tuple[str, ...],
+    shown: dict[str, str],
+    kind: str,
+    notes: list[str],
+) -> Table:
+    """Rows = metric (x run in a comparison), columns = count, mean, std, percentiles, max."""
+    many = len(runs) > 1
+    header = ["metric", *(["run"] if many else []), *_DIST_FIELDS]
+    rows = []
+    for name in names:
+        source = "latency" if kind == "seconds" else "tokens"
+        dists: list[Distribution | None] = [getattr(run, source)[name] for run in runs]
+        if not any(dists):
+            continue
+        base = dists[0]
+        for i, (run, dist) in enumerate(zip(runs, dists, strict=True)):
+            cells = [Cell(shown.get(name, name))] + ([Cell(run.label)] if many else [])
+            for f in _DIST_FIELDS:
+                value = getattr(dist, f) if dist else None
+                prior = getattr(base, f) if (i and base) else None
+                cells.append(Cell(value, "count" if f == "count" else kind, prior))
+            rows.append(cells)
+    return Table(title, header, rows, notes)
+
+
+def _latency_notes(runs: list[RunStats]) -> list[str]:
+    notes = [NOTE_FAILED, NOTE_PERCENTILES]
+    present = present_latencies(runs)
+    if "e2e" in present and "ttft" not in present:
+        notes.append("TTFT, TPOT and ITL are measured by `jsonlbatch exec --stream` only.")
+    for run in runs:
+        if run.itl_pooled_mean_s is not None:
+            notes.append(
+                f"{run.label}: ITL over every inter-chunk gap of every request has mean "
+                f"{format_value(run.itl_pooled_mean_s, 'seconds')}; the row shows the "
+                "distribution of each request's mean gap."
+            )
+    return notes
+
+
+def _sla(runs: list[RunStats]) -> Table:
+    rows: list[tuple[str, str, Callable[[RunStats], Any]]] = []
+    for i, result in enumerate(runs[0].sla):
+        rows.append(
+            (f"{result.metric} within {result.bound_s:g} s", "share", lambda r, i=i: r.sla[i].share)
+        )
+    rows += [
+        ("meeting every SLA", "count", lambda r: r.good),
+        (
+            "share meeting every SLA",
+            "share",
+            lambda r: r.good / r.succeeded if r.good is not None and r.succeeded else None,
+        ),
+        ("goodput (requests/s)", "rate", lambda r: r.goodput_per_s),
+    ]
+    notes = [
+        "Shares are over the successful requests that have the metric; a request "
+        "without it (no --stream for ttft/tpot/itl) never counts as meeting every SLA."
+    ]
+    return Table("SLA", _header(runs), _by_run(runs, rows), notes)
+
+
+def _cost(runs: list[RunStats], price_in: float, price_out: float) -> Table:
+    rows: list[tuple[str, str, Callable[[RunStats], Any]]] = [
+        ("input", "usd", lambda r: r.cost.input_usd if r.cost else None),
+        ("output", "usd", lambda r: r.cost.output_usd if r.cost else None),
+        ("total", "usd", lambda r: r.cost.total_usd if r.cost else None),
+        ("per successful request", "usd", lambda r: r.cost.per_request_usd if r.cost else None),
+    ]
+    notes = [f"At ${price_in:g} per million input and ${price_out:g} per million output tokens."]
+    return Table("Cost", _header(runs), _by_run(runs, rows), notes)
+
+
+def _breakdown(key: str, run: RunStats, many: bool) -> Table:
+    groups = run.breakdown.get(key, {})
+    present = present_latencies(groups.values())
+    columns: list[tuple[str, str, Callable[[RunStats], Any]]] = [
+        ("requests", "count", lambda g: g.lines),
+        ("failed", "count", lambda g: g.failed),
+        ("length", "count", lambda g: g.truncated),
+        ("prompt tok", "count", lambda g: g.prompt_tokens),
+        ("output tok", "count", lambda g: g.completion_tokens),
+        ("req/s", "rate", lambda g: g.requests_per_s),
+        ("output tok/s", "rate", lambda g: g.output_tokens_per_s),
+    ]
+    for name, p in _BREAKDOWN_PERCENTILES:
+        if name in present:
+            columns.append(
+                (
+                    f"{name} p{p}",
+                    "seconds",
+                    lambda g, n=name, f=f"p{p}": getattr(g.latency[n], f) if g.latency[n] else None,
+                )
+            )
+    rows = [
+        [Cell(value), *(Cell(get(group), kind) for _, kind, get in columns)]
+        for value, group in groups.items()
+    ]
+    title = f"By {key}" + (f": {run.label}" if many else "")
+    notes = ["Rates are each group's share of the whole run's wall window."]
+    return Table(title, [key, *(name for name, _, _ in columns)], rows, notes)
