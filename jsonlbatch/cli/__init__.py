@@ -50,3 +50,6 @@ main.add_command(_gen.gen)
 from jsonlbatch.cli import post as _post  # noqa: E402
 
 main.add_command(_post.post)
+from jsonlbatch.cli import report as _report  # noqa: E402
+
+main.add_command(_report.report)
