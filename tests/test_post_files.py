@@ -135,6 +135,17 @@ def test_untrusted_names_and_planted_symlinks(tmp_path: Path) -> None:
     assert strict.returncode == 1 and "Error: --strict" in strict.stderr
 
 
+def test_malformed_input_writes_nothing(tmp_path: Path) -> None:
+    responses = write_jsonl(tmp_path / "r.jsonl", [chat_line("ok", REPORT)])
+    with responses.open("a") as fh:
+        fh.write('{"custom_id": "bad", "response": {"status_code": "200"}}\n')
+    out = tmp_path / "out"
+    result = post("files", responses, "--out-dir", out)
+    assert result.returncode == 1
+    assert f"{responses}:2: response.status_code: missing or not an integer" in result.stderr
+    assert not (out / "ok").exists() and not (out / "manifest.jsonl").exists()
+
+
 def test_caps_on_count_and_size(tmp_path: Path) -> None:
     answer = "\n".join(f'```text title="f{i}.txt"\n{"x" * (10 * i)}\n```' for i in range(1, 5))
     answer += '\n```text title="f1.txt"\nreplaced\n```'

@@ -217,7 +217,7 @@ def test_patches_cli_vote_and_git_apply(tmp_path: Path, repos: Path) -> None:
         work / "tests" / "test_render.py"
     ).read_text() == "def test_render():\n    assert True\n"
 
-    assert "patches: 9 samples of 2 instances, 4 usable; 2 instances have a patch" in result.stderr
+    assert "patches: 9 samples of 2 instances, 4 usable; 2 with a patch" in result.stderr
     assert "2 edit did not apply: proj__proj-1|4 ('..' in file name" in result.stderr
 
 

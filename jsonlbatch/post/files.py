@@ -22,13 +22,14 @@ from dataclasses import asdict, dataclass, field
 from jsonlbatch.post.markdown import Fence, file_name_in, iter_fences
 from jsonlbatch.post.outputs import JsonlWriter
 from jsonlbatch.post.paths import UnsafePathError, safe_relpath, write_inside
-from jsonlbatch.post.responses import Sample, read_responses
+from jsonlbatch.post.responses import Sample, check_responses, read_responses
 from jsonlbatch.post.sandbox import RunLimits, run_script
-from jsonlbatch.post.summary import FAILED, TRUNCATED, Unused
+from jsonlbatch.post.summary import FAILED, TRUNCATED, Unused, plural
 
 NO_FILES = "no files found"
 REFUSED = "file refused"
 RUN_FAILED = "script run failed"
+NO_SCRIPT = "no script to run"
 
 _ATTR = re.compile(r"""\b(?:title|filename|file|path)\s*=\s*(?:"([^"]+)"|'([^']+)'|([^\s"']+))""")
 _PYTHON = frozenset({"python", "py", "python3"})
@@ -213,8 +214,10 @@ class FilesSummary:
     unused: Unused = field(default_factory=Unused)
 
     def lines(self) -> list[str]:
-        head = f"files: {self.written} files written from {self.samples} samples"
-        head += f" ({self.runs} scripts ran)" if self.runs else ""
+        head = (
+            f"files: {plural(self.written, 'file')} written from {plural(self.samples, 'sample')}"
+        )
+        head += f", {plural(self.runs, 'script')} run" if self.runs else ""
         return [head] + (["not used:", *self.unused.lines()] if self.unused.total else [])
 
 
@@ -234,6 +237,7 @@ def extract_files(
     Under `strict` the files and manifest are still written, then `UnusableSamplesError` is
     raised if any sample or file was not used.
     """
+    check_responses(paths)  # bad input stops the run before anything is written
     limits = limits or Limits()
     job = _Job(
         out_dir,
@@ -280,7 +284,9 @@ class _Job:
         if to_run:
             records += self._run(sample, specs, records, to_run, folder, ids)
         elif self.run:
-            unused.add(RUN_FAILED, sample.sample_id, "no script to run (pick one with --script)")
+            unused.add(
+                NO_SCRIPT, sample.sample_id, "several or no .py files; pick one with --script"
+            )
         for r in records:
             if r.status == "refused":
                 unused.add(REFUSED, sample.sample_id, f"{r.path}: {r.reason}")

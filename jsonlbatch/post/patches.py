@@ -24,7 +24,7 @@ from jsonlbatch.post.edits import extract_edits
 from jsonlbatch.post.outputs import JsonlWriter
 from jsonlbatch.post.paths import UnsafePathError
 from jsonlbatch.post.responses import Group, KeyFunc, Sample, iter_groups
-from jsonlbatch.post.summary import FAILED, TRUNCATED, Unused
+from jsonlbatch.post.summary import FAILED, TRUNCATED, Unused, plural
 
 NO_SOURCE = "original files not available"
 NO_EDITS = "no edits found"
@@ -211,8 +211,8 @@ class PatchesSummary:
 
     def lines(self) -> list[str]:
         head = (
-            f"patches: {self.samples} samples of {self.instances} instances, {self.usable} usable;"
-            f" {self.predictions} instances have a patch"
+            f"patches: {plural(self.samples, 'sample')} of {plural(self.instances, 'instance')},"
+            f" {self.usable} usable; {self.predictions} with a patch"
         )
         return [head] + (["not used:", *self.unused.lines()] if self.unused.total else [])
 

@@ -331,6 +331,43 @@ def _order(sample: Sample) -> tuple[Any, ...]:
     return (sample.source, natural, sample.index)
 
 
+@dataclass
+class _Scan:
+    """What a first pass over the inputs learned."""
+
+    sizes: dict[str, int] = field(default_factory=dict)  # lines per group key
+    last_line: dict[int, int] = field(default_factory=dict)  # per input
+    torn: set[tuple[int, int]] = field(default_factory=set)  # (input, line)
+
+
+def _scan(paths: Sequence[str], key: KeyFunc | None, unused: Unused | None) -> _Scan:
+    scan = _Scan()
+    problems: list[Problem] = []
+    for source, path, lineno, item in _lines(paths):
+        scan.last_line[source] = lineno
+        if isinstance(item, Problem):
+            if item.field == "torn":
+                scan.torn.add((source, lineno))
+                if unused is not None:
+                    unused.add(TORN, f"{path}:{lineno}")
+            else:
+                problems.append(item)
+        elif key is not None:
+            k = key(item["custom_id"])
+            scan.sizes[k] = scan.sizes.get(k, 0) + 1
+    if problems:
+        raise InputError(f"malformed response file ({len(problems)} problems)", problems)
+    return scan
+
+
+def check_responses(paths: str | Sequence[str]) -> None:
+    """Raise `InputError` listing every malformed line of the inputs (a torn last line is fine).
+
+    For readers that stream with `read_responses` but must not start writing on bad input.
+    """
+    _scan([paths] if isinstance(paths, str) else list(paths), None, None)
+
+
 def iter_groups(
     paths: str | Sequence[str], key: KeyFunc | None = None, unused: Unused | None = None
 ) -> Iterator[Group]:
@@ -342,25 +379,8 @@ def iter_groups(
     """
     paths = [paths] if isinstance(paths, str) else list(paths)
     key = key or split_key()
-    remaining: dict[str, int] = {}
-    problems: list[Problem] = []
-    torn: set[tuple[int, int]] = set()
-    last_line: dict[int, int] = {}
-    for source, path, lineno, item in _lines(paths):
-        last_line[source] = lineno
-        if isinstance(item, Problem):
-            if item.field == "torn":
-                torn.add((source, lineno))
-                if unused is not None:
-                    unused.add(TORN, f"{path}:{lineno}")
-            else:
-                problems.append(item)
-            continue
-        k = key(item["custom_id"])
-        remaining[k] = remaining.get(k, 0) + 1
-    if problems:
-        raise InputError(f"malformed response file ({len(problems)} problems)", problems)
-
+    scan = _scan(paths, key, unused)
+    remaining, last_line, torn = scan.sizes, scan.last_line, scan.torn
     pending: dict[str, dict[tuple[int, str], list[Sample]]] = {}
     for source, path, lineno, item in _lines(paths):
         # Lines appended since the first pass (a file still being written) wait for the next run.

@@ -34,7 +34,7 @@ from jsonlbatch.post.extract import (
 )
 from jsonlbatch.post.outputs import JsonlWriter
 from jsonlbatch.post.responses import Group, KeyFunc, Sample, as_text, iter_groups, json_lines
-from jsonlbatch.post.summary import FAILED, TRUNCATED, Unused
+from jsonlbatch.post.summary import FAILED, TRUNCATED, Unused, plural
 
 NOTHING_EXTRACTED = "nothing extracted"
 NO_RESPONSES = "gold id without responses (left out of the accuracy)"
@@ -250,7 +250,7 @@ class VotesSummary:
     unused: Unused = field(default_factory=Unused)
 
     def lines(self) -> list[str]:
-        out = [f"votes: {self.samples} samples in {self.groups} groups"]
+        out = [f"votes: {plural(self.samples, 'sample')} in {plural(self.groups, 'group')}"]
         if self.unused.total:
             out += ["not used (samples count as [invalid] in their vote):", *self.unused.lines()]
         return out
