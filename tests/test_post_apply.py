@@ -48,6 +48,20 @@ def test_whitespace_tolerant_match_reindents_the_replacement() -> None:
     assert "    def empty(self):\n        return 1\n" in new
 
 
+def test_reindent_tabs_to_spaces_and_over_indented_answers() -> None:
+    files = {"m.py": "def f(x):\n    if x:\n        return 1\n"}
+    tabs = Edit(
+        "m.py", "\tif x:\n\t\treturn 1\n", "\tif x:\n\t\tif y:\n\t\t\treturn 2\n\t\treturn 1\n"
+    )
+    new, how = one(tabs, files)
+    assert how == "whitespace"
+    assert new == "def f(x):\n    if x:\n        if y:\n            return 2\n        return 1\n"
+    deep = Edit(
+        "m.py", "        if x:\n            return 1\n", "        if x:\n            return 3\n"
+    )
+    assert one(deep, files)[0] == "def f(x):\n    if x:\n        return 3\n"
+
+
 def test_ambiguous_search_is_reported_not_applied() -> None:
     new, reason = one(Edit("box.py", "        return 1\n", "        return 0\n"))
     assert new is None

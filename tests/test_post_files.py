@@ -252,6 +252,19 @@ def test_run_memory_limit_and_bad_exit(tmp_path: Path) -> None:
     assert not (out / "hog").exists()
 
 
+def test_run_collection_is_capped(tmp_path: Path) -> None:
+    many = "```python\nfor i in range(50):\n    open(f'f{i:02d}.txt', 'w').write('x')\n```"
+    responses = write_jsonl(tmp_path / "r.jsonl", [chat_line("many", many)])
+    out = tmp_path / "out"
+    extract_files(str(responses), str(out), run=True, run_limits=_limits(max_files=3))
+    records = [(m["path"], m["status"]) for m in read_jsonl(out / "manifest.jsonl")]
+    assert records == [
+        ("main.py", "ran"), ("f00.txt", "written"), ("f01.txt", "written"),
+        ("f02.txt", "written"), ("f03.txt", "refused"),
+    ]  # fmt: skip
+    assert sorted(p.name for p in (out / "many").iterdir()) == ["f00.txt", "f01.txt", "f02.txt"]
+
+
 def _limits(**fields: float):
     from jsonlbatch.post import RunLimits
 

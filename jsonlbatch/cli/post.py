@@ -191,7 +191,13 @@ def files(responses: tuple[str, ...], out_dir: str, max_files: int, max_file_mb:
         out_dir,
         limits=limits,
         run=run,
-        run_limits=RunLimits(timeout, memory_mb * _MB, limits.max_file_bytes, None, max_files),
+        run_limits=RunLimits(
+            timeout=timeout,
+            memory_bytes=memory_mb * _MB,
+            file_bytes=limits.max_file_bytes,
+            max_files=max_files,
+            max_total_bytes=limits.max_total_bytes,
+        ),
         script=script,
         use_truncated=use_truncated,
     )

@@ -205,23 +205,43 @@ def _indent(line: str) -> str:
 
 
 def _reindent(search: list[str], found: list[str], replace: list[str]) -> list[str]:
-    """Shift the replacement by the indentation difference between the SEARCH and the file."""
-    pairs = [(s, f) for s, f in zip(search, found, strict=True) if s.strip()]
-    if not pairs:
+    """Re-indent the replacement the way the file indents what the SEARCH indented.
+
+    Each indentation seen in the SEARCH maps to the file's indentation of the matched line;
+    a deeper replacement line keeps what is beyond the longest mapped prefix, with tabs turned
+    into the file's spaces when the SEARCH used tabs and the file spaces.
+    """
+    mapping: dict[str, str] = {}
+    for s, f in zip(search, found, strict=True):
+        if s.strip():
+            mapping.setdefault(_indent(s), _indent(f))
+    if all(k == v for k, v in mapping.items()):
         return replace
-    want, have = _indent(pairs[0][1]), _indent(pairs[0][0])
-    if want == have:
-        return replace
+    unit = next(
+        (
+            " " * (len(v) // len(k))
+            for k, v in mapping.items()
+            if k and set(k) == {"\t"} and v and set(v) == {" "} and len(v) % len(k) == 0
+        ),
+        None,
+    )
     out = []
     for line in replace:
         if not line.strip():
             out.append(line)
-        elif want.startswith(have):
-            out.append(want[len(have) :] + line)
-        elif line.startswith(have):
-            out.append(want + line[len(have) :])
+            continue
+        indent = _indent(line)
+        prefix = max((k for k in mapping if indent.startswith(k)), key=len, default=None)
+        if prefix is None:  # shallower than the SEARCH: shift by the difference of the first level
+            first = min(mapping, key=len)
+            have = mapping[first]
+            new = (have[: len(have) - len(first)] if have.endswith(first) else "") + line
         else:
-            out.append(line)
+            new = mapping[prefix] + line[len(prefix) :]
+        if unit:
+            lead = _indent(new)
+            new = lead.replace("\t", unit) + new[len(lead) :]
+        out.append(new)
     return out
 
 

@@ -243,7 +243,12 @@ def extract_files(
         out_dir,
         limits,
         run,
-        run_limits or RunLimits(file_bytes=limits.max_file_bytes, max_files=limits.max_files),
+        run_limits
+        or RunLimits(
+            file_bytes=limits.max_file_bytes,
+            max_files=limits.max_files,
+            max_total_bytes=limits.max_total_bytes,
+        ),
         script,
         use_truncated,
     )

@@ -12,7 +12,8 @@ group is killed, and collection that never follows a symlink the script made.
 
 What it does not give: this is NOT a security sandbox. The script runs as the user, can read
 every file the user can read (absolute paths), write anywhere the user can write, use the
-network, and a process that calls `setsid` escapes the group kill. Run it on output of models
+network, start any number of processes, and a process that calls `setsid` escapes the group
+kill. Run it on output of models
 you trust to be non-malicious, or inside a container/VM for anything else.
 """
 
@@ -46,6 +47,7 @@ class RunLimits:
     file_bytes: int = 64 * 1024**2
     cpu_seconds: int | None = None
     max_files: int = 100
+    max_total_bytes: int = 50 * 1024**2
 
 
 @dataclass
@@ -165,7 +167,9 @@ def _tail(path: str) -> str:
 
 
 def _collect(work: str, inputs: Mapping[str, bytes], limits: RunLimits, result: RunResult) -> None:
+    """Read the files the run created or changed, within the count and size caps."""
     given = {safe_relpath(k): v for k, v in inputs.items()}
+    total = 0
     for folder, dirs, names in os.walk(work):
         rel_folder = os.path.relpath(folder, work)
         dirs[:] = sorted(d for d in dirs if d != "__pycache__")
@@ -184,9 +188,13 @@ def _collect(work: str, inputs: Mapping[str, bytes], limits: RunLimits, result: 
                 continue
             if data is None or given.get(rel) == data:
                 continue
-            if len(result.files) >= limits.max_files:
-                result.refused.append((rel, f"over the limit of {limits.max_files} files"))
-                continue
+            total += len(data)
+            if len(result.files) >= limits.max_files or total > limits.max_total_bytes:
+                why = (
+                    f"over the limit of {limits.max_files} files or {limits.max_total_bytes} bytes"
+                )
+                result.refused.append((rel, why + "; the rest was not read"))
+                return
             result.files[rel] = data
 
 
