@@ -12,15 +12,17 @@ their tokens come from `usage`, they just have no timings.
 from __future__ import annotations
 
 import math
+import os
 from array import array
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
 from jsonlbatch.errors import InputError, Problem, UsageError
+from jsonlbatch.jsonl import iter_lines
 from jsonlbatch.records import check_response, is_failure
 
 #: Per-request columns, each an `array('d')` aligned with the successful requests.
@@ -142,36 +144,17 @@ def load_run(
             )
     data = RunData(label or path)
     problems: list[Problem] = []
-    try:
-        f = open(path, "rb", buffering=1 << 20)  # noqa: SIM115 - closed by the with below
-    except OSError as exc:
-        raise InputError(f"cannot read {path}: {exc.strerror}") from None
-    with f:
-        for number, raw in enumerate(f, 1):
-            text = raw.strip()
-            if not text:
-                continue
-            try:
-                obj = orjson.loads(text)
-            except orjson.JSONDecodeError as exc:
-                if not raw.endswith(b"\n"):  # a run still writing, or a crash mid-line
-                    data.torn_tail = True
-                    break
-                problems.append(Problem(path, number, None, f"bad JSON: {exc}"))
-            else:
-                if data.lines == 0 and not problems:
-                    _refuse_request_file(obj, path)
-                line = _parse(obj, path, number, problems)
-                if line is not None:
-                    data.add(line)
-                    for key in by:
-                        value = _group_value(key, obj, line, requests, request_fields)
-                        _group(data, key, value).add(line)
-            if len(problems) >= MAX_PROBLEMS:
-                raise InputError(
-                    f"{path}: stopped after {MAX_PROBLEMS} malformed lines; is it a response file?",
-                    problems,
-                )
+    lines = _JsonLines(path, problems, "response", allow_torn=True)
+    for number, obj in lines:
+        if data.lines == 0 and not problems:
+            _refuse_request_file(obj, path)
+        line = _parse(obj, path, number, problems)
+        if line is not None:
+            data.add(line)
+            for key in by:
+                value = _group_value(key, obj, line, requests, request_fields)
+                _group(data, key, value).add(line)
+    data.torn_tail = lines.torn
     if problems:
         raise InputError(f"{path}: {len(problems)} malformed response line(s)", problems)
     if data.lines == 0:
@@ -188,28 +171,14 @@ def load_request_fields(paths: Iterable[str], fields: Sequence[str]) -> dict[str
     out: dict[str, tuple[str, ...]] = {}
     for path in paths:
         problems: list[Problem] = []
-        try:
-            f = open(path, "rb", buffering=1 << 20)  # noqa: SIM115 - closed by the with below
-        except OSError as exc:
-            raise InputError(f"cannot read {path}: {exc.strerror}") from None
-        with f:
-            for number, raw in enumerate(f, 1):
-                if not raw.strip():
-                    continue
-                try:
-                    obj = orjson.loads(raw)
-                except orjson.JSONDecodeError as exc:
-                    problems.append(Problem(path, number, None, f"bad JSON: {exc}"))
-                    continue
-                cid = obj.get("custom_id") if isinstance(obj, dict) else None
-                if not isinstance(cid, str) or not cid:
-                    problems.append(Problem(path, number, "custom_id", "missing or not a string"))
-                    continue
-                out[cid] = tuple(_field_text(obj, name) for name in fields)
-                if len(problems) >= MAX_PROBLEMS:
-                    break
+        for number, obj in _JsonLines(path, problems, "request", allow_torn=False):
+            cid = obj.get("custom_id") if isinstance(obj, dict) else None
+            if not isinstance(cid, str) or not cid:
+                problems.append(Problem(path, number, "custom_id", "missing or not a string"))
+                continue
+            out[cid] = tuple(_field_text(obj, name) for name in fields)
         if problems:
-            raise InputError(f"{path}: {len(problems)} unreadable request line(s)", problems)
+            raise InputError(f"{path}: {len(problems)} malformed request line(s)", problems)
     return out
 
 
@@ -219,6 +188,48 @@ def request_fields_for(by: Sequence[str]) -> list[str]:
     if "model" in by and _MODEL_FIELD not in fields:
         fields.append(_MODEL_FIELD)
     return fields
+
+
+class _JsonLines:
+    """(line number, decoded value) of each line of a JSONL file; bad JSON goes to `problems`.
+
+    With `allow_torn`, an undecodable last line without its newline (a run still writing, or a
+    crash mid-write) is skipped and `torn` set, instead of being a problem.
+    """
+
+    def __init__(self, path: str, problems: list[Problem], kind: str, *, allow_torn: bool) -> None:
+        self.path, self.problems, self.kind, self.allow_torn = path, problems, kind, allow_torn
+        self.torn = False
+
+    def __iter__(self) -> Iterator[tuple[int, Any]]:
+        pending: Problem | None = None  # bad JSON on the line read last: torn if it is the end
+        for number, raw in iter_lines(self.path):
+            if pending is not None:
+                self.problems.append(pending)
+                pending = None
+            if len(self.problems) >= MAX_PROBLEMS:
+                raise InputError(
+                    f"{self.path}: stopped after {MAX_PROBLEMS} malformed lines; is it a "
+                    f"{self.kind} file?",
+                    self.problems,
+                )
+            try:
+                obj = orjson.loads(raw)
+            except orjson.JSONDecodeError as exc:
+                pending = Problem(self.path, number, None, f"bad JSON: {exc}")
+            else:
+                yield number, obj
+        if pending is not None:
+            if self.allow_torn and not _ends_with_newline(self.path):
+                self.torn = True
+            else:
+                self.problems.append(pending)
+
+
+def _ends_with_newline(path: str) -> bool:
+    with open(path, "rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"
 
 
 # ---------------------------------------------------------------------------------------------
