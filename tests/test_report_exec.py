@@ -1,0 +1,107 @@
+"""`jsonlbatch report` on the output of a real `jsonlbatch exec` run against the mock server:
+every figure is checked against the response file itself."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import orjson
+import pytest
+from batchutil import cli, read_results
+
+from jsonlbatch.records import is_failure
+
+N = 30
+
+
+def _requests(path: Path) -> None:
+    lines = [
+        {
+            "custom_id": f"req-{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {
+                "model": "mock",
+                "messages": [{"role": "user", "content": f"question number {i}"}],
+                "max_tokens": 4 if i % 3 == 0 else 32,  # the mock cuts the first at 4 words
+            },
+        }
+        for i in range(N)
+    ]
+    path.write_bytes(b"".join(orjson.dumps(x) + b"\n" for x in lines))
+
+
+def _run(tmp_path: Path, url: str, *extra: str) -> tuple[Path, Path, dict[str, dict]]:
+    requests, responses = tmp_path / "requests.jsonl", tmp_path / "responses.jsonl"
+    _requests(requests)
+    result = cli("exec", str(requests), "-o", str(responses), "--url", url, "-q", *extra)
+    assert result.returncode in (0, 3), result.stderr  # 3: finished with failed requests
+    return requests, responses, read_results(responses)
+
+
+def _report(*args: str) -> dict:
+    result = cli("report", *args, "--format", "json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_report_of_a_real_exec_run(tmp_path: Path, mock_server: Callable[..., str]) -> None:
+    url = mock_server(fail_rate=0.25, seed=11)
+    requests, responses, lines = _run(tmp_path, url, "--max-retries", "0")
+    assert len(lines) == N
+    ok = [line for line in lines.values() if not is_failure(line)]
+    failed = [line for line in lines.values() if is_failure(line)]
+    assert ok and failed, "the seeded mock should both answer and fail"
+
+    data = _report(str(responses), "--by", "endpoint", "--by", "max_tokens",
+                   "--requests", str(requests))  # fmt: skip
+    run = data["runs"][0]
+    assert (run["lines"], run["succeeded"], run["failed"]) == (N, len(ok), len(failed))
+    statuses = Counter(str(line["response"]["status_code"]) for line in lines.values())
+    assert run["status_codes"] == dict(statuses)
+    usage = [line["response"]["body"]["usage"] for line in ok]
+    assert run["prompt_tokens"] == sum(u["prompt_tokens"] for u in usage)
+    assert run["completion_tokens"] == sum(u["completion_tokens"] for u in usage)
+    reasons = Counter(
+        c["finish_reason"] for line in ok for c in line["response"]["body"]["choices"]
+    )
+    assert run["finish_reasons"] == dict(reasons)
+    assert reasons["length"] > 0
+    latencies = [line["metrics"]["latency_s"] for line in ok]
+    assert run["latency"]["e2e"]["count"] == len(ok)
+    assert run["latency"]["e2e"]["max"] == pytest.approx(max(latencies))
+    assert run["latency"]["ttft"] is None  # not streamed
+    starts = [line["metrics"]["start_time"] for line in lines.values()]
+    ends = [line["metrics"]["start_time"] + line["metrics"]["latency_s"] for line in lines.values()]
+    assert run["wall_s"] == pytest.approx(max(ends) - min(starts))
+    assert run["requests_per_s"] == pytest.approx(len(ok) / run["wall_s"])
+
+    assert list(run["breakdown"]["endpoint"]) == [url]
+    by_budget = run["breakdown"]["max_tokens"]
+    assert set(by_budget) == {"4", "32"}
+    assert by_budget["4"]["lines"] == N // 3
+    assert by_budget["4"]["truncated"] == by_budget["4"]["succeeded"]  # every one cut
+    assert by_budget["32"]["truncated"] == 0
+
+    table = cli("report", str(responses))
+    assert table.returncode == 0, table.stderr
+    assert "TTFT, TPOT and ITL are measured by `jsonlbatch exec --stream` only." in table.stdout
+
+
+def test_report_of_a_streamed_exec_run(tmp_path: Path, mock_server: Callable[..., str]) -> None:
+    if "--stream" not in cli("exec", "--help").stdout:
+        pytest.skip("exec --stream is not available yet")
+    url = mock_server(tokens_per_second=2000)
+    _, responses, lines = _run(tmp_path, url, "--stream")
+    data = _report(str(responses), "--sla", "ttft=10s")
+    run = data["runs"][0]
+    assert run["succeeded"] == N
+    ttfts = [line["metrics"]["ttft_s"] for line in lines.values()]
+    assert run["latency"]["ttft"]["count"] == N
+    assert run["latency"]["ttft"]["max"] == pytest.approx(max(ttfts))
+    tpots = [line["metrics"]["tpot_s"] for line in lines.values() if "tpot_s" in line["metrics"]]
+    assert run["latency"]["tpot"]["count"] == len(tpots) > 0
+    assert run["sla"][0]["judged"] == N
