@@ -18,11 +18,12 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO
+from typing import Any
 
 import orjson
 
 from jsonlbatch.errors import InputError, Problem, UsageError
+from jsonlbatch.jsonl import iter_lines
 from jsonlbatch.post.summary import TORN, Unused
 from jsonlbatch.records import check_response, is_failure
 
@@ -174,25 +175,15 @@ def samples_of(
     return out
 
 
-def _open(path: str) -> BinaryIO:
-    try:
-        return open(path, "rb")
-    except OSError as exc:
-        raise InputError(f"cannot read {path}: {exc.strerror or exc}") from None
-
-
 def json_lines(path: str, problems: list[Problem]) -> Iterator[tuple[int, Any]]:
     """(line number, decoded value) of each non-blank line; undecodable lines go to `problems`."""
-    with _open(path) as fh:
-        for lineno, raw in enumerate(fh, 1):
-            if not raw.strip():
-                continue
-            try:
-                obj = orjson.loads(raw)
-            except orjson.JSONDecodeError as exc:
-                problems.append(Problem(path, lineno, None, f"bad JSON: {exc}"))
-                continue
-            yield lineno, obj
+    for lineno, raw in iter_lines(path):
+        try:
+            obj = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            problems.append(Problem(path, lineno, None, f"bad JSON: {exc}"))
+            continue
+        yield lineno, obj
 
 
 def as_text(value: Any) -> str:
@@ -207,7 +198,10 @@ def _lines(paths: Sequence[str]) -> Iterator[tuple[int, str, int, dict[str, Any]
     `Problem` with field "torn" so callers can skip it instead of failing.
     """
     for source, path in enumerate(paths):
-        fh = _open(path)
+        try:
+            fh = open(path, "rb")  # noqa: SIM115 - closed by the with below
+        except OSError as exc:
+            raise InputError(f"cannot read {path}: {exc.strerror or exc}") from None
         with fh:
             lineno = 0
             for raw in fh:
