@@ -17,6 +17,7 @@ from array import array
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from math import isnan
 from typing import Any
 
 import orjson
@@ -91,25 +92,27 @@ class RunData:
             self.retries += max(0, line.attempts - 1)
             self.retried += line.attempts > 1
             self.max_attempts = max(self.max_attempts, line.attempts)
-        if math.isfinite(line.start) and math.isfinite(line.latency):
-            self.first_start = min(self.first_start, line.start)
-            self.last_end = max(self.last_end, line.start + line.latency)
-        else:
+        end = line.start + line.latency
+        if isnan(end):
             self.untimed += 1
-        for name, value in (
-            ("prompt_tokens", line.prompt),
-            ("completion_tokens", line.completion),
-            ("reasoning_tokens", line.reasoning),
-        ):
-            if math.isfinite(value):
-                setattr(self, name, getattr(self, name) + int(value))
+        else:
+            if line.start < self.first_start:
+                self.first_start = line.start
+            if end > self.last_end:
+                self.last_end = end
+        if not isnan(line.prompt):
+            self.prompt_tokens += int(line.prompt)
+        if not isnan(line.completion):
+            self.completion_tokens += int(line.completion)
+        if not isnan(line.reasoning):
+            self.reasoning_tokens += int(line.reasoning)
         if not line.ok:
             self.failed += 1
             self.errors[line.error or UNKNOWN] += 1
             return
         self.succeeded += 1
         self.finish_reasons.update(line.finish_reasons)
-        if line.chunks > 1 and math.isfinite(line.itl):
+        if line.chunks > 1 and not isnan(line.itl):
             self.itl_gap_sum += line.itl * (line.chunks - 1)
             self.itl_gaps += line.chunks - 1
         cols = self.columns
@@ -120,7 +123,7 @@ class RunData:
         cols["prompt"].append(line.prompt)
         cols["completion"].append(line.completion)
         cols["reasoning"].append(line.reasoning)
-        cols["end"].append(line.start + line.latency)
+        cols["end"].append(end)
 
 
 def load_run(
@@ -261,6 +264,8 @@ def _parse(obj: Any, path: str, number: int, problems: list[Problem]) -> _Line |
         value = metrics.get(key)
         if value is None:
             return _NAN
+        if (type(value) is float or type(value) is int) and value >= 0:
+            return float(value)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
             problems.append(
                 Problem(path, number, f"metrics.{key}", "must be a non-negative number")
