@@ -1,0 +1,100 @@
+"""`python -m jsonlbatch.mock`: the mock server as a process.
+
+Flags mirror `vllm serve` where one exists (`--served-model-name`, `--api-key`,
+`--max-model-len`, `--seed`), so a launcher can treat the mock as a stand-in server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+
+from jsonlbatch.errors import JsonlbatchError, UsageError
+from jsonlbatch.mock import MockConfig, serve
+
+API_KEY_ENV = "JSONLBATCH_MOCK_API_KEY"
+
+
+# (flag, MockConfig field, type, metavar, help); defaults come from MockConfig itself.
+_OPTIONS: tuple[tuple[str, str, type, str, str], ...] = (
+    ("--latency", "latency", float, "S", "seconds before answering (streams: the first chunk)"),
+    ("--latency-jitter", "latency_jitter", float, "S", "uniform +- jitter on --latency, seeded"),
+    ("--tokens-per-second", "tokens_per_second", float, "R",
+     "pace output tokens per sequence (default: instant)"),
+    ("--default-max-tokens", "default_max_tokens", int, "N",
+     "reply length in words when a request sets no max_tokens"),
+    ("--fail-rate", "fail_rate", float, "F", "share of requests answered 500"),
+    ("--rate-limit-rate", "rate_limit_rate", float, "F",
+     "share of requests answered 429 with Retry-After"),
+    ("--retry-after", "retry_after", float, "S", "Retry-After seconds on injected 429s"),
+    ("--drop-rate", "drop_rate", float, "F",
+     "share of requests whose connection is closed without a response"),
+    ("--stream-error-rate", "stream_error_rate", float, "F",
+     "share of streams cut by an error event halfway"),
+    ("--api-key", "api_key", str, "KEY",
+     f"require this key on /v1/* (default: ${API_KEY_ENV}, else none)"),
+    ("--max-model-len", "max_model_len", int, "N",
+     "refuse prompt + max_tokens above N with a context-length 400"),
+    ("--warmup", "warmup", float, "S",
+     "answer /health and generation 503 for S seconds after binding"),
+    ("--seed", "seed", int, "N", "seed of fault injection and jitter"),
+)  # fmt: skip
+_SWITCHES = (
+    ("--accept-any-model", "accept_any_model", "answer whatever model a request names"),
+    ("--reasoning", "reasoning", "add reasoning text (reasoning_content and reasoning)"),
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    defaults = MockConfig()
+    p = argparse.ArgumentParser(
+        prog="python -m jsonlbatch.mock",
+        description="A deterministic OpenAI-compatible mock server (vLLM's shapes and errors).",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="interface to bind (default: %(default)s)")
+    p.add_argument("--port", type=int, default=8000, help="0 picks a free port (default: 8000)")
+    p.add_argument(
+        "--served-model-name", nargs="+", default=list(defaults.served_models), metavar="NAME",
+        help="model names listed by /v1/models and accepted in requests (default: mock)",
+    )  # fmt: skip
+    for flag, name, kind, metavar, text in _OPTIONS:
+        p.add_argument(flag, dest=name, type=kind, default=getattr(defaults, name),
+                       metavar=metavar, help=text)  # fmt: skip
+    for flag, name, text in _SWITCHES:
+        p.add_argument(flag, dest=name, action="store_true", help=text)
+    p.add_argument("--startup-delay", type=float, default=0.0, metavar="S",
+                   help="wait S seconds before binding the port (a cold start)")  # fmt: skip
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> MockConfig:
+    """The `MockConfig` the parsed flags describe (the key falls back to the environment)."""
+    fields = {name: getattr(args, name) for _, name, *_ in (*_OPTIONS, *_SWITCHES)}
+    fields["api_key"] = fields["api_key"] or os.environ.get(API_KEY_ENV) or None
+    return MockConfig(served_models=tuple(args.served_model_name), **fields)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    # Until the server's loop takes signals over, SIGTERM stops us as quietly as SIGINT does.
+    signal.signal(signal.SIGTERM, _interrupt)
+    args = build_parser().parse_args(argv)
+    try:
+        if args.startup_delay < 0:
+            raise UsageError(f"--startup-delay must not be negative, got {args.startup_delay}")
+        serve(config_from_args(args), args.host, args.port, startup_delay=args.startup_delay)
+    except JsonlbatchError as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:  # a SIGINT that arrived before the loop took signals over
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,500 @@
+"""HTTP handlers of the mock OpenAI-compatible server.
+
+Shapes, status codes and error bodies follow what vLLM sends today, so a client proven against
+the mock behaves the same against a real server. Handlers stay lean (orjson, precomputed bytes,
+no access log): an instant mock must never be the bottleneck of a client benchmark.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import os
+import random
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from jsonlbatch.errors import UsageError
+from jsonlbatch.mock import content
+from jsonlbatch.records import check_messages
+
+_RATES = ("fail_rate", "rate_limit_rate", "drop_rate", "stream_error_rate")
+_DURATIONS = ("latency", "latency_jitter", "retry_after", "warmup")
+_UNAUTHORIZED = orjson.dumps({"error": "Unauthorized"})
+_DROP, _LIMIT, _FAIL = "drop", 429, 500
+_MAX_BODY = 256 << 20  # long prompts are legitimate; vLLM sets no cap either
+
+
+@dataclass
+class MockConfig:
+    """How the mock behaves: which models it serves, how fast it answers, which faults it
+    injects. Every random choice comes from `seed`, so a run can be replayed."""
+
+    served_models: tuple[str, ...] = ("mock",)
+    accept_any_model: bool = False
+    latency: float = 0.0
+    latency_jitter: float = 0.0
+    tokens_per_second: float | None = None
+    default_max_tokens: int = content.DEFAULT_MAX_TOKENS
+    fail_rate: float = 0.0
+    rate_limit_rate: float = 0.0
+    retry_after: float = 1.0
+    drop_rate: float = 0.0
+    stream_error_rate: float = 0.0
+    api_key: str | None = None
+    max_model_len: int | None = None
+    warmup: float = 0.0
+    reasoning: bool = False
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.served_models, str):
+            self.served_models = (self.served_models,)
+        self.served_models = tuple(self.served_models)
+        if not self.served_models or not all(isinstance(m, str) and m for m in self.served_models):
+            raise UsageError("served_models must list at least one non-empty model name")
+        for name in _RATES:
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise UsageError(f"{name} must be between 0 and 1, got {value}")
+        if self.fail_rate + self.rate_limit_rate + self.drop_rate > 1.0:
+            raise UsageError("fail_rate + rate_limit_rate + drop_rate must not exceed 1")
+        for name in _DURATIONS:
+            if getattr(self, name) < 0:
+                raise UsageError(f"{name} must not be negative, got {getattr(self, name)}")
+        if self.tokens_per_second is not None and self.tokens_per_second <= 0:
+            raise UsageError(f"tokens_per_second must be positive, got {self.tokens_per_second}")
+        if self.default_max_tokens < 1:
+            raise UsageError(
+                f"default_max_tokens must be at least 1, got {self.default_max_tokens}"
+            )
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise UsageError(f"max_model_len must be at least 1, got {self.max_model_len}")
+
+
+@dataclass
+class MockStats:
+    """What the server saw, so tests can prove a client sent no more and no less than needed."""
+
+    requests: Counter[str] = field(default_factory=Counter)  # by path
+    responses: Counter[int] = field(default_factory=Counter)  # by status code
+    dropped: int = 0
+    stream_errors: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "requests": dict(self.requests),
+            "responses": {str(k): v for k, v in self.responses.items()},
+            "dropped": self.dropped,
+            "stream_errors": self.stream_errors,
+        }
+
+
+class _Reject(Exception):
+    """A request the server refuses with a 4xx error body (vLLM's nested shape)."""
+
+    def __init__(self, message: str, status: int = 400, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.param = param
+
+
+def _error_body(status: int, message: str, kind: str, param: str | None = None) -> bytes:
+    return orjson.dumps(
+        {"error": {"message": message, "type": kind, "param": param, "code": status}}
+    )
+
+
+_ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 503: "ServiceUnavailableError"}
+_CONTEXT_MSG = "This model's maximum context length is {limit} tokens. However, "
+_INJECTED_500 = _error_body(
+    500, "Internal server error (injected by jsonlbatch mock)", "InternalServerError"
+)
+_INJECTED_429 = _error_body(
+    429, "Rate limit exceeded (injected by jsonlbatch mock)", "RateLimitError"
+)
+_WARMING = _error_body(503, "The server is warming up", "ServiceUnavailableError")
+_STREAM_ERROR = b"data: " + orjson.dumps(
+    {"error": {"message": "Stream interrupted (injected by jsonlbatch mock)",
+               "type": "InternalServerError", "param": None, "code": 500}}
+) + b"\n\n"  # fmt: skip
+
+
+def _positive_int(body: dict[str, Any], key: str) -> None:
+    value = body.get(key)
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise _Reject(f"{key} must be an integer of at least 1, got {value!r}", param=key)
+
+
+def _check_common(body: dict[str, Any]) -> None:
+    for key in ("n", "max_tokens", "max_completion_tokens"):
+        _positive_int(body, key)
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise _Reject(f"stream must be a boolean, got {stream!r}", param="stream")
+    options = body.get("stream_options")
+    if options is not None:
+        if not stream:
+            raise _Reject("Stream options can only be defined when `stream=True`.", param="stream")
+        if not isinstance(options, dict):
+            raise _Reject("stream_options must be an object", param="stream_options")
+
+
+def _check_chat(body: dict[str, Any]) -> None:
+    _check_common(body)
+    if "messages" not in body:
+        raise _Reject("Field required: messages", param="messages")
+    problems = check_messages(body["messages"], "messages")
+    if problems:
+        raise _Reject("; ".join(f"{f}: {m}" for f, m in problems), param="messages")
+    tools, choice = body.get("tools"), body.get("tool_choice")
+    if tools is not None and not isinstance(tools, list):
+        raise _Reject("tools must be a list", param="tools")
+    if isinstance(choice, dict):
+        name = content.function_name(choice)
+        if name not in [content.function_name(t) for t in tools or ()]:
+            raise _Reject(f"tool_choice names an unknown function {name!r}", param="tool_choice")
+
+
+def _check_prompt(body: dict[str, Any], key: str) -> None:
+    value = body.get(key)
+    if not isinstance(value, (str, list)) or (isinstance(value, list) and not value):
+        raise _Reject(f"{key} must be a string or a non-empty list", param=key)
+
+
+def _check_completion(body: dict[str, Any]) -> None:
+    _check_common(body)
+    _check_prompt(body, "prompt")
+
+
+def _check_embedding(body: dict[str, Any]) -> None:
+    _check_prompt(body, "input")
+    _positive_int(body, "dimensions")
+    if body.get("encoding_format", "float") not in ("float", "base64"):
+        raise _Reject("encoding_format must be 'float' or 'base64'", param="encoding_format")
+
+
+class _Mock:
+    """The state behind one app: config, seeded generators, readiness and counters."""
+
+    def __init__(self, config: MockConfig) -> None:
+        self.config = config
+        self.stats = MockStats()
+        self.faults = random.Random(config.seed)
+        self.jitter = random.Random(f"{config.seed}-jitter")
+        self.has_faults = config.fail_rate + config.rate_limit_rate + config.drop_rate > 0
+        self.key = config.api_key.encode() if config.api_key else None
+        self.served = frozenset(config.served_models)
+        self.step_delay = 1.0 / config.tokens_per_second if config.tokens_per_second else 0.0
+        self.ready_at = float("inf")  # set when the app starts
+        created = int(time.time())
+        cards = [
+            {"id": name, "object": "model", "created": created, "owned_by": "jsonlbatch-mock",
+             "root": name, "max_model_len": config.max_model_len}
+            for name in config.served_models
+        ]  # fmt: skip
+        self.models = orjson.dumps({"object": "list", "data": cards})
+        self.version = orjson.dumps({"version": _version()})
+
+    async def on_startup(self, app: web.Application) -> None:
+        self.ready_at = time.monotonic() + self.config.warmup
+
+    def respond(
+        self, body: bytes, status: int = 200, headers: dict[str, str] | None = None
+    ) -> web.Response:
+        self.stats.responses[status] += 1
+        return web.Response(
+            body=body, status=status, headers=headers, content_type="application/json"
+        )
+
+    def warming(self) -> bool:
+        return self.ready_at > time.monotonic()
+
+    def authorized(self, request: web.Request) -> bool:
+        if self.key is None:
+            return True
+        given = request.headers.get("Authorization", "")
+        given = given[7:].strip() if given[:7].lower() == "bearer " else ""
+        given = given or request.headers.get("api-key", "")
+        return hmac.compare_digest(given.encode(), self.key)
+
+    def delay(self) -> float:
+        jitter = self.config.latency_jitter
+        extra = self.jitter.uniform(-jitter, jitter) if jitter else 0.0
+        return max(0.0, self.config.latency + extra)
+
+    def draw_fault(self) -> str | int | None:
+        if not self.has_faults:
+            return None
+        c, r = self.config, self.faults.random()
+        if r < c.drop_rate:
+            return _DROP
+        if r < c.drop_rate + c.rate_limit_rate:
+            return _LIMIT
+        if r < c.drop_rate + c.rate_limit_rate + c.fail_rate:
+            return _FAIL
+        return None
+
+    def model_of(self, body: dict[str, Any]) -> str:
+        model = body.get("model")
+        if model is None:
+            return self.config.served_models[0]
+        if not isinstance(model, str) or not model:
+            raise _Reject("model must be a non-empty string", param="model")
+        if model not in self.served and not self.config.accept_any_model:
+            raise _Reject(f"The model `{model}` does not exist.", 404, "model")
+        return model
+
+    def prompt_tokens(self, body: dict[str, Any]) -> int:
+        """Input tokens, refused as vLLM does when they cannot fit the context."""
+        prompt = content.prompt_tokens(body)
+        limit, budget = self.config.max_model_len, content.token_budget(body)
+        if limit is None:
+            return prompt
+        if budget is None and prompt >= limit:
+            raise _Reject(
+                _CONTEXT_MSG.format(limit=limit) + f"your request has {prompt} input tokens. "
+                "Please reduce the length of the input messages."
+            )
+        if budget is not None and prompt + budget > limit:
+            raise _Reject(
+                _CONTEXT_MSG.format(limit=limit) + f"you requested {prompt + budget} tokens "
+                f"({prompt} in the messages, {budget} in the completion). "
+                "Please reduce the length of the messages or completion."
+            )
+        return prompt
+
+    # -- generation endpoints -----------------------------------------------------------------
+
+    async def handle(self, request: web.Request, check: Callable[[dict[str, Any]], None],
+                     answer: _Answer) -> web.StreamResponse:  # fmt: skip
+        """What every generation endpoint shares: auth, readiness, validation, faults."""
+        self.stats.requests[request.path] += 1
+        if not self.authorized(request):
+            return self.respond(_UNAUTHORIZED, 401)
+        if self.warming():
+            return self.respond(_WARMING, 503)
+        try:
+            try:
+                body = orjson.loads(await request.read())
+            except orjson.JSONDecodeError as exc:
+                raise _Reject(f"JSON decode error: {exc}") from None
+            if not isinstance(body, dict):
+                raise _Reject("The request body must be a JSON object")
+            check(body)
+            model = self.model_of(body)
+            prompt = self.prompt_tokens(body)
+        except _Reject as exc:
+            kind = _ERROR_TYPES.get(exc.status, "BadRequestError")
+            return self.respond(_error_body(exc.status, str(exc), kind, exc.param), exc.status)
+        fault = self.draw_fault()
+        if fault == _DROP:
+            self.stats.dropped += 1
+            if request.transport is not None:
+                request.transport.abort()
+            return web.Response()  # never sent: the connection is gone
+        if fault == _LIMIT:
+            retry = f"{self.config.retry_after:g}"
+            return self.respond(_INJECTED_429, 429, {"Retry-After": retry})
+        if fault == _FAIL:
+            return self.respond(_INJECTED_500, 500)
+        return await answer(request, body, model, prompt)
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self.handle(request, _check_chat, self.answer_chat)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self.handle(request, _check_completion, self.answer_completion)
+
+    async def embeddings(self, request: web.Request) -> web.StreamResponse:
+        return await self.handle(request, _check_embedding, self.answer_embedding)
+
+    async def answer_chat(
+        self, request: web.Request, body: dict[str, Any], model: str, prompt: int
+    ) -> web.StreamResponse:
+        count, reasoning = body.get("n") or 1, self.config.reasoning
+        return await self.answer_text(request, body, model, prompt, _CHAT, count, reasoning)
+
+    async def answer_completion(
+        self, request: web.Request, body: dict[str, Any], model: str, prompt: int
+    ) -> web.StreamResponse:
+        count = (body.get("n") or 1) * len(content.prompt_items(body["prompt"]))
+        return await self.answer_text(request, body, model, prompt, _TEXT, count, False)
+
+    async def answer_text(self, request: web.Request, body: dict[str, Any], model: str,
+                          prompt: int, kind: _Kind, count: int,
+                          reasoning: bool) -> web.StreamResponse:  # fmt: skip
+        """A chat or completions answer of `count` choices, whole or streamed."""
+        limit = self.config.default_max_tokens
+        replies = [
+            content.compose(body, i, default_max_tokens=limit, reasoning=reasoning)
+            for i in range(count)
+        ]
+        if body.get("stream"):
+            events = [kind.events(r) for r in replies]
+            return await self.stream(request, body, model, kind, replies, events, prompt)
+        choices = [
+            {"index": i, **kind.choice(r, reasoning), "logprobs": None,
+             "finish_reason": r.finish_reason}
+            for i, r in enumerate(replies)
+        ]  # fmt: skip
+        return await self.complete(request, kind, model, choices, replies, prompt)
+
+    async def answer_embedding(
+        self, request: web.Request, body: dict[str, Any], model: str, prompt: int
+    ) -> web.StreamResponse:
+        dims = body.get("dimensions") or content.EMBEDDING_DIM
+        b64 = body.get("encoding_format") == "base64"
+        data = []
+        for i, item in enumerate(content.prompt_items(body["input"])):
+            vector = content.embedding(model, item, dims)
+            encoded = content.embedding_base64(vector) if b64 else vector
+            data.append({"object": "embedding", "index": i, "embedding": encoded})
+        wait = self.delay()
+        if wait:
+            await asyncio.sleep(wait)
+        payload = {"id": "embd-" + os.urandom(16).hex(), "object": "list",
+                   "created": int(time.time()), "model": model, "data": data,
+                   "usage": {"prompt_tokens": prompt, "total_tokens": prompt}}  # fmt: skip
+        return self.respond(orjson.dumps(payload))
+
+    async def complete(self, request: web.Request, kind: _Kind, model: str,
+                       choices: list[dict[str, Any]], replies: list[content.Reply],
+                       prompt: int) -> web.StreamResponse:  # fmt: skip
+        """A whole answer, after the latency and the time its tokens take to generate."""
+        steps = max(r.completion_tokens for r in replies)
+        wait = self.delay() + steps * self.step_delay
+        if wait:
+            await asyncio.sleep(wait)
+        rid = os.urandom(16).hex()
+        usage = content.usage(prompt, replies)
+        payload = {"id": kind.prefix + rid, "object": kind.object, "created": int(time.time()),
+                   "model": model, "choices": choices, "usage": usage}  # fmt: skip
+        headers = {"x-request-id": request.headers.get("X-Request-Id") or rid}
+        return self.respond(orjson.dumps(payload), 200, headers)
+
+    async def stream(self, request: web.Request, body: dict[str, Any], model: str, kind: _Kind,
+                     replies: list[content.Reply], events: list[list[dict[str, Any]]],
+                     prompt: int) -> web.StreamResponse:  # fmt: skip
+        """An SSE answer: headers and a ping at once, then, after the latency, one token per
+        choice per step; an injected stream error replaces the second half."""
+        rid = os.urandom(16).hex()
+        headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                   "x-request-id": request.headers.get("X-Request-Id") or rid}  # fmt: skip
+        resp = web.StreamResponse(headers=headers)
+        self.stats.responses[200] += 1
+        await resp.prepare(request)
+        await resp.write(b": ping\n\n")
+        head = b'data: {"id":"%s%s","object":"%s","created":%d,"model":%s,"choices":' % (
+            kind.prefix.encode(), rid.encode(), kind.chunk.encode(), int(time.time()),
+            orjson.dumps(model),
+        )  # fmt: skip
+        steps = content.sse_steps(head, events)
+        rate = self.config.stream_error_rate
+        if rate and self.faults.random() < rate:
+            self.stats.stream_errors += 1
+            steps = [*steps[: max(1, len(steps) // 2)], _STREAM_ERROR]
+        elif (body.get("stream_options") or {}).get("include_usage"):
+            usage = orjson.dumps(content.usage(prompt, replies))
+            steps.append(head + b'[],"usage":' + usage + b"}\n\n")
+        steps.append(b"data: [DONE]\n\n")
+        try:
+            first = self.delay()
+            if first:
+                await asyncio.sleep(first)
+            if not self.step_delay:
+                await resp.write(b"".join(steps))
+            else:
+                for i, step in enumerate(steps):
+                    if i:
+                        await asyncio.sleep(self.step_delay)
+                    await resp.write(step)
+            await resp.write_eof()
+        except ConnectionResetError:  # the client went away mid-stream: nothing to do
+            pass
+        return resp
+
+    # -- the other endpoints ------------------------------------------------------------------
+
+    async def models_list(self, request: web.Request) -> web.StreamResponse:
+        self.stats.requests[request.path] += 1
+        if not self.authorized(request):
+            return self.respond(_UNAUTHORIZED, 401)
+        return self.respond(self.models)
+
+    async def health(self, request: web.Request) -> web.StreamResponse:
+        self.stats.requests[request.path] += 1
+        status = 503 if self.warming() else 200
+        self.stats.responses[status] += 1
+        return web.Response(status=status)
+
+    async def version_info(self, request: web.Request) -> web.StreamResponse:
+        return self.respond(self.version)
+
+    async def stats_info(self, request: web.Request) -> web.StreamResponse:
+        body = orjson.dumps(self.stats.as_dict())
+        return web.Response(body=body, content_type="application/json")
+
+
+_Answer = Callable[[web.Request, dict[str, Any], str, int], Awaitable[web.StreamResponse]]
+MOCK_KEY = web.AppKey("jsonlbatch_mock", _Mock)
+
+
+def create_app(config: MockConfig) -> web.Application:
+    """The mock as an aiohttp application, to run with any aiohttp runner or test client."""
+    mock = _Mock(config)
+    app = web.Application(client_max_size=_MAX_BODY)
+    app[MOCK_KEY] = mock
+    app.on_startup.append(mock.on_startup)
+    add = app.router
+    add.add_post("/v1/chat/completions", mock.chat)
+    add.add_post("/v1/completions", mock.completions)
+    add.add_post("/v1/embeddings", mock.embeddings)
+    add.add_get("/v1/models", mock.models_list)
+    add.add_get("/health", mock.health)
+    add.add_get("/ping", mock.health)
+    add.add_get("/version", mock.version_info)
+    add.add_get("/mock/stats", mock.stats_info)
+    return app
+
+
+def stats_of(app: web.Application) -> MockStats:
+    """The live counters of an app made by `create_app`."""
+    return app[MOCK_KEY].stats
+
+
+@dataclass(frozen=True, slots=True)
+class _Kind:
+    """What differs between chat and text completions answers."""
+
+    prefix: str  # of the response id
+    object: str
+    chunk: str  # object of streamed chunks
+    choice: Callable[[content.Reply, bool], dict[str, Any]]  # a whole choice's payload
+    events: Callable[[content.Reply], list[dict[str, Any]]]  # a streamed choice
+
+
+_CHAT = _Kind(
+    "chatcmpl-", "chat.completion", "chat.completion.chunk",
+    lambda reply, reasoning: {"message": content.chat_message(reply, reasoning)},
+    content.chat_events,
+)  # fmt: skip
+_TEXT = _Kind(
+    "cmpl-", "text_completion", "text_completion",
+    lambda reply, reasoning: {"text": "".join(reply.content)},
+    content.text_events,
+)  # fmt: skip
+
+
+def _version() -> str:
+    try:
+        return metadata.version("jsonlbatch")
+    except metadata.PackageNotFoundError:  # running from a bare source tree
+        return "0+unknown"

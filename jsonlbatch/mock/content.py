@@ -1,0 +1,331 @@
+"""Deterministic replies of the mock server.
+
+A reply depends only on what a request means (model, messages or prompt, tools, token budget,
+choice index), never on transport details (`stream`, `stream_options`, `n`) or key order. A test
+can therefore recompute the expected content of any request line with `reply_text` and prove
+that each response belongs to its request.
+
+Tokens are whitespace-separated words throughout: replies are built from words, and prompts and
+usage are counted in words, so every count the server reports can be checked by hand.
+
+The wire shapes of a reply (chat message, stream events, usage) live here too, next to the
+token pieces they are cut from, so a streamed and a whole answer cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import math
+import re
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+#: Completion length in words when a request sets no token budget (`MockConfig` default).
+DEFAULT_MAX_TOKENS = 16
+#: Embedding size when a request does not ask for `dimensions`.
+EMBEDDING_DIM = 8
+
+_VOCAB = (  # noqa: SIM905 - a word list reads better as prose
+    "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november "
+    "oscar papa quebec romeo sierra tango uniform victor whiskey xray yankee zulu amber "
+    "birch cedar dune ember fern glade harbor iris jade kelp lagoon maple nectar opal pine "
+    "quartz reef sage thorn umber vale willow yarrow zephyr acorn brook cliff dawn elm frost "
+    "grove heath isle knoll marsh nova orbit"
+).split()
+assert len(_VOCAB) == 64
+_SPACED = tuple(" " + word for word in _VOCAB)
+_PIECE = re.compile(r"\S+\s*")
+
+
+@dataclass(slots=True)
+class ToolCall:
+    """The one function call a choice makes when the request forces a tool."""
+
+    id: str
+    name: str
+    arguments: str
+    pieces: list[str]  # `arguments` split into streamed pieces; one token each
+
+
+@dataclass(slots=True)
+class Reply:
+    """One choice's reply as token pieces: `"".join(pieces)` is the text, `len(pieces)` its
+    token count, and streaming sends one piece per chunk."""
+
+    reasoning: list[str]
+    content: list[str]
+    tool_call: ToolCall | None
+    finish_reason: str
+
+    @property
+    def completion_tokens(self) -> int:
+        tool_tokens = len(self.tool_call.pieces) if self.tool_call else 0
+        return len(self.reasoning) + len(self.content) + tool_tokens
+
+
+def token_budget(body: dict[str, Any]) -> int | None:
+    """The request's cap on output tokens (`max_completion_tokens` wins over `max_tokens`)."""
+    for key in ("max_completion_tokens", "max_tokens"):
+        value = body.get(key)
+        if value is not None:
+            return value if isinstance(value, int) and not isinstance(value, bool) else None
+    return None
+
+
+def compose(
+    body: dict[str, Any],
+    index: int = 0,
+    *,
+    default_max_tokens: int = DEFAULT_MAX_TOKENS,
+    reasoning: bool = False,
+) -> Reply:
+    """The reply for choice `index` of a chat or completions request.
+
+    A reply's natural length is `default_max_tokens` words; with `reasoning` the first half of
+    them are reasoning. A smaller token budget cuts reasoning first, then content, exactly as a
+    thinking model runs out of budget (finish_reason "length"). A forced tool call is never cut.
+    """
+    seed = _choice_seed(body, index)
+    natural = default_max_tokens
+    budget = token_budget(body)
+    total = natural if budget is None else min(budget, natural)
+    thinking = min(natural // 2 if reasoning else 0, total)
+    reasoning_pieces = _words(seed + b"r", thinking, "reason-")
+    tool = _forced_tool(body)
+    if tool is not None:
+        return Reply(reasoning_pieces, [], _tool_call(tool, seed), "tool_calls")
+    content = _words(seed + b"c", total - thinking, "mock-")
+    finish = "length" if budget is not None and budget < natural else "stop"
+    return Reply(reasoning_pieces, content, None, finish)
+
+
+def reply_text(
+    body: dict[str, Any],
+    index: int = 0,
+    *,
+    default_max_tokens: int = DEFAULT_MAX_TOKENS,
+    reasoning: bool = False,
+) -> str:
+    """The content the mock answers for choice `index` of `body` ("" when it calls a tool).
+
+    Pass the server's `default_max_tokens` and `reasoning` if they are not the defaults.
+    """
+    reply = compose(body, index, default_max_tokens=default_max_tokens, reasoning=reasoning)
+    return "".join(reply.content)
+
+
+def reasoning_text(body: dict[str, Any], index: int = 0, **settings: int) -> str:
+    """The reasoning the mock sends for choice `index` when started with `reasoning=True`
+    (`settings`: the server's `default_max_tokens`, if not the default)."""
+    return "".join(compose(body, index, reasoning=True, **settings).reasoning)
+
+
+def count_words(text: Any) -> int:
+    """Tokens in a prompt-like value: words of a string, ids of a token list, summed over lists
+    of either."""
+    if isinstance(text, str):
+        return len(text.split())
+    if isinstance(text, list):
+        return sum(1 if isinstance(item, int) else count_words(item) for item in text)
+    return 0
+
+
+def prompt_tokens(body: dict[str, Any]) -> int:
+    """Input tokens of a chat (text of every message), completions or embeddings request."""
+    messages = body.get("messages")
+    if messages is None:
+        return count_words(body.get("prompt", body.get("input")))
+    total = 0
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, str):
+            total += len(content.split())
+        elif isinstance(content, list):
+            total += sum(
+                count_words(part.get("text")) for part in content if part.get("type") == "text"
+            )
+    return total
+
+
+def prompt_items(value: Any) -> list[Any]:
+    """The separate prompts (or embedding inputs) of a value: one string or token list, or a
+    list of them."""
+    if isinstance(value, list) and value and not isinstance(value[0], int):
+        return value
+    return [value]
+
+
+def embedding(model: Any, item: Any, dimensions: int = EMBEDDING_DIM) -> list[float]:
+    """A deterministic unit vector for one input: equal inputs embed equally."""
+    raw = b"".join(_stream(_digest(["embedding", model, item]), 2 * dimensions))
+    values = [(b - 32768) / 32768 for b in struct.unpack(f"<{dimensions}H", raw[: 2 * dimensions])]
+    norm = math.sqrt(sum(v * v for v in values)) or 1.0
+    return [v / norm for v in values]
+
+
+def embedding_base64(vector: list[float]) -> str:
+    """The `encoding_format: "base64"` form: little-endian float32, as OpenAI sends it."""
+    return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
+
+
+# -- wire shapes: a reply as a chat message, as stream events, as usage ----------------------
+
+
+def usage(prompt: int, replies: list[Reply]) -> dict[str, int]:
+    """Usage of a whole response: completion tokens summed over its choices."""
+    completion = sum(r.completion_tokens for r in replies)
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}  # fmt: skip
+
+
+def chat_message(reply: Reply, reasoning: bool) -> dict[str, Any]:
+    """The `message` of a chat choice. Reasoning goes under both names vLLM has used; content is
+    null when a tool is called or reasoning used up the budget."""
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(reply.content) or None}
+    if reasoning:
+        thought = "".join(reply.reasoning) or None
+        message["reasoning_content"] = thought
+        message["reasoning"] = thought
+    call = reply.tool_call
+    if call is not None:
+        function = {"name": call.name, "arguments": call.arguments}
+        message["tool_calls"] = [{"id": call.id, "type": "function", "function": function}]
+    return message
+
+
+def chat_events(reply: Reply) -> list[dict[str, Any]]:
+    """One streamed chat choice as choice objects (without index): role, reasoning, content or
+    tool call, finish."""
+    deltas: list[dict[str, Any]] = [{"role": "assistant", "content": ""}]
+    deltas += [{"reasoning_content": piece} for piece in reply.reasoning]
+    deltas += [{"content": piece} for piece in reply.content]
+    call = reply.tool_call
+    if call is not None:
+        function = {"name": call.name, "arguments": ""}
+        deltas.append({"tool_calls": [{"index": 0, "id": call.id, "type": "function",
+                                       "function": function}]})  # fmt: skip
+        deltas += [
+            {"tool_calls": [{"index": 0, "function": {"arguments": p}}]} for p in call.pieces
+        ]
+    events = [{"delta": d, "logprobs": None, "finish_reason": None} for d in deltas]
+    events.append({"delta": {}, "logprobs": None, "finish_reason": reply.finish_reason})
+    return events
+
+
+def text_events(reply: Reply) -> list[dict[str, Any]]:
+    """One streamed completions choice: a text piece per event, then the finish."""
+    events = [{"text": piece, "logprobs": None, "finish_reason": None} for piece in reply.content]
+    events.append({"text": "", "logprobs": None, "finish_reason": reply.finish_reason})
+    return events
+
+
+def sse_steps(head: bytes, events: list[list[dict[str, Any]]]) -> list[bytes]:
+    """SSE steps: step t carries event t of every choice still going (as a server decodes all
+    sequences of a request together); a choice's finish rides with its last token."""
+    per_choice = []
+    for index, choice_events in enumerate(events):
+        chunks = [head + orjson.dumps([{"index": index, **e}]) + b"}\n\n" for e in choice_events]
+        if len(chunks) >= 2:
+            chunks[-2:] = [chunks[-2] + chunks[-1]]
+        per_choice.append(chunks)
+    longest = max(len(c) for c in per_choice)
+    return [b"".join(c[t] for c in per_choice if t < len(c)) for t in range(longest)]
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def _digest(value: Any) -> bytes:
+    return hashlib.blake2b(
+        orjson.dumps(value, option=orjson.OPT_SORT_KEYS), digest_size=32
+    ).digest()
+
+
+def _choice_seed(body: dict[str, Any], index: int) -> bytes:
+    if "messages" in body:
+        meaning = ["chat", body.get("model"), body["messages"], index]
+    else:
+        meaning = ["text", body.get("model"), body.get("prompt"), index]
+    return _digest(meaning)
+
+
+def _stream(seed: bytes, count: int) -> Iterator[bytes]:
+    """`count` pseudo-random bytes or more, in blocks, chained from `seed`."""
+    block = seed
+    produced = 0
+    while produced < count:
+        block = hashlib.blake2b(block, digest_size=64).digest()
+        produced += len(block)
+        yield block
+
+
+def _words(seed: bytes, count: int, tag: str) -> list[str]:
+    """`count` token pieces: a recognizable `tag<hex>` first, then vocabulary words."""
+    if count <= 0:
+        return []
+    head = tag + hashlib.blake2b(seed, digest_size=4).hexdigest()
+    out = [head]
+    for block in _stream(seed, count - 1):
+        out.extend(_SPACED[b & 63] for b in block[: count - len(out)])
+    return out
+
+
+def function_name(obj: Any) -> Any:
+    """The `function.name` of a tool or a named `tool_choice` (None if it has none)."""
+    function = obj.get("function") if isinstance(obj, dict) else None
+    return function.get("name") if isinstance(function, dict) else None
+
+
+def _forced_tool(body: dict[str, Any]) -> dict[str, Any] | None:
+    """The function a request forces (`tool_choice` "required" or a named function), if any."""
+    tools, choice = body.get("tools"), body.get("tool_choice")
+    if not isinstance(tools, list):
+        return None
+    functions = [t["function"] for t in tools if function_name(t) is not None]
+    if not functions:
+        return None
+    if choice == "required":
+        return functions[0]
+    if isinstance(choice, dict):
+        name = function_name(choice)
+        return next((f for f in functions if f.get("name") == name), None)
+    return None
+
+
+def _tool_call(function: dict[str, Any], seed: bytes) -> ToolCall:
+    values = iter(b for block in _stream(seed + b"t", 64) for b in block)
+    arguments = json.dumps(_fill(function.get("parameters"), values))
+    call_id = "call_" + hashlib.blake2b(seed + b"id", digest_size=12).hexdigest()
+    return ToolCall(call_id, str(function.get("name")), arguments, _PIECE.findall(arguments))
+
+
+def _fill(schema: Any, values: Iterator[int]) -> Any:
+    """A deterministic value matching a (simple) JSON schema; properties in sorted order so the
+    tool's key order does not matter."""
+    if not isinstance(schema, dict):
+        return _VOCAB[next(values, 0) & 63]
+    if isinstance(schema.get("enum"), list) and schema["enum"]:
+        return schema["enum"][next(values, 0) % len(schema["enum"])]
+    kind = schema.get("type", "object" if "properties" in schema else "string")
+    if kind == "object":
+        props = schema.get("properties")
+        if not isinstance(props, dict):
+            return {}
+        return {name: _fill(props[name], values) for name in sorted(props)}
+    if kind == "array":
+        return [_fill(schema.get("items"), values)]
+    if kind == "integer":
+        return next(values, 0)
+    if kind == "number":
+        return next(values, 0) / 4
+    if kind == "boolean":
+        return next(values, 0) % 2 == 0
+    if kind == "null":
+        return None
+    return _VOCAB[next(values, 0) & 63]
