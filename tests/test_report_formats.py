@@ -41,8 +41,8 @@ def test_terminal_table(runs: tuple[Path, Path]) -> None:
     assert rows["length"].split()[-1] == "10"
     assert rows["truncated (length) share"].split()[-1] == "20.0%"
     # 40 of 50 have TTFT 0.1 s, all have e2e <= 1.98 s: 80% and 100%, 40 good requests.
-    assert rows["ttft within 0.5 s"].split()[-1] == "80.0%"
-    assert rows["e2e within 2 s"].split()[-1] == "100.0%"
+    assert rows["ttft within 500ms"].split()[-1] == "80.0%"
+    assert rows["e2e within 2s"].split()[-1] == "100.0%"
     assert rows["meeting every SLA"].split()[-1] == "40"
     ttft = rows["TTFT"].split()
     assert ttft[1] == "50" and ttft[-2:] == ["1.000", "s"]  # count, max

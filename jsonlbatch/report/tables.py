@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
+from jsonlbatch.report.options import format_duration
 from jsonlbatch.report.stats import LATENCIES, PERCENTILES, TOKENS, Distribution, RunStats
 
 if TYPE_CHECKING:
@@ -267,7 +268,11 @@ def _sla(runs: list[RunStats]) -> Table:
     rows: list[tuple[str, str, Callable[[RunStats], Any]]] = []
     for i, result in enumerate(runs[0].sla):
         rows.append(
-            (f"{result.metric} within {result.bound_s:g} s", "share", lambda r, i=i: r.sla[i].share)
+            (
+                f"{result.metric} within {format_duration(result.bound_s)}",
+                "share",
+                lambda r, i=i: r.sla[i].share,
+            )
         )
     rows += [
         ("meeting every SLA", "count", lambda r: r.good),
