@@ -43,9 +43,10 @@ from jsonlbatch.errors import (
 )
 from jsonlbatch.jsonl import AppendWriter, filter_lines, iter_lines, repair_tail, rewrite_atomically
 from jsonlbatch.progress import Progress
-from jsonlbatch.records import Request, Result
+from jsonlbatch.records import COMPLETIONS_URL, Request, Result
 from jsonlbatch.retry import Backoff, Verdict, classify, parse_retry_after
 from jsonlbatch.scan import InputScan, OutputScan, scan_input, scan_output
+from jsonlbatch.streaming import STREAM_URLS, StreamError, StreamReader, read_stream, stream_body
 from jsonlbatch.summary import RunSummary
 
 _T = TypeVar("_T")
@@ -226,6 +227,9 @@ class _Run:
         self._flush_scheduled = False
         self.writer: AppendWriter | None = None
         self.workers: list[asyncio.Task[None]] = []
+        self.reader: asyncio.Task[None] | None = None
+        self.queue: asyncio.Queue[Request | None] | None = None
+        self.preflight: asyncio.Task[None] | None = None
 
     # -- the run -------------------------------------------------------------------------------
 
@@ -259,12 +263,21 @@ class _Run:
                     watchdog=self.watchdog,
                 )
                 self.progress.status_source = lambda: pool.status
+                ticker = asyncio.ensure_future(self._tick())
                 try:
-                    await self._preflight(pool)
-                    self.summary.started_at = time.time()
-                    self.progress.start()
-                    await self._send_all(session, pool)
+                    self.preflight = asyncio.ensure_future(self._preflight(pool))
+                    try:
+                        await self.preflight
+                    except asyncio.CancelledError:
+                        if not self.signals:
+                            raise
+                    if not self.stopping.is_set():
+                        self.summary.started_at = time.time()
+                        self.progress.start()
+                        await self._send_all(session, pool)
                 finally:
+                    ticker.cancel()
+                    await asyncio.gather(ticker, return_exceptions=True)
                     await pool.close()
         finally:
             if self.handle_signals:
@@ -362,11 +375,11 @@ class _Run:
     async def _send_all(self, session: aiohttp.ClientSession, pool: EndpointPool) -> None:
         n_workers = min(self.opts.concurrency, len(self.scan.pending))
         queue: asyncio.Queue[Request | None] = asyncio.Queue(maxsize=2 * n_workers)
-        reader = asyncio.ensure_future(self._read(queue, n_workers))
+        self.queue = queue
+        self.reader = reader = asyncio.ensure_future(self._read(queue, n_workers))
         self.workers = [
             asyncio.ensure_future(self._work(queue, session, pool)) for _ in range(n_workers)
         ]
-        ticker = asyncio.ensure_future(self._tick())
         try:
             done, _ = await asyncio.wait(
                 [reader, *self.workers], return_when=asyncio.FIRST_EXCEPTION
@@ -375,14 +388,15 @@ class _Run:
                 if not task.cancelled() and task.exception() is not None:
                     raise task.exception()  # type: ignore[misc]
         finally:
-            for task in (reader, *self.workers, ticker):
+            for task in (reader, *self.workers):
                 task.cancel()
-            await asyncio.gather(reader, *self.workers, ticker, return_exceptions=True)
+            await asyncio.gather(reader, *self.workers, return_exceptions=True)
 
     async def _read(self, queue: asyncio.Queue[Request | None], n_workers: int) -> None:
         pending = self.scan.pending
         i = 0
         override = self.model_override
+        stream = self.opts.stream
         for number, raw in iter_lines(self.job.requests):
             if i >= len(pending):
                 break
@@ -393,6 +407,8 @@ class _Run:
             body = obj["body"]
             if override is not None:
                 body["model"] = override
+            if stream and obj["url"] in STREAM_URLS:
+                stream_body(body)
             await queue.put(Request(obj["custom_id"], obj["url"], body, number))
             if self.stopping.is_set():
                 break
@@ -433,6 +449,7 @@ class _Run:
             attempts += 1
             start_wall, start = time.time(), time.perf_counter()
             retry_after = None
+            streamed: StreamReader | None = None
             try:
                 async with session.post(
                     endpoint.url_for(req.url),
@@ -441,8 +458,13 @@ class _Run:
                     proxy=endpoint.proxy,
                     timeout=aiohttp.ClientTimeout(total=self.opts.timeout),
                 ) as resp:
-                    raw = await resp.read()
                     status = resp.status
+                    if status == 200 and resp.content_type == "text/event-stream":
+                        chat = req.url != COMPLETIONS_URL
+                        streamed = await read_stream(resp.content.iter_any(), chat=chat)
+                        raw = b""
+                    else:
+                        raw = await resp.read()
                     request_id = resp.headers.get("x-request-id")
                     if status == 429 or status >= 500:
                         retry_after = parse_retry_after(resp.headers.get("Retry-After"))
@@ -459,18 +481,26 @@ class _Run:
                 failure = ("connection_error", describe_exception(exc))
             except asyncio.TimeoutError:
                 failure = ("request_timeout", f"no response within {self.opts.timeout:g}s")
+            except StreamError as exc:  # an error event or a cut stream after a 200
+                failure = (exc.code, str(exc))
             except (aiohttp.ClientError, OSError) as exc:
                 failure = ("connection_error", describe_exception(exc))
             else:
                 failure = None
             finally:
                 pool.release(endpoint)
+            end = time.perf_counter()
             metrics = {
                 "attempts": attempts,
                 "endpoint": endpoint.name,
                 "start_time": round(start_wall, 6),
-                "latency_s": round(time.perf_counter() - start, 6),
+                "latency_s": round(end - start, 6),
             }
+            if failure is None and streamed is not None:
+                metrics.update(streamed.metrics(start, end))
+                pool.record_success(endpoint)
+                body = streamed.body()
+                return Result(req.custom_id, status, body, request_id or body["id"], None, metrics)
             if failure is None:
                 result, verdict = _http_result(req.custom_id, status, raw, request_id, metrics)
                 if verdict is Verdict.OK:
@@ -511,6 +541,8 @@ class _Run:
     def _emit(self, result: Result) -> None:
         self._out.append(result.to_line())
         self.summary.count(result)
+        if "ttft_s" in result.metrics:
+            self.progress.record_ttft(result.metrics["ttft_s"])
         if not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
@@ -536,12 +568,23 @@ class _Run:
     # -- stopping ------------------------------------------------------------------------------
 
     def _stop(self, abort: JsonlbatchError | None = None) -> None:
+        """Send nothing more; let requests in flight finish within the grace period."""
         if abort is not None and self.abort is None:
             self.abort = abort
-        if not self.stopping.is_set():
-            self.stopping.set()
-            delay = 0.0 if abort is not None else self.opts.grace
-            asyncio.get_running_loop().call_later(delay, self._cancel_workers)
+        if self.stopping.is_set():
+            return
+        self.stopping.set()
+        if self.preflight is not None and not self.preflight.done():
+            self.preflight.cancel()
+        if self.reader is not None:
+            self.reader.cancel()
+        if self.queue is not None:  # wake idle workers: queued requests stay pending
+            while not self.queue.empty():
+                self.queue.get_nowait()
+            for _ in self.workers:
+                self.queue.put_nowait(None)
+        delay = 0.0 if abort is not None else self.opts.grace
+        asyncio.get_running_loop().call_later(delay, self._cancel_workers)
 
     def _cancel_workers(self) -> None:
         for task in self.workers:

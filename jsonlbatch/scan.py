@@ -155,8 +155,9 @@ def scan_input(
             scan.already_done += 1
             continue
         scan.pending.append(number)
-    if not problems:
-        problems = find_duplicates(scan.path, seen)
+    if len(problems) < MAX_PROBLEMS:
+        problems += find_duplicates(scan.path, seen)
+        problems.sort(key=lambda p: p.line or 0)
     if problems:
         raise InputError(f"{scan.path}: {_count(problems)}; nothing was sent", problems)
     return scan

@@ -20,7 +20,7 @@ def chat_body(i: int, model: str = "mock", **extra: Any) -> dict[str, Any]:
     return {"model": model, "messages": [{"role": "user", "content": f"question {i}"}], **extra}
 
 
-def write_requests(path: Path, n: int, model: str = "mock", **extra: Any) -> list[dict]:
+def write_requests(path: Path, count: int, model: str = "mock", **extra: Any) -> list[dict]:
     lines = [
         {
             "custom_id": f"req-{i}",
@@ -28,7 +28,7 @@ def write_requests(path: Path, n: int, model: str = "mock", **extra: Any) -> lis
             "url": "/v1/chat/completions",
             "body": chat_body(i, model, **extra),
         }
-        for i in range(n)
+        for i in range(count)
     ]
     path.write_bytes(b"".join(orjson.dumps(x) + b"\n" for x in lines))
     return lines

@@ -13,15 +13,15 @@ from jsonlbatch.mock import reply_text
 
 
 def test_sigkill_at_random_moments_then_resume_is_exactly_once(tmp_path, mock_server):
-    url = mock_server(latency=0.02, latency_jitter=0.02)
-    requests = write_requests(tmp_path / "req.jsonl", 600)
+    url = mock_server(latency=0.05, latency_jitter=0.05)
+    requests = write_requests(tmp_path / "req.jsonl", 1000)
     out = tmp_path / "out.jsonl"
-    args = ("exec", str(tmp_path / "req.jsonl"), "-o", str(out), "--url", url, "-c", "24")
+    args = ("exec", str(tmp_path / "req.jsonl"), "-o", str(out), "--url", url, "-c", "16")
     rng = random.Random(1234)
     kills = 0
     for _ in range(4):  # bounded: four crashes at random points, then a clean finish
         proc = start_cli(*args)
-        time.sleep(rng.uniform(0.4, 1.6))
+        time.sleep(rng.uniform(0.6, 2.0))
         if proc.poll() is not None:
             break
         proc.send_signal(signal.SIGKILL)

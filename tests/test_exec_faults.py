@@ -11,7 +11,7 @@ from jsonlbatch.mock import reply_text
 
 
 def test_transient_errors_are_retried_until_success(tmp_path, mock_server):
-    url = mock_server(fail_rate=0.25, rate_limit_rate=0.15, retry_after=0.05, drop_rate=0.1, seed=7)
+    url = mock_server(fail_rate=0.15, rate_limit_rate=0.1, retry_after=0.05, drop_rate=0.05, seed=7)
     requests = write_requests(tmp_path / "req.jsonl", 200)
     out = tmp_path / "out.jsonl"
     proc = cli(
@@ -166,7 +166,7 @@ def test_timeouts_become_failed_lines(tmp_path, mock_server):
 
 
 def test_cold_server_is_waited_for(tmp_path, mock_process):
-    server = mock_process("--startup-delay", "2")
+    server = mock_process("--startup-delay", "2", wait=False)
     write_requests(tmp_path / "req.jsonl", 20)
     out = tmp_path / "out.jsonl"
     proc = cli("exec", str(tmp_path / "req.jsonl"), "-o", str(out), "--url", server.url)
