@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from typing import Any
 
 import click
 
+from jsonlbatch.cli.serve_options import serve_options, serve_options_from_kwargs
 from jsonlbatch.errors import Interrupted, UsageError
 from jsonlbatch.executor import ExecOptions, Job, run_coroutine
+from jsonlbatch.launch import serving
 from jsonlbatch.redact import register_secret
+from jsonlbatch.shard import parse_shard
+from jsonlbatch.summary import RunSummary
 
 #: Exit status of a run that finished but recorded failed requests.
 EXIT_SOME_FAILED = 3
@@ -93,7 +98,14 @@ def parse_headers(values: tuple[str, ...]) -> dict[str, str]:
     metavar="K/N",
     help="Only the K-th of N parts of the input (K from 0), split by custom_id.",
 )
+@click.option(
+    "--stream",
+    is_flag=True,
+    help="Stream chat/completions answers to measure TTFT and inter-token latency; the "
+    "written bodies are the same as without.",
+)
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or notes; errors only.")
+@serve_options
 def exec_(
     requests: str,
     output: str,
@@ -108,30 +120,35 @@ def exec_(
     ends with exactly one line per request. Exit status: 0 all ok, 3 some requests failed
     (their lines say why; --retry-failed sends them again), 130 interrupted.
     """
+    serve = serve_options_from_kwargs(kwargs)
+    if serve is not None and serve.api_key and not kwargs["api_key"]:
+        kwargs["api_key"] = serve.api_key  # talk to the server we launch with its own key
     if kwargs["api_key"]:
         register_secret(kwargs["api_key"])
     options = ExecOptions(
         urls=urls,
         headers=parse_headers(headers),
-        shard=_parse_shard(shard) if shard else None,
+        shard=parse_shard(shard) if shard else None,
         **kwargs,
     )
     job = Job(requests, output, options)
-    job.prepare()
+    scan = job.prepare()  # bad input fails here, before any server boots
     try:
-        summary = run_coroutine(job.run(handle_signals=True))
+        if serve is None or not scan.pending:
+            summary = run_coroutine(job.run(handle_signals=True))
+        else:
+            if serve.backend == "mock" and not serve.served_model_name:
+                serve = replace(serve, served_model_name=tuple(job.models) or ("mock",))
+            with serving(serve, quiet=options.quiet, log_stem=output) as servers:
+                summary = run_coroutine(
+                    job.run([*urls, *servers.urls], watchdog=servers.check, handle_signals=True)
+                )
     except Interrupted as exc:
-        if exc.summary is not None and not options.quiet:
-            click.echo(exc.summary.format(), err=True)  # type: ignore[attr-defined]
+        if isinstance(exc.summary, RunSummary) and not options.quiet:
+            click.echo(exc.summary.format(), err=True)
         raise
     if not options.quiet or summary.failed:
         click.echo(summary.format(), err=True)
     if summary.failed:
         click.echo("some requests failed; re-run with --retry-failed to send them again", err=True)
         sys.exit(EXIT_SOME_FAILED)
-
-
-def _parse_shard(text: str) -> tuple[int, int]:
-    from jsonlbatch.shard import parse_shard
-
-    return parse_shard(text)

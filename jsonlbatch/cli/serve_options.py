@@ -79,7 +79,7 @@ _OPTIONS = [
     ),
     click.option(
         "--server-api-key",
-        "api_key",
+        "server_api_key",
         envvar="JSONLBATCH_SERVER_API_KEY",
         show_envvar=True,
         help="Key the launched server requires (SGLang only takes it on its command line).",
@@ -143,7 +143,7 @@ _DEFAULTS = {
     "gpus": None,
     "host": "127.0.0.1",
     "port": None,
-    "api_key": None,
+    "server_api_key": None,
     "gpu_memory_utilization": None,
     "context_length": None,
     "chat_template": None,
@@ -175,6 +175,7 @@ def serve_options_from_kwargs(kwargs: dict[str, Any]) -> ServeOptions | None:
                 f"{_flag(given[0])} is a server option: it needs --serve mock|vllm|sglang"
             )
         return None
+    values["api_key"] = values.pop("server_api_key")
     gpus = values.pop("gpus")
     args = values.pop("server_args")
     return ServeOptions(
@@ -186,7 +187,7 @@ def serve_options_from_kwargs(kwargs: dict[str, Any]) -> ServeOptions | None:
 
 
 def _flag(name: str) -> str:
-    """The option as the user typed it (`api_key` is `--server-api-key`)."""
+    """The option as the user typed it (`server_api_key` is `--server-api-key`)."""
     ctx = click.get_current_context(silent=True)
     for param in ctx.command.params if ctx is not None else ():
         if param.name == name and param.opts:
