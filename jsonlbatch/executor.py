@@ -438,6 +438,8 @@ class _Run:
         self, req: Request, session: aiohttp.ClientSession, pool: EndpointPool
     ) -> Result:
         """Send one request until it succeeds, fails for good, or runs out of retries."""
+        if self.opts.stream and req.url in STREAM_URLS:
+            stream_body(req.body)
         payload = orjson.dumps(req.body)
         attempts = 0
         raced = False

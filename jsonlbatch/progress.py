@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import statistics
 import sys
 import time
+from collections import deque
 from collections.abc import Callable
 
 from tqdm import tqdm
@@ -11,6 +13,7 @@ from tqdm import tqdm
 from jsonlbatch.summary import RunSummary
 
 _STATUS_EVERY = 10.0  # seconds between repeats of the same "waiting for server" line
+_TTFT_WINDOW = 1000  # the running TTFT median is over this many latest streamed requests
 
 
 class Progress:
@@ -21,6 +24,11 @@ class Progress:
         self.status_source: Callable[[], str] | None = None
         self._shown = 0
         self._last_status = (0.0, "")
+        self._ttfts: deque[float] = deque(maxlen=_TTFT_WINDOW)
+
+    def record_ttft(self, seconds: float) -> None:
+        """Note a streamed request's time to first token (bounded: only the latest are kept)."""
+        self._ttfts.append(seconds)
 
     def start(self) -> None:
         if self.quiet or self.bar is not None:
@@ -55,6 +63,7 @@ class Progress:
         self.bar.set_postfix_str(
             f"ok={summary.succeeded} failed={summary.failed} retrying={retrying} "
             f"out_tok/s={summary.completion_tokens / elapsed:.0f}"
+            + (f" ttft_p50={statistics.median(self._ttfts):.3f}s" if self._ttfts else "")
             + (" [waiting for server]" if status else ""),
             refresh=True,
         )

@@ -1,0 +1,463 @@
+"""Read a streamed (SSE) answer and rebuild the body the same request gets without streaming.
+
+Streaming is for measuring (time to first token, inter-token gaps), not for changing outputs:
+`exec --stream` writes the `chat.completion` (or `text_completion`) body a non-streamed request
+would have got, so every downstream tool reads the same shape either way.
+
+`StreamReader.feed(bytes, now)` takes raw network reads (cut anywhere, even inside a line or a
+UTF-8 character) with the time they arrived; `read_stream` drives it from an aiohttp response.
+Lines are split here rather than by aiohttp's `readline`, which is slower and raises
+`LineTooLong` on long lines (big tool-call arguments, long reasoning chunks).
+
+Timing follows the vLLM and SGLang serving benchmarks: TTFT is start to the first event that
+carries content, reasoning or a tool call; ITL are the gaps between later such events (events
+that arrive in one network read share its time); TPOT is `(E2EL - TTFT) / (completion_tokens
+- 1)` with tokens from the usage chunk.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from jsonlbatch.errors import JsonlbatchError
+from jsonlbatch.records import CHAT_URL, COMPLETIONS_URL
+from jsonlbatch.report.stats import percentile
+
+#: Endpoints whose requests `exec --stream` sends with `stream: true`.
+STREAM_URLS = frozenset({CHAT_URL, COMPLETIONS_URL})
+
+_DONE = b"[DONE]"
+_SNIPPET = 200  # bytes of a bad event quoted in an error message
+
+
+class StreamError(JsonlbatchError):
+    """A stream that broke after its 200 (error event, bad event, cut short): worth a retry.
+
+    `code` is the response line's `error.code`: `stream_error` when the server said something
+    was wrong, `connection_error` when the stream just stopped.
+    """
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def stream_body(body: dict[str, Any]) -> dict[str, Any]:
+    """Ask for a stream with usage in its last chunk, keeping any other stream options."""
+    options = body.get("stream_options")
+    body["stream"] = True
+    body["stream_options"] = {
+        **(options if isinstance(options, dict) else {}),
+        "include_usage": True,
+    }
+    return body
+
+
+@dataclass(slots=True)
+class _ToolCall:
+    index: int
+    id: str | None = None
+    type: str | None = None
+    name: str = ""
+    arguments: list[str] = field(default_factory=list)
+
+    def merge(self, delta: dict[str, Any]) -> None:
+        if delta.get("id") and not self.id:
+            self.id = delta["id"]
+        if delta.get("type"):
+            self.type = delta["type"]
+        function = delta.get("function")
+        if isinstance(function, dict):
+            name = function.get("name")
+            if name and name != self.name:
+                self.name += name  # a name sent in pieces; a repeated whole name is kept once
+            arguments = function.get("arguments")
+            if arguments:
+                self.arguments.append(arguments)
+
+    def as_dict(self) -> dict[str, Any]:
+        function = {"name": self.name, "arguments": "".join(self.arguments)}
+        return {"id": self.id, "type": self.type or "function", "function": function}
+
+
+@dataclass(slots=True)
+class _Choice:
+    """One choice being rebuilt: text fields by name (content, reasoning, ...), tool calls."""
+
+    index: int
+    role: str = "assistant"
+    texts: dict[str, list[str]] = field(default_factory=dict)
+    tools: dict[int, _ToolCall] = field(default_factory=dict)
+    function_call: _ToolCall | None = None
+    finish_reason: str | None = None
+    stop_reason: Any = None
+    logprobs: dict[str, Any] | None = None
+
+    def add_text(self, key: str, text: str) -> None:
+        parts = self.texts.get(key)
+        if parts is None:
+            self.texts[key] = [text]
+        else:
+            parts.append(text)
+
+    def add_tool_calls(self, deltas: list[Any]) -> None:
+        for position, delta in enumerate(deltas):
+            if not isinstance(delta, dict):
+                continue
+            index = delta.get("index")
+            if not isinstance(index, int):  # servers that omit it send one call per delta
+                index = position
+            call = self.tools.get(index)
+            if call is None:
+                call = self.tools[index] = _ToolCall(index)
+            call.merge(delta)
+
+    def add_function_call(self, delta: dict[str, Any]) -> None:
+        """The legacy single `function_call`, merged like a tool call."""
+        if self.function_call is None:
+            self.function_call = _ToolCall(0)
+        self.function_call.merge({"function": delta})
+
+    def add_logprobs(self, logprobs: Any) -> None:
+        if not isinstance(logprobs, dict):
+            return
+        if self.logprobs is None:
+            self.logprobs = {k: list(v) if isinstance(v, list) else v for k, v in logprobs.items()}
+            return
+        for key, value in logprobs.items():
+            kept = self.logprobs.get(key)
+            if isinstance(value, list) and isinstance(kept, list):
+                kept.extend(value)
+            elif value is not None:
+                self.logprobs[key] = value
+
+    def text(self, key: str) -> str | None:
+        parts = self.texts.get(key)
+        if parts is None:
+            return None
+        return "".join(parts) or None  # as servers say it unstreamed: null, not ""
+
+    def chat_choice(self) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": self.role, "content": self.text("content")}
+        for key in self.texts:
+            if key != "content":
+                message[key] = self.text(key)
+        if self.tools:
+            message["tool_calls"] = [self.tools[i].as_dict() for i in sorted(self.tools)]
+        if self.function_call is not None:
+            message["function_call"] = self.function_call.as_dict()["function"]
+        return self._choice("message", message)
+
+    def text_choice(self) -> dict[str, Any]:
+        return self._choice("text", "".join(self.texts.get("text", ())))
+
+    def _choice(self, key: str, value: Any) -> dict[str, Any]:
+        out = {
+            "index": self.index,
+            key: value,
+            "logprobs": self.logprobs,
+            "finish_reason": self.finish_reason,
+        }
+        if self.stop_reason is not None:
+            out["stop_reason"] = self.stop_reason
+        return out
+
+
+class StreamReader:
+    """Rebuilds one streamed answer from raw bytes and times it.
+
+    Feed every network read with `feed(data, now)`, then call `close(now)`; `body()` and
+    `metrics(start, end)` give the result. Raises `StreamError` on an error event, a bad event,
+    or (at `close`) a stream that ended before `[DONE]`.
+    """
+
+    def __init__(self, *, chat: bool = True) -> None:
+        self.chat = chat
+        self.done = False
+        self.usage: dict[str, Any] | None = None
+        self.chunks = 0  # events that carried content, reasoning or a tool call
+        self.first: float | None = None  # arrival of the first such event
+        self.gaps: list[float] = []  # between such events, after the first
+        self._last = 0.0
+        self._head: dict[str, Any] | None = None
+        self._choices: dict[int, _Choice] = {}
+        self._pieces: list[bytes] = []  # an event not yet ended
+        self._data: bytes | None = None  # data lines of the event not yet dispatched
+        self._event: bytes | None = None
+        self._cr = False
+
+    # -- bytes to events ------------------------------------------------------------------------
+
+    def feed(self, data: bytes, now: float) -> None:
+        """Take one network read that arrived at `now` (seconds on any monotonic clock)."""
+        if self._cr:  # the last read ended in CR: a LF now is the second half of a CRLF
+            self._cr = False
+            if data[:1] == b"\n":
+                data = data[1:]
+        if b"\n" not in data and b"\r" not in data:
+            if data:
+                self._pieces.append(data)
+            return
+        if self._pieces:
+            self._pieces.append(data)
+            data = b"".join(self._pieces)
+            self._pieces.clear()
+        if b"\r" in data:  # SSE allows CRLF and CR line ends too
+            self._cr = data.endswith(b"\r")
+            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        end = data.rfind(b"\n\n") + 2  # an event ends at a blank line
+        if end == 1:
+            self._pieces.append(data)
+            return
+        if end < len(data):
+            self._pieces.append(data[end:])
+        if not self._batch(data[:end], now):
+            for block in data[: end - 2].split(b"\n\n"):
+                if block.startswith(b"data: ") and b"\n" not in block:  # a one-line event
+                    self._dispatch(block[6:], now)
+                elif block:
+                    self._lines(block, now)
+
+    def _batch(self, events: bytes, now: float) -> bool:
+        """The fast path: whole events that are all one `data: {...}` line each, parsed with a
+        single orjson call as one JSON array. False (nothing done) for anything else: fields,
+        comments but leading ones, several data lines, bad JSON; the general path takes those.
+
+        Exact because JSON text holds no raw newline: when the newlines are exactly the event
+        ends, every blank line is an event boundary and nothing else is.
+        """
+        if self.done:
+            return False
+        while events.startswith(b":") and events.find(b"\n") == events.find(b"\n\n"):
+            events = events[events.find(b"\n\n") + 2 :]  # a comment alone: a server's ping
+        done = events.endswith(b"data: [DONE]\n\n")
+        if done:
+            events = events[:-14]
+        if not events:
+            self.done = done
+            return True
+        count = events.count(b"\n\ndata: {") + 1
+        if not events.startswith(b"data: {") or events.count(b"\n") != 2 * count:
+            return False
+        try:
+            chunks = orjson.loads(b"[" + events[6:-2].replace(b"\n\ndata: ", b",") + b"]")
+        except orjson.JSONDecodeError:
+            return False
+        if len(chunks) != count:  # `data: {...},{...}`: not one object per event
+            return False
+        for chunk in chunks:
+            self._take(chunk, now)
+        self.done = done
+        return True
+
+    def close(self, now: float) -> None:
+        """The stream ended: take what is left and check that it ended properly."""
+        if self._pieces:
+            self._lines(b"".join(self._pieces), now)  # a last event without its blank line
+            self._pieces.clear()
+        if self.done:
+            return
+        choices = self._choices.values()
+        if choices and all(c.finish_reason is not None for c in choices):
+            return  # a server that never says [DONE] but finished every choice
+        raise StreamError("connection_error", "the stream ended before [DONE]")
+
+    def _lines(self, block: bytes, now: float) -> None:
+        """One event's lines, the general way: fields, comments, several data lines."""
+        for line in block.split(b"\n"):
+            self._line(line, now)
+        self._line(b"", now)
+
+    def _line(self, line: bytes, now: float) -> None:
+        if not line:
+            if self._data is not None:
+                data, self._data = self._data, None
+                self._dispatch(data, now)
+            self._event = None
+            return
+        if line.startswith(b"data:"):
+            value = line[6:] if line[5:6] == b" " else line[5:]
+            self._data = value if self._data is None else self._data + b"\n" + value
+        elif line.startswith(b"event:"):
+            self._event = line[6:].strip()
+        # comments (":"), "id:", "retry:" and unknown fields are ignored, as the SSE spec says
+
+    # -- events to the answer -------------------------------------------------------------------
+
+    def _dispatch(self, data: bytes, now: float) -> None:
+        event, self._event = self._event, None
+        if self.done:
+            return
+        if data == _DONE:
+            self.done = True
+            return
+        try:
+            chunk = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            raise StreamError(
+                "stream_error", f"bad JSON in a stream event: {_snippet(data)}"
+            ) from None
+        if chunk.__class__ is not dict:
+            raise StreamError("stream_error", f"a stream event is not an object: {_snippet(data)}")
+        if event == b"error":
+            raise StreamError("stream_error", "error event in the stream: " + _error_text(chunk))
+        self._take(chunk, now)
+
+    def _take(self, chunk: dict[str, Any], now: float) -> None:
+        """One decoded chunk that arrived at `now`."""
+        if chunk.get("error") is not None or chunk.get("object") == "error":
+            raise StreamError("stream_error", "error event in the stream: " + _error_text(chunk))
+        if self._head is None:
+            self._head = chunk
+        usage = chunk.get("usage")
+        if usage:
+            self.usage = usage
+        choices = chunk.get("choices")
+        if choices and self._merge(choices):
+            self.chunks += 1
+            if self.first is None:
+                self.first = now
+            else:
+                self.gaps.append(now - self._last)
+            self._last = now
+
+    def _merge(self, choices: list[Any]) -> bool:
+        """Merge the choices of one chunk; whether any carried generated output.
+
+        The hot loop of streaming (once per token): kept flat, without helper calls.
+        """
+        carried = False
+        states = self._choices
+        for raw in choices:
+            if raw.__class__ is not dict:
+                continue
+            index = raw.get("index", 0)
+            choice = states.get(index)
+            if choice is None:
+                index = index if isinstance(index, int) else 0
+                choice = states[index] = states.get(index) or _Choice(index)
+            if self.chat:
+                delta = raw.get("delta")
+                if delta:
+                    for key, value in delta.items():
+                        if value.__class__ is str:
+                            if key == "role":
+                                choice.role = value
+                                continue
+                            # content, reasoning, reasoning_content, refusal: under their name
+                            parts = choice.texts.get(key)
+                            if parts is None:
+                                choice.texts[key] = [value]
+                            else:
+                                parts.append(value)
+                            if value:
+                                carried = True
+                        elif value and key == "tool_calls":
+                            choice.add_tool_calls(value)
+                            carried = True
+                        elif key == "function_call" and isinstance(value, dict):
+                            choice.add_function_call(value)
+                            carried = True
+            else:
+                text = raw.get("text")
+                if text.__class__ is str:
+                    choice.add_text("text", text)
+                    if text:
+                        carried = True
+            finish = raw.get("finish_reason")
+            if finish is not None:
+                choice.finish_reason = finish
+            if raw.get("logprobs") is not None:
+                choice.add_logprobs(raw["logprobs"])
+            if raw.get("stop_reason") is not None:
+                choice.stop_reason = raw["stop_reason"]
+        return carried
+
+    # -- results --------------------------------------------------------------------------------
+
+    def body(self) -> dict[str, Any]:
+        """The non-streamed shape: `chat.completion` or `text_completion`, choices by index."""
+        head = self._head or {}
+        choices = [self._choices[i] for i in sorted(self._choices)]
+        out: dict[str, Any] = {
+            "id": head.get("id"),
+            "object": "chat.completion" if self.chat else "text_completion",
+            "created": head.get("created"),
+            "model": head.get("model"),
+        }
+        if head.get("system_fingerprint") is not None:
+            out["system_fingerprint"] = head["system_fingerprint"]
+        out["choices"] = [c.chat_choice() if self.chat else c.text_choice() for c in choices]
+        out["usage"] = self.usage
+        return out
+
+    def metrics(self, start: float, end: float) -> dict[str, Any]:
+        """Token counts and timings for the response line's `metrics` (`latency_s` = end - start
+        is the caller's). Times are on the clock `feed` was given."""
+        out: dict[str, Any] = {}
+        completion = None
+        usage = self.usage
+        if isinstance(usage, dict):
+            out["prompt_tokens"] = usage.get("prompt_tokens") or 0
+            completion = out["completion_tokens"] = usage.get("completion_tokens") or 0
+        if self.first is not None:
+            ttft = self.first - start
+            out["ttft_s"] = round(ttft, 6)
+            if completion is not None and completion > 1:
+                out["tpot_s"] = round((end - start - ttft) / (completion - 1), 6)
+        if self.gaps:
+            gaps = sorted(self.gaps)
+            out["itl_mean_s"] = round(sum(gaps) / len(gaps), 6)
+            for p in (50, 90, 99):
+                out[f"itl_p{p}_s"] = round(percentile(gaps, p), 6)
+            out["itl_max_s"] = round(gaps[-1], 6)
+        out["chunks"] = self.chunks
+        reasoning = _reasoning_tokens(usage)
+        if reasoning is not None:
+            out["reasoning_tokens"] = reasoning
+        return out
+
+
+async def read_stream(
+    reads: AsyncIterable[bytes],
+    *,
+    chat: bool = True,
+    clock: Callable[[], float] = time.perf_counter,
+) -> StreamReader:
+    """Read a whole SSE answer, e.g. `await read_stream(resp.content.iter_any())`.
+
+    Reads on past `[DONE]` to the end, so the connection goes back to the pool for reuse.
+    """
+    reader = StreamReader(chat=chat)
+    async for data in reads:
+        reader.feed(data, clock())
+    reader.close(clock())
+    return reader
+
+
+def _reasoning_tokens(usage: Any) -> int | None:
+    if not isinstance(usage, dict):
+        return None
+    details = usage.get("completion_tokens_details")
+    if isinstance(details, dict) and details.get("reasoning_tokens") is not None:
+        return details["reasoning_tokens"]
+    return usage.get("reasoning_tokens")  # SGLang
+
+
+def _error_text(chunk: dict[str, Any]) -> str:
+    error = chunk.get("error", chunk)
+    if isinstance(error, dict):
+        message = error.get("message") or error.get("detail") or error
+        code = error.get("code")
+        return f"{message} (code {code})" if code is not None else str(message)
+    return str(error)
+
+
+def _snippet(data: bytes) -> str:
+    text = data[:_SNIPPET].decode("utf-8", "replace")
+    return repr(text + ("..." if len(data) > _SNIPPET else ""))
