@@ -11,7 +11,7 @@ The shape of a run:
    process at any moment loses at most requests in flight, which the next run sends again.
 
 Memory is bounded by the concurrency: the input is re-read line by line and only compact state
-(ids as 8-byte hashes, pending line numbers) is kept.
+(ids as hashes in a compact table, byte offsets of pending lines) is kept.
 """
 
 from __future__ import annotations
@@ -41,7 +41,13 @@ from jsonlbatch.errors import (
     ModelNotServedError,
     UsageError,
 )
-from jsonlbatch.jsonl import AppendWriter, filter_lines, iter_lines, repair_tail, rewrite_atomically
+from jsonlbatch.jsonl import (
+    AppendWriter,
+    filter_lines,
+    read_lines_at,
+    repair_tail,
+    rewrite_atomically,
+)
 from jsonlbatch.progress import Progress
 from jsonlbatch.records import COMPLETIONS_URL, Request, Result
 from jsonlbatch.retry import Backoff, Verdict, classify, parse_retry_after
@@ -393,23 +399,13 @@ class _Run:
             await asyncio.gather(reader, *self.workers, return_exceptions=True)
 
     async def _read(self, queue: asyncio.Queue[Request | None], n_workers: int) -> None:
-        pending = self.scan.pending
-        i = 0
         override = self.model_override
-        stream = self.opts.stream
-        for number, raw in iter_lines(self.job.requests):
-            if i >= len(pending):
-                break
-            if number != pending[i]:
-                continue
-            i += 1
+        for raw in read_lines_at(self.job.requests, self.scan.pending):
             obj = orjson.loads(raw)
             body = obj["body"]
             if override is not None:
                 body["model"] = override
-            if stream and obj["url"] in STREAM_URLS:
-                stream_body(body)
-            await queue.put(Request(obj["custom_id"], obj["url"], body, number))
+            await queue.put(Request(obj["custom_id"], obj["url"], body))
             if self.stopping.is_set():
                 break
         for _ in range(n_workers):

@@ -1,47 +1,87 @@
-"""A set of custom_ids that costs 8 bytes per id, so a million-line resume stays small.
+"""A set of custom_ids that costs about 24 bytes per id, so a million-line resume stays small.
 
-Ids are stored as their 64-bit `hash()` in a sorted `array`. The hash is salted per process,
-which is fine: a set lives only as long as the run that built it. Two different ids share a
-hash with probability about n²/2⁶⁵ (3e-8 for a million ids); callers that must be exact on a
-hit (duplicate detection) confirm with a second pass over the real strings.
+Ids are stored as their 64-bit `hash()` in an open-addressing table (an `array`, linear
+probing, at most half full). The hash is salted per process, which is fine: a set lives only
+as long as the run that built it. Two different ids share a hash with probability about
+n²/2⁶⁵ (3e-8 for a million ids); callers that must be exact on a hit (duplicate detection)
+confirm with a second pass over the real strings.
+
+A Python `set` of the strings would cost ~100 bytes per id; one of the hashes ~60 and a sorted
+array with bisect is three times slower to query. This is as fast as the set and 4x smaller.
 """
 
 from __future__ import annotations
 
 from array import array
-from bisect import bisect_left
+
+_EMPTY = 0
+
+
+def id_key(custom_id: str) -> int:
+    """The value stored for an id (0 marks an empty slot, so it is never a key)."""
+    return hash(custom_id) or 1
 
 
 class IdSet:
-    """Add ids, `freeze()`, then test membership. Adding after freezing re-sorts lazily."""
+    """Add ids, test membership, and find which hashes were added more than once.
 
-    __slots__ = ("_hashes", "_sorted")
+    Adding appends to an array (cheap, in C); the table is built on the first lookup after
+    adding, in one pass sized for all keys, instead of growing by re-inserting.
+    """
+
+    __slots__ = ("_built", "_keys", "_mask", "_repeats", "_table")
 
     def __init__(self) -> None:
-        self._hashes = array("q")
-        self._sorted = True
+        self._keys = array("q")
+        self._table = array("q", bytes(8))
+        self._mask = 0
+        self._built = 0
+        self._repeats: set[int] = set()
 
     def add(self, custom_id: str) -> None:
-        self._hashes.append(hash(custom_id))
-        self._sorted = False
-
-    def freeze(self) -> IdSet:
-        if not self._sorted:
-            self._hashes = array("q", sorted(self._hashes))
-            self._sorted = True
-        return self
+        self._keys.append(hash(custom_id) or 1)
 
     def __contains__(self, custom_id: object) -> bool:
-        self.freeze()
-        h = hash(custom_id)
-        i = bisect_left(self._hashes, h)
-        return i < len(self._hashes) and self._hashes[i] == h
+        if self._built != len(self._keys):
+            self._build()
+        key = hash(custom_id) or 1
+        table, mask = self._table, self._mask
+        i = key & mask
+        while True:
+            slot = table[i]
+            if slot == key:
+                return True
+            if slot == _EMPTY:
+                return False
+            i = (i + 1) & mask
 
     def __len__(self) -> int:
-        return len(self._hashes)
+        """Ids added (repeats included)."""
+        return len(self._keys)
 
     def colliding_hashes(self) -> set[int]:
-        """Hashes added more than once: candidates for duplicate ids, to be confirmed."""
-        self.freeze()
-        hs = self._hashes
-        return {hs[i] for i in range(1, len(hs)) if hs[i] == hs[i - 1]}
+        """Keys (see `id_key`) added more than once: candidate duplicates, to be confirmed."""
+        if self._built != len(self._keys):
+            self._build()
+        return set(self._repeats)
+
+    def _build(self) -> None:
+        size = 8
+        while size < 2 * len(self._keys):
+            size *= 2
+        table = array("q", bytes(8 * size))
+        mask = size - 1
+        repeats = self._repeats
+        repeats.clear()
+        for key in self._keys:
+            i = key & mask
+            while True:
+                slot = table[i]
+                if slot == _EMPTY:
+                    table[i] = key
+                    break
+                if slot == key:
+                    repeats.add(key)
+                    break
+                i = (i + 1) & mask
+        self._table, self._mask, self._built = table, mask, len(self._keys)

@@ -20,15 +20,36 @@ _READ_BUFFER = 1 << 20
 
 def iter_lines(path: str | os.PathLike[str]) -> Iterator[tuple[int, bytes]]:
     """Yield (1-based line number, line without surrounding whitespace), skipping blank lines."""
+    for number, _, raw in iter_lines_at(path):
+        yield number, raw
+
+
+def iter_lines_at(path: str | os.PathLike[str]) -> Iterator[tuple[int, int, bytes]]:
+    """Like `iter_lines`, with each line's byte offset, so a later pass can seek straight to it."""
     try:
         f = open(path, "rb", buffering=_READ_BUFFER)  # noqa: SIM115 - closed by the with below
     except OSError as exc:
         raise InputError(f"cannot read {os.fspath(path)}: {exc.strerror}") from None
+    offset = 0
     with f:
         for number, raw in enumerate(f, 1):
+            start = offset
+            offset += len(raw)
             raw = raw.strip()
             if raw:
-                yield number, raw
+                yield number, start, raw
+
+
+def read_lines_at(path: str | os.PathLike[str], offsets: Iterable[int]) -> Iterator[bytes]:
+    """The lines starting at `offsets` (ascending), read without scanning the lines between."""
+    with open(path, "rb", buffering=_READ_BUFFER) as f:
+        position = 0
+        for offset in offsets:
+            if offset != position:
+                f.seek(offset)
+            raw = f.readline()
+            position = offset + len(raw)
+            yield raw
 
 
 def repair_tail(path: str | os.PathLike[str], keep: int) -> int:

@@ -65,11 +65,25 @@ def cli(*args: str, timeout: float = 120, env: dict | None = None) -> subprocess
     )
 
 
+_started: list[subprocess.Popen] = []
+
+
 def start_cli(*args: str, env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen(
+    """Start the CLI in the background; `kill_started` (run after every test) reaps it."""
+    proc = subprocess.Popen(
         [sys.executable, "-m", "jsonlbatch", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env=env or ENV,
     )
+    _started.append(proc)
+    return proc
+
+
+def kill_started() -> None:
+    while _started:
+        proc = _started.pop()
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()

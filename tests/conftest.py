@@ -129,3 +129,12 @@ def mock_process() -> Iterator[Callable[..., MockProcess]]:
     yield factory
     for process in started:
         process.close()
+
+
+@pytest.fixture(autouse=True)
+def _reap_started_cli() -> Iterator[None]:
+    """No `jsonlbatch` process started by a test outlives it, even when the test fails."""
+    yield
+    import batchutil
+
+    batchutil.kill_started()
