@@ -93,8 +93,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         _say(f"cannot start {cmd[0]}: {exc.strerror or exc}")
         return 127
 
+    # Threads use raw descriptors: a daemon thread blocked in a buffered read makes the
+    # interpreter abort at exit.
     def watch_parent() -> None:
-        while sys.stdin.buffer.read(65536):
+        while os.read(0, 65536):
             pass
         why.append("jsonlbatch is gone")
         wake.set()
@@ -105,11 +107,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def pump() -> None:  # ends when every writer (workers included) has closed the pipe
         assert child.stdout is not None
-        for line in child.stdout:
-            for secret in secrets:
-                line = line.replace(secret, b"***")
-            sys.stdout.buffer.write(line)
-            sys.stdout.buffer.flush()
+        fd, pending = child.stdout.fileno(), b""
+        while chunk := os.read(fd, 65536):
+            pending += chunk
+            cut = max(pending.rfind(b"\n"), pending.rfind(b"\r")) + 1  # whole lines only
+            if cut == 0 and len(pending) >= 65536:
+                cut = len(pending)
+            if cut:
+                _write(_mask(pending[:cut], secrets))
+                pending = pending[cut:]
+        _write(_mask(pending, secrets))
 
     pumping = threading.Thread(target=pump, daemon=True)
     pumping.start()
@@ -156,8 +163,19 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
 
 
 def _say(message: str) -> None:
-    sys.stdout.buffer.write(_TAG + message.encode() + b"\n")
-    sys.stdout.buffer.flush()
+    _write(_TAG + message.encode() + b"\n")
+
+
+def _write(data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(1, view) :]
+
+
+def _mask(data: bytes, secrets: list[bytes]) -> bytes:
+    for secret in secrets:
+        data = data.replace(secret, b"***")
+    return data
 
 
 if __name__ == "__main__":
