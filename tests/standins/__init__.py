@@ -1,0 +1,1 @@
+"""Stand-in vLLM and SGLang servers, and the harness the launch tests run them with."""

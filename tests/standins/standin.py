@@ -1,0 +1,136 @@
+"""What the stand-in servers share: the life of a server process around the built-in mock.
+
+vLLM and SGLang cannot run without GPUs, so the tests launch these instead: they parse the real
+flags (and reject unknown ones as argparse does), then behave as the environment tells them:
+
+  STANDIN_RECORD=PATH       append one JSON line per start: argv, pid, process group, env
+  STANDIN_READY_DELAY=S     "load the model" for S seconds before binding the port
+  STANDIN_WARMUP=S          answer /health 503 for S seconds after binding
+  STANDIN_CRASH_AT_START=T  print T to stderr and exit 1 before binding (e.g. an OOM message)
+  STANDIN_CRASH_AFTER=N     die (exit 1, no cleanup) when generation request N+1 arrives
+  STANDIN_CRASH_MARKER=PATH with CRASH_AFTER: crash only while PATH does not exist (creates it),
+                            so a restarted server serves
+  STANDIN_GRANDCHILD=1      spawn a sleeping worker process ("stubborn": it ignores SIGTERM)
+  STANDIN_IGNORE_SIGTERM=1  the server itself ignores SIGTERM
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+
+import orjson
+from aiohttp import web
+
+from jsonlbatch.mock import MockConfig, create_app
+
+_SLEEPER = "import signal, time\n{ignore}\ntime.sleep(600)"
+
+
+def run(
+    config: MockConfig,
+    host: str,
+    port: int,
+    *,
+    banner: Sequence[str] = (),
+    ready_line: str = "",
+) -> int:
+    """Serve `config` like a real server process would; returns the exit status."""
+    env = os.environ
+    grandchild = _spawn_grandchild(env.get("STANDIN_GRANDCHILD", ""))
+    _record(env.get("STANDIN_RECORD"), grandchild)
+    for line in banner:
+        print(line, flush=True)
+    crash = env.get("STANDIN_CRASH_AT_START")
+    if crash:
+        print(crash, file=sys.stderr, flush=True)
+        return 1
+    if env.get("STANDIN_IGNORE_SIGTERM"):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    app = create_app(config)
+    crash_after = env.get("STANDIN_CRASH_AFTER")
+    marker = env.get("STANDIN_CRASH_MARKER")
+    if crash_after and not (marker and os.path.exists(marker)):
+        app.middlewares.append(_crash_after(int(crash_after), marker))
+    delay = float(env.get("STANDIN_READY_DELAY", "0"))
+    try:
+        asyncio.run(_serve(app, host, port, delay, ready_line))
+    except OSError as exc:
+        print(f"ERROR: [Errno {exc.errno}] error while attempting to bind on address "
+              f"({host!r}, {port}): {exc.strerror}", file=sys.stderr, flush=True)  # fmt: skip
+        return 1
+    return 0
+
+
+async def _serve(app: web.Application, host: str, port: int, delay: float, ready: str) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    if not os.environ.get("STANDIN_IGNORE_SIGTERM"):
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
+    if delay > 0:
+        try:
+            await asyncio.wait_for(stop.wait(), delay)
+            return
+        except asyncio.TimeoutError:
+            pass
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+        print(
+            f"INFO:     Uvicorn running on http://{host}:{port} (Press CTRL+C to quit)", flush=True
+        )
+        if ready:
+            print(ready, flush=True)
+        await stop.wait()
+        print("INFO:     Shutting down", flush=True)
+    finally:
+        await runner.cleanup()
+
+
+def _crash_after(limit: int, marker: str | None) -> object:
+    seen = 0
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: object) -> web.StreamResponse:
+        nonlocal seen
+        if request.method == "POST":
+            seen += 1
+            if seen > limit:
+                if marker:
+                    open(marker, "w").close()
+                print("RuntimeError: CUDA error: an illegal memory access was encountered",
+                      file=sys.stderr, flush=True)  # fmt: skip
+                os._exit(1)
+        return await handler(request)  # type: ignore[operator]
+
+    return middleware
+
+
+def _spawn_grandchild(kind: str) -> int | None:
+    if not kind:
+        return None
+    ignore = "signal.signal(signal.SIGTERM, signal.SIG_IGN)" if kind == "stubborn" else ""
+    code = _SLEEPER.format(ignore=ignore)
+    worker = subprocess.Popen([sys.executable, "-S", "-c", code], stdin=subprocess.DEVNULL)
+    return worker.pid
+
+
+def _record(path: str | None, grandchild: int | None) -> None:
+    if not path:
+        return
+    keys = ("CUDA_VISIBLE_DEVICES", "VLLM_API_KEY", "JSONLBATCH_MOCK_API_KEY")
+    entry = {
+        "argv": sys.argv,
+        "pid": os.getpid(),
+        "pgid": os.getpgrp(),
+        "env": {k: os.environ[k] for k in keys if k in os.environ},
+        "grandchild": grandchild,
+    }
+    with open(path, "ab") as f:
+        f.write(orjson.dumps(entry) + b"\n")
