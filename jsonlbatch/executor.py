@@ -400,11 +400,14 @@ class _Run:
 
     async def _read(self, queue: asyncio.Queue[Request | None], n_workers: int) -> None:
         override = self.model_override
+        stream = self.opts.stream
         for raw in read_lines_at(self.job.requests, self.scan.pending):
             obj = orjson.loads(raw)
             body = obj["body"]
             if override is not None:
                 body["model"] = override
+            if stream and obj["url"] in STREAM_URLS:
+                stream_body(body)
             await queue.put(Request(obj["custom_id"], obj["url"], body))
             if self.stopping.is_set():
                 break
