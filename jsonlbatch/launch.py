@@ -385,8 +385,8 @@ def serving(
     """Start the servers `options` describe, wait until all serve, yield them, stop them.
 
     Startup raises LaunchError with the server's own last log lines when a server exits or
-    does not become ready in time; Ctrl-C or SIGTERM meanwhile raises Interrupted. Teardown
-    runs however the block ends.
+    does not become ready in time. Ctrl-C (KeyboardInterrupt) or SIGTERM, during startup or
+    in the block, becomes Interrupted. Teardown runs however the block ends.
     """
     servers = Servers(options, plan_servers(options, log_stem=log_stem), quiet=quiet)
     if BACKENDS[options.backend].needs_gpus:
@@ -400,7 +400,10 @@ def serving(
             servers.wait_ready()
         except KeyboardInterrupt:
             raise Interrupted("interrupted while the server was starting; it was stopped") from None
-        yield servers
+        try:
+            yield servers
+        except KeyboardInterrupt:  # e.g. before the caller's own signal handling took over
+            raise Interrupted("interrupted; the server was stopped") from None
     finally:
         with _sigterm_ignored():
             servers.stop()

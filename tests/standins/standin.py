@@ -6,6 +6,7 @@ flags (and reject unknown ones as argparse does), then behave as the environment
   STANDIN_RECORD=PATH       append one JSON line per start: argv, pid, process group, env
   STANDIN_READY_DELAY=S     "load the model" for S seconds before binding the port
   STANDIN_WARMUP=S          answer /health 503 for S seconds after binding
+  STANDIN_LATENCY=S         answer each request after S seconds
   STANDIN_CRASH_AT_START=T  print T to stderr and exit 1 before binding (e.g. an OOM message)
   STANDIN_CRASH_AFTER=N     die (exit 1, no cleanup) when generation request N+1 arrives
   STANDIN_CRASH_MARKER=PATH with CRASH_AFTER: crash only while PATH does not exist (creates it),
@@ -17,6 +18,7 @@ flags (and reject unknown ones as argparse does), then behave as the environment
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import signal
 import subprocess
@@ -51,7 +53,8 @@ def run(
         return 1
     if env.get("STANDIN_IGNORE_SIGTERM"):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    app = create_app(config)
+    warmup, latency = (float(env.get(f"STANDIN_{k}", "0")) for k in ("WARMUP", "LATENCY"))
+    app = create_app(dataclasses.replace(config, warmup=warmup, latency=latency))
     crash_after = env.get("STANDIN_CRASH_AFTER")
     marker = env.get("STANDIN_CRASH_MARKER")
     if crash_after and not (marker and os.path.exists(marker)):

@@ -7,7 +7,6 @@ the real server it logs its arguments, API key included, so tests can prove the 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 import standin
@@ -50,7 +49,6 @@ def main() -> int:
         api_key=args.api_key,
         max_model_len=args.context_length,
         reasoning=bool(args.reasoning_parser),
-        warmup=float(os.environ.get("STANDIN_WARMUP", "0")),
     )
     shown = ", ".join(f"{k}={v!r}" for k, v in vars(args).items())
     return standin.run(
