@@ -1,0 +1,95 @@
+"""The Agentless drop-in scripts run that workflow's commands unchanged."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from batchutil import content, read_results, write_requests
+from conftest import free_port
+from standins.harness import ROOT, Standins, standin_session
+
+SCRIPTS = ROOT / "scripts"
+pytestmark = pytest.mark.timeout(120, method="thread")
+
+
+@pytest.fixture(autouse=True)
+def standins(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Standins]:
+    yield from standin_session(monkeypatch, tmp_path)
+
+
+def script(name: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(SCRIPTS / name), *args], capture_output=True, text=True, timeout=90
+    )
+
+
+def test_process_batch_requests_takes_the_endpoint_url_and_resumes(
+    standins: Standins, mock_server: Callable[..., str]
+) -> None:
+    url = mock_server(served_models=("/ckpt/served",))
+    requests, output = standins.tmp / "req.jsonl", standins.tmp / "resp.jsonl"
+    write_requests(requests, 20, model="deepseek-ai/DeepSeek-V3")  # as Agentless writes them
+    args = ("--input_file", str(requests), "--output_file", str(output))
+    done = script(
+        "process_batch_requests.py",
+        *args,
+        "--url",
+        f"{url}/chat/completions",
+        "--concurrency",
+        "4",
+        "--timeout",
+        "30",
+    )
+    assert done.returncode == 0, done.stderr
+    results = read_results(output)
+    assert len(results) == 20 and content(results["req-0"])
+    assert results["req-0"]["response"]["body"]["model"] == "/ckpt/served"
+    again = script("process_batch_requests.py", *args, "--url", url)
+    assert again.returncode == 0 and "all 20 requests have a result" in again.stderr
+
+
+def test_process_batch_requests_reports_errors_without_a_traceback(standins: Standins) -> None:
+    done = script("process_batch_requests.py", "--output_file", "o.jsonl")
+    assert done.returncode == 2 and "--input_file" in done.stderr
+    (standins.tmp / "bad.jsonl").write_text('{"custom_id": "a"}\n')
+    done = script("process_batch_requests.py", "--input_file", "bad.jsonl", "--output_file", "o")
+    assert done.returncode == 1 and "Error:" in done.stderr and "bad.jsonl:1" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_serve_and_process_launches_sglang_with_the_workflows_flags(standins: Standins) -> None:
+    requests, output = standins.tmp / "req.jsonl", standins.tmp / "out" / "resp.jsonl"
+    output.parent.mkdir()
+    write_requests(requests, 30, model="deepseek-ai/DeepSeek-V3")
+    port = free_port()
+    done = script(
+        "serve_and_process_batch_requests.py",
+        "--input_file", str(requests), "--output_file", str(output),
+        "--url", f"http://127.0.0.1:{port}/v1/chat/completions",
+        "--concurrency", "8", "--timeout", "3600",
+        "--serve", "--tp-size", "1", "--dp-size", "2", "--model-path", "/ckpt/m",
+        "--reasoning-parser", "deepseek-r1",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert len(read_results(output)) == 30
+    (record,) = standins.records()
+    argv = record["argv"]
+    assert argv[0].endswith("sglang/launch_server.py")
+    assert argv[1:] == [
+        "--model-path", "/ckpt/m", "--host", "127.0.0.1", "--port", str(port),
+        "--tp-size", "1", "--dp-size", "2", "--reasoning-parser", "deepseek-r1",
+    ]  # fmt: skip
+    assert (output.parent / "resp.jsonl.server.log").exists()
+
+
+def test_serve_and_process_without_serve_rejects_server_flags(standins: Standins) -> None:
+    done = script(
+        "serve_and_process_batch_requests.py",
+        "--input_file", "r.jsonl", "--output_file", "o.jsonl", "--tp-size", "2",
+    )  # fmt: skip
+    assert done.returncode == 2 and "server flags need --serve" in done.stderr
+    assert standins.records() == []
