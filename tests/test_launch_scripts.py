@@ -93,3 +93,34 @@ def test_serve_and_process_without_serve_rejects_server_flags(standins: Standins
     )  # fmt: skip
     assert done.returncode == 2 and "server flags need --serve" in done.stderr
     assert standins.records() == []
+
+
+def test_the_slurm_example_shards_and_merges(standins: Standins) -> None:
+    requests = standins.tmp / "req.jsonl"
+    write_requests(requests, 40, model="/ckpt/m")
+    slurm = ROOT / "examples" / "slurm"
+    base = {
+        "REQUESTS": str(requests),
+        "OUT": str(standins.tmp / "out"),
+        "MODEL": "/ckpt/m",
+        "TP": "1",
+        "DP": "2",
+        "CUDA_VISIBLE_DEVICES": "0,1",  # what SLURM sets for the job's GPUs
+        "SLURM_ARRAY_TASK_COUNT": "2",
+    }
+    for k in ("0", "1"):
+        env = standins.env() | base | {"SLURM_ARRAY_TASK_ID": k}
+        done = subprocess.run(
+            ["bash", str(slurm / "run_shards.sbatch")], env=env, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr
+    done = subprocess.run(
+        ["bash", str(slurm / "merge.sbatch")],
+        env=standins.env() | base,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert len(read_results(standins.tmp / "out" / "responses.jsonl")) == 40
+    pinned = sorted(r["env"]["CUDA_VISIBLE_DEVICES"] for r in standins.records())
+    assert pinned == ["0", "0", "1", "1"]  # two replicas per task, one GPU each
