@@ -18,7 +18,7 @@ that arrive in one network read share its time); TPOT is `(E2EL - TTFT) / (compl
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterable, Callable
+from collections.abc import AsyncIterable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -250,8 +250,7 @@ class StreamReader:
             return False
         if len(chunks) != count:  # `data: {...},{...}`: not one object per event
             return False
-        for chunk in chunks:
-            self._take(chunk, now)
+        self._take(chunks, now)
         self.done = done
         return True
 
@@ -306,25 +305,28 @@ class StreamReader:
             raise StreamError("stream_error", f"a stream event is not an object: {_snippet(data)}")
         if event == b"error":
             raise StreamError("stream_error", "error event in the stream: " + _error_text(chunk))
-        self._take(chunk, now)
+        self._take((chunk,), now)
 
-    def _take(self, chunk: dict[str, Any], now: float) -> None:
-        """One decoded chunk that arrived at `now`."""
-        if chunk.get("error") is not None or chunk.get("object") == "error":
-            raise StreamError("stream_error", "error event in the stream: " + _error_text(chunk))
-        if self._head is None:
-            self._head = chunk
-        usage = chunk.get("usage")
-        if usage:
-            self.usage = usage
-        choices = chunk.get("choices")
-        if choices and self._merge(choices):
-            self.chunks += 1
-            if self.first is None:
-                self.first = now
-            else:
-                self.gaps.append(now - self._last)
-            self._last = now
+    def _take(self, chunks: Iterable[dict[str, Any]], now: float) -> None:
+        """Decoded chunks that arrived together at `now`."""
+        for chunk in chunks:
+            if chunk.get("error") is not None or chunk.get("object") == "error":
+                raise StreamError(
+                    "stream_error", "error event in the stream: " + _error_text(chunk)
+                )
+            if self._head is None:
+                self._head = chunk
+            usage = chunk.get("usage")
+            if usage:
+                self.usage = usage
+            choices = chunk.get("choices")
+            if choices and self._merge(choices):
+                self.chunks += 1
+                if self.first is None:
+                    self.first = now
+                else:
+                    self.gaps.append(now - self._last)
+                self._last = now
 
     def _merge(self, choices: list[Any]) -> bool:
         """Merge the choices of one chunk; whether any carried generated output.

@@ -270,6 +270,13 @@ def test_bad_json_event_is_a_stream_error_quoting_it():
     assert caught.value.code == "stream_error" and "{not json" in str(caught.value)
 
 
+def test_two_objects_in_one_event_are_bad_json_not_two_events():
+    good = event([delta(0, content="a")])
+    with pytest.raises(StreamError) as caught:
+        assemble([good + b'data: {"choices": []},{"choices": []}\n\n' + good])
+    assert caught.value.code == "stream_error" and "bad JSON" in str(caught.value)
+
+
 def test_stream_cut_before_done_is_a_connection_error():
     cut = event([delta(0, content="half")])
     with pytest.raises(StreamError) as caught:
