@@ -25,6 +25,7 @@ from pathlib import Path
 
 import orjson
 
+from jsonlbatch import reaper
 from jsonlbatch.backends import BACKENDS, Command, ServeOptions, build_command
 from jsonlbatch.errors import Interrupted, LaunchError, UsageError
 from jsonlbatch.gpus import describe_holders, gpu_groups, gpu_holders, pick_ports, visible_gpus
@@ -39,6 +40,8 @@ LOG_TAIL_LINES = 40
 _PROBE_TIMEOUT = 10.0  # SGLang's /health can be slow under load; a slow answer is not death
 _STATUS_EVERY = 15.0  # seconds between status lines when stderr is not a terminal
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # our servers are local
+# The reaper runs as a plain stdlib script in isolated mode (-I: neither its folder nor the
+# working directory on sys.path), which saves a package import per server.
 
 
 class ServerProcess:
@@ -81,7 +84,7 @@ class ServerProcess:
         self.release()
         self.starts += 1
         env = {**os.environ, **dict(self.command.env), SECRETS_ENV: self.api_key or ""}
-        argv = [sys.executable, "-m", "jsonlbatch.reaper", "--grace", f"{self.grace:g}", "--"]
+        argv = [sys.executable, "-I", reaper.__file__, "--grace", f"{self.grace:g}", "--"]
         with open(self.log_path, "ab") as log:
             self._log_offset = log.tell()
             stamp = time.strftime("%Y-%m-%d %H:%M:%S")
@@ -142,7 +145,7 @@ class ServerProcess:
             return f"/v1/models lists {ids}, not {self.served_name!r}"
         return None
 
-    def signal(self, sig: signal.Signals) -> None:
+    def kill_group(self, sig: signal.Signals) -> None:
         """Signal the whole group (not a group that is gone: its id may be reused)."""
         if self._proc is not None and (self._proc.poll() is None or group_pids(self._proc.pid)):
             with contextlib.suppress(ProcessLookupError):
@@ -173,13 +176,13 @@ def stop_all(servers: Sequence[ServerProcess], grace: float = STOP_GRACE) -> lis
     """
     running = [s for s in servers if s.pid is not None]
     for s in running:
-        s.signal(signal.SIGTERM)
+        s.kill_group(signal.SIGTERM)
     deadline = time.monotonic() + grace
     left = list(running)
     with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C: kill now
         left = [s for s in running if not s.wait_gone(deadline)]
     for s in left:
-        s.signal(signal.SIGKILL)
+        s.kill_group(signal.SIGKILL)
     kill_deadline = time.monotonic() + 10.0
     stuck = [s for s in left if not s.wait_gone(kill_deadline)]
     for s in running:

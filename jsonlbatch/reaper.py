@@ -1,5 +1,8 @@
 """`python -m jsonlbatch.reaper [--grace S] -- CMD...`: run a server so it cannot outlive us.
 
+(Standard library only: jsonlbatch runs this file as `python -I .../reaper.py`, without
+importing the package.)
+
 Inference servers spawn workers that keep holding GPUs when only the launcher is killed, and a
 parent killed with SIGKILL runs no cleanup at all. So each server runs under this small process,
 started by jsonlbatch in a new session: the reaper leads the process group, runs CMD inside it,

@@ -39,11 +39,11 @@ def serve(quiet: bool, **kwargs: Any) -> None:
     if options is None:
         raise UsageError("which server? give --backend mock|vllm|sglang")
     with serving(options, quiet=quiet) as servers:
-        for url in servers.urls:
-            click.echo(url)
-        if not quiet:
-            click.echo("serving; Ctrl-C to stop", err=True)
         try:
+            for url in servers.urls:
+                click.echo(url)
+            if not quiet:
+                click.echo("serving; Ctrl-C to stop", err=True)
             while True:
                 servers.check()
                 time.sleep(_CHECK_EVERY)
