@@ -11,7 +11,7 @@ from pathlib import Path
 import orjson
 import pytest
 from batchutil import read_results, write_requests
-from standins.harness import Standins, standin_session, tagged_pids
+from standins.harness import Standins, alive, standin_session, tagged_pids, wait_until
 
 import jsonlbatch
 from jsonlbatch.errors import LaunchError
@@ -147,7 +147,7 @@ def test_a_server_dying_mid_run_is_restarted_on_the_same_port(
     first, second = standins.records()
     port = first["argv"][first["argv"].index("--port") + 1]
     assert second["argv"][second["argv"].index("--port") + 1] == port
-    assert not _alive(first["grandchild"])  # the crashed server's worker went with it
+    assert not alive(first["grandchild"])  # the crashed server's worker went with it
     log = (standins.tmp / "resp.jsonl.server.log").read_text()
     assert "illegal memory access" in log and "start 2:" in log
 
@@ -179,7 +179,7 @@ def test_teardown_on_an_exception_takes_the_whole_group(
         pids = [p.pid for p in servers.processes]
         assert all(tagged_pids(standins.tag) for _ in pids)
         raise RuntimeError("boom")
-    assert not any(_alive(pid) for pid in pids)
+    assert not any(alive(pid) for pid in pids)
 
 
 def test_a_server_ignoring_sigterm_is_killed_after_the_grace(
@@ -191,31 +191,12 @@ def test_a_server_ignoring_sigterm_is_killed_after_the_grace(
     server.grace = 0.5
     server.start()
     try:
-        assert _wait_for(lambda: server.probe() is None)
+        assert wait_until(lambda: server.probe() is None)
     finally:
         stuck = stop_all([server], grace=0.5)
     assert stuck == [] and server.poll() is not None
     (record,) = standins.records()
-    assert not _alive(record["pid"]) and not _alive(record["grandchild"])
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except OSError:
-        return False
-
-
-def _wait_for(condition, timeout: float = 30.0) -> bool:  # type: ignore[no-untyped-def]
-    import time
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return False
+    assert not alive(record["pid"]) and not alive(record["grandchild"])
 
 
 def test_records_are_json_lines(standins: Standins) -> None:

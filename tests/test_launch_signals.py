@@ -8,14 +8,19 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from batchutil import read_results, write_requests
-from standins.harness import Standins, standin_session, tagged_pids, wait_no_survivors
+from standins.harness import (
+    Standins,
+    standin_session,
+    tagged_pids,
+    wait_no_survivors,
+    wait_until,
+)
 
 pytestmark = pytest.mark.timeout(120, method="thread")
 
@@ -186,7 +191,7 @@ def test_exec_serve_interrupted_mid_run_then_resumed(standins: Standins) -> None
     env = standins.env(latency=0.05, grandchild=1)
     proc, _, err = start(*args, "-c", "2", "--server-arg=--max-num-seqs=4", env=env)
     err.wait_for("ready after")
-    assert _wait_until(lambda: output.exists() and output.read_bytes().count(b"\n") >= 4)
+    assert wait_until(lambda: output.exists() and output.read_bytes().count(b"\n") >= 4)
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=60) == 130
     err.rest()
@@ -209,12 +214,3 @@ def test_ctrl_c_right_after_startup_is_a_clean_interrupt(standins: Standins) -> 
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=60) == 130
     assert "Traceback" not in err.rest()
-
-
-def _wait_until(condition, timeout: float = 60.0) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return False
