@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -168,6 +169,25 @@ def test_a_server_that_keeps_dying_ends_the_run_with_its_log(
     assert len(standins.records()) == 2
     done = read_results(output)  # what finished is kept, whole lines only: a re-run resumes
     assert 0 < len(done) < 30
+
+
+def test_a_restarted_server_that_never_gets_ready_ends_the_run(
+    standins: Standins, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    opts = ServeOptions("vllm", model_path="M", restart=3, ready_timeout=1.0)
+    with serving(opts, quiet=True) as servers:
+        (first,) = standins.records()
+        os.kill(first["pid"], signal.SIGKILL)  # the server dies; its reaper stays
+        monkeypatch.setenv("STANDIN_READY_DELAY", "120")  # the restart will hang loading
+        assert wait_until(lambda: servers.processes[0].poll() is not None)
+        servers.check()  # restarts it
+        assert wait_until(lambda: len(standins.records()) == 2)
+        with pytest.raises(
+            LaunchError, match=r"restarted server 0 .* not ready within --ready-timeout 1s"
+        ):
+            for _ in range(300):  # bounded: about 30 s; the watcher gives up after 1 s
+                servers.check()
+                time.sleep(0.1)
 
 
 def test_teardown_on_an_exception_takes_the_whole_group(
