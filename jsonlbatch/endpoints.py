@@ -53,6 +53,11 @@ class Endpoint:
         url = urllib.parse.urlunsplit((split.scheme, split.netloc, base_path + path, "", ""))
         return f"{url}?{self.query}" if self.query else url
 
+    def root_url(self, path: str) -> str:
+        """A path at the server's root, where vLLM and SGLang answer `/health`."""
+        split = urllib.parse.urlsplit(self.base)
+        return urllib.parse.urlunsplit((split.scheme, split.netloc, path, "", ""))
+
 
 def parse_endpoint(url: str) -> Endpoint:
     """Check and normalise a `--url`. Credentials in the URL are taken out of its display name."""
@@ -63,6 +68,9 @@ def parse_endpoint(url: str) -> Endpoint:
         )
     if split.password:
         register_secret(split.password)
+    for key, value in urllib.parse.parse_qsl(split.query):
+        if _looks_secret(key):
+            register_secret(value)
     host = split.hostname
     port = f":{split.port}" if split.port else ""
     name = f"{split.scheme}://{host}{port}{split.path.rstrip('/')}"
@@ -91,9 +99,16 @@ def auth_headers(
         else:
             headers["Authorization"] = f"Bearer {api_key}"
     for key, value in (extra or {}).items():
-        register_secret(value)
+        if _looks_secret(key):
+            register_secret(value)
         headers[key] = value
     return headers
+
+
+def _looks_secret(name: str) -> bool:
+    """Header and query names whose values are credentials (`X-Title: my-run` is not one)."""
+    name = name.lower()
+    return any(word in name for word in ("auth", "key", "token", "secret", "cookie", "sig", "pass"))
 
 
 class EndpointPool:
@@ -191,7 +206,11 @@ class EndpointPool:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
             try:
-                status, body = await self.get(endpoint, "/v1/models", timeout=10)
+                # /health tells a warming vLLM/SGLang (503) from a ready one; servers without
+                # it (404) are judged by their models listing alone.
+                status, _ = await self.get(endpoint, "/health", timeout=30, root=True)
+                if status < 500:
+                    status, body = await self.get(endpoint, "/v1/models", timeout=10)
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
                 endpoint.down_reason = describe_exception(exc)
                 continue
@@ -204,13 +223,16 @@ class EndpointPool:
             else:
                 self._mark_up(endpoint)
 
-    async def get(self, endpoint: Endpoint, path: str, *, timeout: float) -> tuple[int, Any]:
+    async def get(
+        self, endpoint: Endpoint, path: str, *, timeout: float, root: bool = False
+    ) -> tuple[int, Any]:
         """GET a JSON document; returns (status, decoded body or None)."""
         async with self._session.get(
-            endpoint.url_for(path),
+            endpoint.root_url(path) if root else endpoint.url_for(path),
             headers=self.headers[endpoint],
             proxy=endpoint.proxy,
             timeout=aiohttp.ClientTimeout(total=timeout),
+            allow_redirects=False,  # a redirect could carry our credentials elsewhere
         ) as resp:
             raw = await resp.read()
         try:

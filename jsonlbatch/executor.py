@@ -36,13 +36,16 @@ from jsonlbatch.endpoints import (
 )
 from jsonlbatch.errors import (
     AuthenticationError,
+    InputError,
     Interrupted,
     JsonlbatchError,
     ModelNotServedError,
+    OutputError,
     UsageError,
 )
 from jsonlbatch.jsonl import (
     AppendWriter,
+    OutputLock,
     filter_lines,
     read_lines_at,
     repair_tail,
@@ -50,6 +53,7 @@ from jsonlbatch.jsonl import (
 )
 from jsonlbatch.progress import Progress
 from jsonlbatch.records import COMPLETIONS_URL, Request, Result
+from jsonlbatch.redact import redact
 from jsonlbatch.retry import Backoff, Verdict, classify, parse_retry_after
 from jsonlbatch.scan import InputScan, OutputScan, scan_input, scan_output
 from jsonlbatch.streaming import STREAM_URLS, StreamError, StreamReader, read_stream, stream_body
@@ -67,8 +71,8 @@ class ExecOptions:
     urls: Sequence[str] = ()
     concurrency: int = 256
     model: str | None = None  # override every body's model; "auto" = the one served
-    api_key: str | None = None
-    headers: Mapping[str, str] = field(default_factory=dict)
+    api_key: str | None = field(default=None, repr=False)
+    headers: Mapping[str, str] = field(default_factory=dict, repr=False)
     timeout: float = 1800.0  # per attempt; reasoning models and cold caches need long ones
     max_retries: int = 8
     ready_timeout: float = 1800.0  # how long a refusing or dead server is waited for
@@ -103,34 +107,49 @@ class Job:
         self.options = options or ExecOptions()
         self.input: InputScan | None = None
         self.existing: OutputScan | None = None
+        self._lock = OutputLock(self.output)
         if os.path.abspath(self.requests) == os.path.abspath(self.output):
             raise UsageError("the output file must not be the request file")
 
     def prepare(self) -> InputScan:
-        """Validate the input against the existing output; raises before anything is touched."""
+        """Validate the options, the existing output and the whole input.
+
+        Raises before anything is sent or modified. Takes the output's lock (so no second run
+        writes it meanwhile) until `run` ends or `close` is called.
+        """
         opts = self.options
+        for url in opts.urls:
+            parse_endpoint(url)
         select = None
         if opts.shard is not None:
             from jsonlbatch.shard import in_shard
 
             k, n = opts.shard
             select = lambda cid: in_shard(cid, k, n)  # noqa: E731
-        self.existing = scan_output(self.output, separate_failed=opts.retry_failed)
-        self.input = scan_input(
-            self.requests,
-            require_model=opts.model is None,
-            done=self.existing.done,
-            failed=self.existing.failed if opts.retry_failed else frozenset(),
-            select=select,
-        )
+        self._lock.acquire()
+        try:
+            self.existing = scan_output(self.output)
+            self.input = scan_input(
+                self.requests,
+                require_model=opts.model is None,
+                existing=self.existing,
+                retry_failed=opts.retry_failed,
+                select=select,
+            )
+        except BaseException:
+            self._lock.release()
+            raise
         return self.input
+
+    def close(self) -> None:
+        """Release the output's lock (done by `run` itself; for a job prepared but not run)."""
+        self._lock.release()
 
     @property
     def models(self) -> list[str]:
-        """Model names the requests ask for, most used first (after `prepare`)."""
+        """Model names the requests still to send ask for, most used first."""
         if self.input is None:
-            self.prepare()
-        assert self.input is not None
+            raise RuntimeError("call Job.prepare() first")
         return [m for m, _ in self.input.models.most_common()]
 
     async def run(
@@ -144,7 +163,12 @@ class Job:
         (a launcher uses it to end the run when its server died for good)."""
         if self.input is None:
             self.prepare()
-        return await _Run(self, list(urls or self.options.urls), watchdog, handle_signals).main()
+        try:
+            return await _Run(
+                self, list(urls or self.options.urls), watchdog, handle_signals
+            ).main()
+        finally:
+            self.close()
 
 
 def execute(
@@ -220,6 +244,7 @@ class _Run:
             output=job.output,
             requests=self.scan.total,
             already_done=self.scan.already_done,
+            failed_before=self.scan.failed_before,
             pending=len(self.scan.pending),
         )
         self.progress = Progress(len(self.scan.pending), quiet=self.opts.quiet)
@@ -229,7 +254,7 @@ class _Run:
         self.abort: JsonlbatchError | None = None
         self.signals = 0
         self.retrying = 0
-        self._out: list[bytes] = []
+        self._out: list[Result] = []
         self._flush_scheduled = False
         self.writer: AppendWriter | None = None
         self.workers: list[asyncio.Task[None]] = []
@@ -241,20 +266,22 @@ class _Run:
 
     async def main(self) -> RunSummary:
         started = time.monotonic()
-        self._prepare_output()
+        if self.scan.pending and not self.urls:
+            raise UsageError("no endpoint: give --url (or --serve to launch a server)")
+        endpoints = [parse_endpoint(u) for u in self.urls]  # before the output is touched
         if not self.scan.pending:
+            self._prepare_output()
+            self._close_output()
             self.progress.note(f"nothing to send: all {self.scan.total} requests have a result")
             self.summary.wall_s = time.monotonic() - started
             return self.summary
-        if not self.urls:
-            raise UsageError("no endpoint: give --url (or --serve to launch a server)")
-        endpoints = [parse_endpoint(u) for u in self.urls]
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=4.0, ttl_dns_cache=300)
         loop = asyncio.get_running_loop()
         if self.handle_signals:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, self._on_signal)
         try:
+            self._prepare_output()
+            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=4.0, ttl_dns_cache=300)
             async with aiohttp.ClientSession(
                 connector=connector, trust_env=False, read_bufsize=1 << 20
             ) as session:
@@ -294,7 +321,7 @@ class _Run:
             self.summary.wall_s = time.monotonic() - started
         if self.abort is not None:
             raise self.abort
-        if self.signals:
+        if self.signals and self.summary.remaining:
             self.summary.interrupted = True
             raise Interrupted(
                 f"interrupted: {self.summary.written} results written; run the same command "
@@ -373,8 +400,10 @@ class _Run:
             model = missing(names)
             if model is None:
                 return None
-            self.progress.note(f"{ep.name} is up but does not serve {model!r}; not using it")
-            return f"does not serve {model!r}"
+            refusal = f"does not serve {model!r}"
+            if ep.down_reason != refusal:  # say it once, not at every probe
+                self.progress.note(f"{ep.name} is up but {refusal}; not using it")
+            return refusal
 
         pool.admit = admit
 
@@ -400,14 +429,16 @@ class _Run:
 
     async def _read(self, queue: asyncio.Queue[Request | None], n_workers: int) -> None:
         override = self.model_override
-        stream = self.opts.stream
+        stat = os.stat(self.job.requests)
+        if (stat.st_size, stat.st_mtime_ns) != (self.scan.size, self.scan.mtime_ns):
+            raise InputError(
+                f"{self.job.requests} changed after it was checked; run the command again"
+            )
         for raw in read_lines_at(self.job.requests, self.scan.pending):
             obj = orjson.loads(raw)
             body = obj["body"]
             if override is not None:
                 body["model"] = override
-            if stream and obj["url"] in STREAM_URLS:
-                stream_body(body)
             await queue.put(Request(obj["custom_id"], obj["url"], body))
             if self.stopping.is_set():
                 break
@@ -457,7 +488,8 @@ class _Run:
                     data=payload,
                     headers=pool.headers[endpoint],
                     proxy=endpoint.proxy,
-                    timeout=aiohttp.ClientTimeout(total=self.opts.timeout),
+                    timeout=aiohttp.ClientTimeout(total=self.opts.timeout, sock_connect=30),
+                    allow_redirects=False,  # a redirect could carry our credentials elsewhere
                 ) as resp:
                     status = resp.status
                     if status == 200 and resp.content_type == "text/event-stream":
@@ -469,8 +501,9 @@ class _Run:
                     request_id = resp.headers.get("x-request-id")
                     if status == 429 or status >= 500:
                         retry_after = parse_retry_after(resp.headers.get("Retry-After"))
-            except aiohttp.ClientConnectorError as exc:
-                # Refused or unresolvable: the server is down or cold, not this request's fault.
+            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+                # Refused, unresolvable or silent: the server is down or cold, not this
+                # request's fault. Wait for it without using an attempt.
                 pool.set_aside(endpoint, describe_exception(exc))
                 attempts -= 1
                 continue
@@ -514,17 +547,22 @@ class _Run:
                     )
                 if verdict is Verdict.FINAL:
                     return result
-                if status >= 500:
+                if status == 503:  # starting or overloaded: probe /health until it is ready
+                    pool.set_aside(endpoint, "HTTP 503 (starting or overloaded)")
+                elif status >= 500:
                     pool.record_failure(endpoint, f"HTTP {status}")
             else:
                 code, message = failure
                 pool.record_failure(endpoint, message)
-                result = Result(req.custom_id, None, error={"code": code, "message": message})
+                result = Result(
+                    req.custom_id, None, error={"code": code, "message": redact(message)}
+                )
                 result.metrics = metrics
             if attempts > self.opts.max_retries:
                 return result
             self.summary.retries += 1
-            await self._pause(self.backoff.delay(attempts, retry_after))
+            if endpoint.up:  # a set-aside endpoint is waited for in acquire() instead
+                await self._pause(self.backoff.delay(attempts, retry_after))
 
     async def _pause(self, seconds: float) -> None:
         """Back off before a retry; give up at once if the run is stopping."""
@@ -540,21 +578,27 @@ class _Run:
     # -- output --------------------------------------------------------------------------------
 
     def _emit(self, result: Result) -> None:
-        self._out.append(result.to_line())
-        self.summary.count(result)
-        if "ttft_s" in result.metrics:
-            self.progress.record_ttft(result.metrics["ttft_s"])
+        self._out.append(result)
         if not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
 
     def _flush(self) -> None:
-        """Write every line finished in this loop iteration with one os.write."""
+        """Write every result finished in this loop iteration with one os.write; count them
+        only once written. A failed write stops the run (the next run resends)."""
         self._flush_scheduled = False
-        if self._out and self.writer is not None:
-            data = b"".join(self._out)
-            self._out.clear()
-            self.writer.write(data)
+        if not self._out or self.writer is None:
+            return
+        results, self._out = self._out, []
+        try:
+            self.writer.write(b"".join(r.to_line() for r in results))
+        except OutputError as exc:
+            self._stop(exc)
+            return
+        for result in results:
+            self.summary.count(result)
+            if "ttft_s" in result.metrics:
+                self.progress.record_ttft(result.metrics["ttft_s"])
 
     async def _tick(self) -> None:
         last_sync = time.monotonic()
@@ -609,28 +653,35 @@ class _Run:
 def _http_result(
     custom_id: str, status: int, raw: bytes, request_id: str | None, metrics: dict[str, Any]
 ) -> tuple[Result, Verdict]:
-    """Turn a response into a Result and decide what it means for the request."""
+    """Turn a response into a Result and decide what it means for the request.
+
+    A 2xx line always has `error` null (resume relies on it): a 2xx whose body is not a usable
+    object, such as a gateway's `{"error": ...}` sent with 200, is retried, and if it is the
+    last word it is recorded as `invalid_response` with no response.
+    """
     verdict = classify(status, raw)
     try:
         body: Any = orjson.loads(raw) if raw else None
     except orjson.JSONDecodeError:
-        if verdict is Verdict.OK:  # a 200 we cannot read (a proxy cut it?): worth a retry
-            verdict = Verdict.RETRY
         body = raw.decode("utf-8", "replace")
     if verdict is Verdict.OK:
-        if not isinstance(body, dict):
-            verdict = Verdict.RETRY
-        else:
-            if request_id is None:
-                request_id = body.get("id")
-            usage = body.get("usage")
-            if isinstance(usage, dict):
-                metrics["prompt_tokens"] = usage.get("prompt_tokens") or 0
-                metrics["completion_tokens"] = usage.get("completion_tokens") or 0
-            # Keep the server's bytes as they are, unless they would break the line.
-            kept = orjson.Fragment(raw) if b"\n" not in raw and b"\r" not in raw else body
-            return Result(custom_id, status, kept, request_id, None, metrics), verdict
-    message = _error_message(body) or f"HTTP {status}"
+        usable = isinstance(body, dict) and not (
+            body.get("error") and "choices" not in body and "data" not in body
+        )
+        if not usable:
+            message = redact(f"HTTP {status} with an unusable body: {str(body)[:300]}")
+            error = {"code": "invalid_response", "message": message}
+            return Result(custom_id, None, None, request_id, error, metrics), Verdict.RETRY
+        if request_id is None:
+            request_id = body.get("id")
+        usage = body.get("usage")
+        if isinstance(usage, dict):
+            metrics["prompt_tokens"] = usage.get("prompt_tokens") or 0
+            metrics["completion_tokens"] = usage.get("completion_tokens") or 0
+        # Keep the server's bytes as they are, unless they would break the line.
+        kept = orjson.Fragment(raw) if b"\n" not in raw and b"\r" not in raw else body
+        return Result(custom_id, status, kept, request_id, None, metrics), verdict
+    message = redact(_error_message(body) or f"HTTP {status}")
     error = {"code": f"http_{status}", "message": message}
     return Result(custom_id, status, body, request_id, error, metrics), verdict
 

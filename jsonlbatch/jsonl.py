@@ -8,8 +8,10 @@ happen through a temporary file and an atomic rename.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
@@ -64,7 +66,11 @@ def repair_tail(path: str | os.PathLike[str], keep: int) -> int:
 
 
 class AppendWriter:
-    """Appends whole lines to a file; each `write` is one `os.write` of complete lines."""
+    """Appends whole lines to a file; each `write` is one `os.write` of complete lines.
+
+    A write that fails part-way (disk full) is cut back, so the file never holds half a line,
+    and the writer refuses further writes: the caller stops and the next run resends.
+    """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
@@ -73,30 +79,86 @@ class AppendWriter:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         except OSError as exc:
             raise OutputError(f"cannot write {self.path}: {exc.strerror}") from None
+        self._lock = threading.Lock()  # fsync runs in a thread; close must wait for it
+        self._broken = False
 
     def write(self, data: bytes) -> None:
+        if self._broken:
+            raise OutputError(f"{self.path}: an earlier write failed")
+        size = os.fstat(self._fd).st_size
         view = memoryview(data)
-        while view:
-            written = os.write(self._fd, view)
-            view = view[written:]
+        try:
+            while view:
+                written = os.write(self._fd, view)
+                view = view[written:]
+        except OSError as exc:
+            self._broken = True
+            with contextlib.suppress(OSError):  # else the next run cuts the torn tail
+                os.ftruncate(self._fd, size)
+            raise OutputError(
+                f"cannot write {self.path}: {exc.strerror}; results not written will be sent "
+                "again by the next run"
+            ) from None
 
     def fsync(self) -> None:
-        if self._fd >= 0:
-            os.fsync(self._fd)
+        with self._lock:
+            if self._fd >= 0:
+                os.fsync(self._fd)
 
     def close(self) -> None:
-        if self._fd >= 0:
-            try:
-                os.fsync(self._fd)
-            finally:
-                os.close(self._fd)
-                self._fd = -1
+        with self._lock:
+            if self._fd >= 0:
+                try:
+                    os.fsync(self._fd)
+                finally:
+                    os.close(self._fd)
+                    self._fd = -1
 
     def __enter__(self) -> AppendWriter:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class OutputLock:
+    """Keeps two runs from writing one output at once (they would both send the same
+    requests). An advisory `flock` on a hidden file beside the output: the kernel drops it
+    when the process dies, however it dies, so there is no stale lock to clean up."""
+
+    def __init__(self, output: str | os.PathLike[str]) -> None:
+        output = Path(output)
+        self.path = output.parent / f".{output.name}.lock"
+        self._fd = -1
+
+    def acquire(self) -> None:
+        try:
+            import fcntl
+        except ImportError:  # no flock (Windows): run unguarded
+            return
+        try:
+            os.makedirs(self.path.parent, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise OutputError(f"cannot write beside {self.path.parent}: {exc.strerror}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            output = self.path.parent / self.path.name[1:-5]
+            raise OutputError(
+                f"{output} is being written by another jsonlbatch run (pid {holder}); wait for "
+                "it, or stop it, before running again"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 def rewrite_atomically(

@@ -62,7 +62,7 @@ class Backoff:
         A server's `Retry-After` is honoured as a floor (it knows its own load), capped at five
         times the backoff cap so a misconfigured header cannot stall a run for hours.
         """
-        step = min(self.cap, self.base * 2 ** max(0, attempt - 1))
+        step = min(self.cap, self.base * 2 ** min(max(0, attempt - 1), 60))
         wait = step / 2 + self._rng.uniform(0, step / 2)
         if retry_after is not None:
             wait = max(wait, min(retry_after, self.cap * 5))

@@ -29,37 +29,37 @@ class OutputScan:
     """What an existing response file already holds."""
 
     path: str
-    exists: bool = False
     lines: int = 0
-    done: IdSet = field(default_factory=IdSet)
-    failed: set[str] = field(default_factory=set)
+    ok: IdSet = field(default_factory=IdSet)  # ids with a successful line
+    failed: set[str] = field(default_factory=set)  # ids whose only lines record failures
     keep_bytes: int = 0
     cut_bytes: int = 0
-    duplicates: int = 0
 
     @property
     def torn(self) -> bool:
         return self.cut_bytes > 0
 
 
-def scan_output(path: str | os.PathLike[str], *, separate_failed: bool) -> OutputScan:
-    """Read a response file: ids done, ids failed (kept apart when `separate_failed`), and where
-    the last complete, readable line ends. A bad line followed by good ones is not a crash
-    artefact, so it is an error rather than something to cut."""
+def scan_output(path: str | os.PathLike[str]) -> OutputScan:
+    """Read a response file: which ids succeeded, which only failed, and where the last
+    complete, readable line ends.
+
+    A bad line followed by good ones is not a crash artefact, and two successful lines for one
+    id mean two runs wrote the file at once: both are errors, not something to repair.
+    """
     scan = OutputScan(os.fspath(path))
     if not os.path.exists(path):
         return scan
-    scan.exists = True
     offset = 0
     bad_since: tuple[int, int] | None = None  # (line number, byte offset) of a trailing bad run
-    seen_failed: set[str] = scan.failed
+    failed: set[str] = set()
     with open(path, "rb", buffering=1 << 20) as f:
         for number, raw in enumerate(f, 1):
             start, offset = offset, offset + len(raw)
             stripped = raw.strip()
             if not stripped:
                 continue
-            found = _response_id(stripped, separate_failed) if raw.endswith(b"\n") else None
+            found = _response_id(stripped) if raw.endswith(b"\n") else None
             if found is None:
                 if bad_since is None:
                     bad_since = (number, start)
@@ -70,17 +70,27 @@ def scan_output(path: str | os.PathLike[str], *, separate_failed: bool) -> Outpu
                     "torn last line, so it is not cut automatically); check it with "
                     f"`jsonlbatch validate {scan.path}`"
                 )
+            cid, is_failed = found
+            if cid is None:
+                raise OutputError(
+                    f"{scan.path}:{number}: not a response line (it has no `response` or "
+                    "`error`); is -o pointing at a request file?"
+                )
             scan.lines += 1
-            cid, failed = found
-            if separate_failed and failed:
-                seen_failed.add(cid)
+            if is_failed:
+                failed.add(cid)
             else:
-                if cid in seen_failed:  # an earlier failure, now superseded
-                    seen_failed.discard(cid)
-                scan.done.add(cid)
+                scan.ok.add(cid)
     scan.keep_bytes = bad_since[1] if bad_since else offset
     scan.cut_bytes = offset - scan.keep_bytes
-    scan.duplicates = len(scan.done.colliding_hashes())
+    repeated = find_duplicates(scan.path, scan.ok)
+    if repeated:
+        shown = "".join(f"\n  {problem}" for problem in repeated[:20])
+        raise OutputError(
+            f"{scan.path}: some requests have more than one successful line, as when two runs "
+            f"write one file at once; keep one line per custom_id and run again:{shown}"
+        )
+    scan.failed = {cid for cid in failed if cid not in scan.ok}  # a success wins
     return scan
 
 
@@ -88,21 +98,23 @@ def scan_output(path: str | os.PathLike[str], *, separate_failed: bool) -> Outpu
 _OWN_ID = b'{"id":"batch_req_'
 _OWN_CID = b'","custom_id":"'
 _CID_AT = len(_OWN_ID) + 24 + len(_OWN_CID)
+_OWN_OK = b'","response":{"status_code":2'
 
 
-def _response_id(line: bytes, check_failure: bool) -> tuple[str, bool] | None:
-    """(custom_id, whether the line records a failure), or None for an unreadable line.
+def _response_id(line: bytes) -> tuple[str | None, bool] | None:
+    """(custom_id, whether the line records a failure) of a response line; None for an
+    unreadable line; (None, False) for a readable line that is no response.
 
-    When the failure status is not needed, the id of a line jsonlbatch wrote is read from its
-    fixed place without decoding the server's body: a million-line resume starts seconds
-    sooner. Other lines (and ids with escapes) are decoded in full.
+    The id and status of a line jsonlbatch wrote are read from their fixed places without
+    decoding the server's body (it writes a 2xx status only with `error` null): a
+    million-line resume starts seconds sooner. Other lines are decoded in full.
     """
-    if not check_failure and line.startswith(_OWN_ID) and line.endswith(b"}"):
+    if line.startswith(_OWN_ID) and line.endswith(b"}"):
         end = line.find(b'"', _CID_AT)
         if line[_CID_AT - len(_OWN_CID) : _CID_AT] == _OWN_CID and end > _CID_AT:
             raw_id = line[_CID_AT:end]
             if b"\\" not in raw_id:
-                return raw_id.decode("utf-8", "replace"), False
+                return raw_id.decode("utf-8", "replace"), not line.startswith(_OWN_OK, end)
     try:
         obj = orjson.loads(line)
     except orjson.JSONDecodeError:
@@ -112,7 +124,9 @@ def _response_id(line: bytes, check_failure: bool) -> tuple[str, bool] | None:
     cid = obj.get("custom_id")
     if not isinstance(cid, str) or not cid:
         return None
-    return cid, check_failure and is_failure(obj)
+    if "response" not in obj and "error" not in obj:
+        return None, False
+    return cid, is_failure(obj)
 
 
 @dataclass
@@ -123,28 +137,36 @@ class InputScan:
     total: int = 0
     pending: array = field(default_factory=lambda: array("Q"))  # byte offsets of lines to send
     models: Counter[str] = field(default_factory=Counter)
-    already_done: int = 0
+    already_done: int = 0  # have a line in the output (a success, or a failure not retried)
+    failed_before: int = 0  # of those, failures
     retry_ids: set[str] = field(default_factory=set)
     outside_shard: int = 0
+    size: int = 0  # the file's size and mtime when scanned: the sender checks them again
+    mtime_ns: int = 0
 
 
 def scan_input(
     path: str | os.PathLike[str],
     *,
     require_model: bool = True,
-    done: IdSet | None = None,
-    failed: set[str] | frozenset[str] = frozenset(),
+    existing: OutputScan | None = None,
+    retry_failed: bool = False,
     select: Callable[[str], bool] | None = None,
 ) -> InputScan:
     """Validate the request file and work out what still has to be sent.
 
     Raises `InputError` listing every problem (up to `MAX_PROBLEMS`) with file, line and field:
     bad JSON, missing custom_ids, duplicates, and for every line still to be sent, malformed
-    fields. A line whose id is `done` is skipped, and only its JSON and id are checked: it will
-    not be sent, and a million of them must not slow a resume down. `failed` ids are re-sent
-    (and reported in `retry_ids` so their old lines can be dropped); `select` picks a shard.
+    fields. A line that already has a result in `existing` is skipped, and only its JSON and id
+    are checked: it will not be sent, and a million of them must not slow a resume down. With
+    `retry_failed`, ids whose result is a failure are sent again (and listed in `retry_ids` so
+    their old lines can be dropped). `select` picks a shard.
     """
     scan = InputScan(os.fspath(path))
+    stat = _stat(path)
+    scan.size, scan.mtime_ns = stat.st_size, stat.st_mtime_ns
+    ok = existing.ok if existing is not None else IdSet()
+    failed = existing.failed if existing is not None else set()
     problems: list[Problem] = []
     seen = IdSet()
     for number, offset, raw in iter_lines_at(path):
@@ -156,11 +178,12 @@ def scan_input(
                 break
             continue
         cid = obj.get("custom_id") if type(obj) is dict else None
-        if done is not None and type(cid) is str and cid in done and cid not in failed:
+        if type(cid) is str and (cid in ok or (cid in failed and not retry_failed)):
             seen.add(cid)
             if select is None or select(cid):
                 scan.total += 1
                 scan.already_done += 1
+                scan.failed_before += cid in failed
             else:
                 scan.outside_shard += 1
             continue
@@ -187,6 +210,13 @@ def scan_input(
     if problems:
         raise InputError(f"{scan.path}: {_count(problems)}; nothing was sent", problems)
     return scan
+
+
+def _stat(path: str | os.PathLike[str]) -> os.stat_result:
+    try:
+        return os.stat(path)
+    except OSError as exc:
+        raise InputError(f"cannot read {os.fspath(path)}: {exc.strerror}") from None
 
 
 def find_duplicates(path: str, seen: IdSet) -> list[Problem]:

@@ -13,6 +13,7 @@ class RunSummary:
     output: str
     requests: int = 0  # in this job (this shard)
     already_done: int = 0  # had a result before this run
+    failed_before: int = 0  # of those, failures (not retried: see --retry-failed)
     pending: int = 0  # to be sent by this run
     succeeded: int = 0
     failed: int = 0
@@ -55,6 +56,8 @@ class RunSummary:
         parts = [f"{self.succeeded} ok", f"{self.failed} failed"]
         if self.already_done:
             parts.append(f"{self.already_done} already done")
+        if self.failed_before:
+            parts.append(f"{self.failed_before} of them failed")
         if self.remaining:
             parts.append(f"{self.remaining} not sent")
         lines = [f"{self.output}: {', '.join(parts)} (of {self.requests} requests)"]

@@ -88,7 +88,9 @@ def test_retry_failed_replaces_failed_lines(tmp_path, mock_server):
     assert proc.returncode == 3
     assert len(failures(read_results(out))) == 4
     proc = cli("exec", str(tmp_path / "req.jsonl"), "-o", str(out), "--url", good)
-    assert proc.returncode == 0 and "nothing to send" in proc.stderr  # failures count as done
+    # failures count as done: nothing is sent, but the exit status still says they failed
+    assert proc.returncode == 3 and "nothing to send" in proc.stderr
+    assert "4 of them failed" in proc.stderr
     proc = cli("exec", str(tmp_path / "req.jsonl"), "-o", str(out), "--url", good, "--retry-failed")
     assert proc.returncode == 0, proc.stderr
     assert "retrying 4 failed requests" in proc.stderr

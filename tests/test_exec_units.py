@@ -89,11 +89,25 @@ def test_azure_uses_api_key_header_and_keys_are_redacted():
     azure = parse_endpoint("https://res.openai.azure.com/openai/deployments/d?api-version=1")
     assert auth_headers(azure, "sk-azure-secret")["api-key"] == "sk-azure-secret"
     plain = parse_endpoint("http://localhost:8000/v1")
-    headers = auth_headers(plain, "sk-plain-secret", {"X-Extra": "tok-extra-secret"})
+    headers = auth_headers(
+        plain, "sk-plain-secret", {"X-Api-Token": "tok-extra-secret", "X-Title": "my-run-title"}
+    )
     assert headers["Authorization"] == "Bearer sk-plain-secret"
-    assert headers["X-Extra"] == "tok-extra-secret"
-    text = redact("key sk-plain-secret and tok-extra-secret and sk-azure-secret")
+    assert headers["X-Api-Token"] == "tok-extra-secret"
+    text = redact("key sk-plain-secret and tok-extra-secret and sk-azure-secret, my-run-title")
     assert "secret" not in text
+    assert "my-run-title" in text  # not a credential: left readable
+
+
+def test_secret_query_values_are_redacted():
+    parse_endpoint("http://localhost:8000/v1?key=QUERYSECRET1&api-version=2024-10-21")
+    assert redact("url ...?key=QUERYSECRET1&api-version=2024-10-21") == (
+        "url ...?key=***&api-version=2024-10-21"
+    )
+
+
+def test_backoff_does_not_overflow():
+    assert Backoff(base=1.0, cap=60.0).delay(5000) <= 60.0
 
 
 def test_url_credentials_are_not_shown():

@@ -27,7 +27,6 @@ def parse_headers(values: tuple[str, ...]) -> dict[str, str]:
         if not sep or not key.strip():
             raise UsageError(f"--header wants KEY=VALUE, got {item!r}")
         headers[key.strip()] = value
-        register_secret(value)
     return headers
 
 
@@ -147,8 +146,8 @@ def exec_(
         if isinstance(exc.summary, RunSummary) and not options.quiet:
             click.echo(exc.summary.format(), err=True)
         raise
-    if not options.quiet or summary.failed:
+    if not options.quiet or summary.failed or summary.failed_before:
         click.echo(summary.format(), err=True)
-    if summary.failed:
+    if summary.failed or summary.failed_before:
         click.echo("some requests failed; re-run with --retry-failed to send them again", err=True)
         sys.exit(EXIT_SOME_FAILED)
