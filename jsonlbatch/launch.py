@@ -20,8 +20,9 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -124,10 +125,11 @@ class ServerProcess:
         text = data.decode("utf-8", "replace").replace("\r", "\n")
         return redact("\n".join(text.rstrip("\n").splitlines()[-lines:]))
 
-    def describe_exit(self, code: int, when: str) -> str:
+    def describe_failure(self, what: str) -> str:
+        """`what` went wrong, followed by the end of the log: the server's own words on why."""
         return (
-            f"server {self.index} ({self.url}) exited with status {code} {when}; the last lines "
-            f"of its log {self.log_path}:\n{self.log_tail()}"
+            f"server {self.index} ({self.url}) {what}; the last lines of its log "
+            f"{self.log_path}:\n{self.log_tail()}"
         )
 
     def probe(self) -> str | None:
@@ -235,7 +237,9 @@ class Servers:
                 for p in list(pending):
                     code = p.poll()
                     if code is not None:
-                        raise LaunchError(p.describe_exit(code, "before it was ready"))
+                        raise LaunchError(
+                            p.describe_failure(f"exited with status {code} before it was ready")
+                        )
                     reason = p.probe()
                     if reason is None:
                         pending.remove(p)
@@ -246,11 +250,8 @@ class Servers:
                     break
                 if waited > timeout:
                     p = pending[0]
-                    raise LaunchError(
-                        f"server {p.index} ({p.url}) not ready within --ready-timeout "
-                        f"{timeout:g}s ({reasons[p.index]}); the last lines of its log "
-                        f"{p.log_path}:\n{p.log_tail()}"
-                    )
+                    why = f"not ready within --ready-timeout {timeout:g}s ({reasons[p.index]})"
+                    raise LaunchError(p.describe_failure(why))
                 ready = len(self.processes) - len(pending)
                 why = "; ".join(f"{p.index}: {reasons[p.index]}" for p in pending[:3])
                 status.show(
@@ -277,7 +278,9 @@ class Servers:
                 continue
             if self._restarts[i] >= self.options.restart:
                 used = f"--restart-server {self.options.restart} used up"
-                raise LaunchError(p.describe_exit(code, f"while serving ({used})"))
+                raise LaunchError(
+                    p.describe_failure(f"exited with status {code} while serving ({used})")
+                )
             self._restarts[i] += 1
             self.note(
                 f"server {p.index} ({p.url}) exited with status {code}; restarting it "
@@ -296,10 +299,9 @@ class Servers:
                 self.note(f"server {p.index} ({p.url}) is serving again")
                 return
             if time.monotonic() > deadline:
-                self._failure = (
-                    f"restarted server {p.index} ({p.url}) not ready within --ready-timeout "
-                    f"{self.options.ready_timeout:g}s ({reason}); the last lines of its log "
-                    f"{p.log_path}:\n{p.log_tail()}"
+                timeout = self.options.ready_timeout
+                self._failure = p.describe_failure(
+                    f"not ready within --ready-timeout {timeout:g}s after a restart ({reason})"
                 )
                 return
             self._closing.wait(1.0)
@@ -388,29 +390,26 @@ def serving(
     """Start the servers `options` describe, wait until all serve, yield them, stop them.
 
     Startup raises LaunchError with the server's own last log lines when a server exits or
-    does not become ready in time. Ctrl-C (KeyboardInterrupt) or SIGTERM, during startup or
-    in the block, becomes Interrupted. Teardown runs however the block ends.
+    does not become ready in time. Ctrl-C (KeyboardInterrupt), and SIGTERM where no handler
+    is installed, become Interrupted, during startup or in the block. Teardown runs however the
+    block ends.
     """
     servers = Servers(options, plan_servers(options, log_stem=log_stem), quiet=quiet)
     if BACKENDS[options.backend].needs_gpus:
         holders = gpu_holders(_pinned_gpus(servers.processes))
         if holders:
             servers.note(describe_holders(holders))
-    restore = _raise_on_sigterm()
+    previous = _set_sigterm(_interrupt, only_replacing=signal.SIG_DFL)
     try:
-        try:
-            servers.start()
-            servers.wait_ready()
-        except KeyboardInterrupt:
-            raise Interrupted("interrupted while the server was starting; it was stopped") from None
-        try:
-            yield servers
-        except KeyboardInterrupt:  # e.g. before the caller's own signal handling took over
-            raise Interrupted("interrupted; the server was stopped") from None
+        servers.start()
+        servers.wait_ready()
+        yield servers
+    except KeyboardInterrupt:  # Ctrl-C before (or without) the caller's own signal handling
+        raise Interrupted("interrupted; the server(s) were stopped") from None
     finally:
-        with _sigterm_ignored():
-            servers.stop()
-        restore()
+        during = _set_sigterm(signal.SIG_IGN)  # a second SIGTERM must not cut teardown short
+        servers.stop()
+        _set_sigterm(previous if previous is not None else during)
 
 
 def _pinned_gpus(processes: Sequence[ServerProcess]) -> list[str] | None:
@@ -424,32 +423,18 @@ def _pinned_gpus(processes: Sequence[ServerProcess]) -> list[str] | None:
     return pinned or None
 
 
-def _raise_on_sigterm() -> Callable[[], None]:
-    """Make SIGTERM raise Interrupted (so `finally` blocks run) where nobody handles it yet."""
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-        return lambda: None
-
-    def handler(signum: int, frame: object) -> None:
-        raise Interrupted("stopped by SIGTERM")
-
-    signal.signal(signal.SIGTERM, handler)
-    return lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL)
+def _interrupt(signum: int, frame: object) -> None:
+    raise Interrupted("stopped by SIGTERM; the server(s) were stopped")
 
 
-@contextlib.contextmanager
-def _sigterm_ignored() -> Iterator[None]:
-    """A second SIGTERM during teardown must not cut it short (the reaper would still clean up,
-    but without the wait)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+def _set_sigterm(handler: Any, *, only_replacing: Any = None) -> Any:
+    """Install a SIGTERM handler (main thread only; with `only_replacing`, only over that one).
+    Returns the handler to restore, None where nothing was changed."""
+    if handler is None or threading.current_thread() is not threading.main_thread():
+        return None
+    if only_replacing is not None and signal.getsignal(signal.SIGTERM) is not only_replacing:
+        return None
+    return signal.signal(signal.SIGTERM, handler)
 
 
 class _StatusLine:

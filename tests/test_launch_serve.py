@@ -183,7 +183,7 @@ def test_a_restarted_server_that_never_gets_ready_ends_the_run(
         servers.check()  # restarts it
         assert wait_until(lambda: len(standins.records()) == 2)
         with pytest.raises(
-            LaunchError, match=r"restarted server 0 .* not ready within --ready-timeout 1s"
+            LaunchError, match=r"server 0 .* not ready within --ready-timeout 1s after a restart"
         ):
             for _ in range(300):  # bounded: about 30 s; the watcher gives up after 1 s
                 servers.check()

@@ -138,7 +138,7 @@ def test_ctrl_c_while_the_server_is_still_loading(standins: Standins) -> None:
     assert tagged_pids(standins.tag)
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=60) == 130
-    assert "interrupted while the server was starting" in err.rest()
+    assert "interrupted; the server(s) were stopped" in err.rest()
 
 
 def test_sigkill_of_the_parent_still_takes_the_servers_down(standins: Standins) -> None:
