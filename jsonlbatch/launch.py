@@ -443,13 +443,14 @@ class _StatusLine:
     def __init__(self, *, quiet: bool) -> None:
         self.quiet = quiet
         self.tty = sys.stderr.isatty()
+        self._since = time.monotonic()
         self._last = float("-inf")
         self._shown = False
 
     def show(self, text: str) -> None:
-        if self.quiet:
-            return
         now = time.monotonic()
+        if self.quiet or now - self._since < 2.0:  # a quick start needs no status
+            return
         if self.tty:
             sys.stderr.write("\r\x1b[K" + redact(text)[:200])
         elif now - self._last >= _STATUS_EVERY:
