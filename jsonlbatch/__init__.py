@@ -1,10 +1,16 @@
 """jsonlbatch: offline LLM batch work over JSONL.
 
-import jsonlbatch
-summary = jsonlbatch.execute("requests.jsonl", "responses.jsonl",
-                             urls=["http://localhost:8000/v1"], concurrency=256)
+    import jsonlbatch
+
+    with jsonlbatch.RequestWriter("requests.jsonl", model="Qwen/Qwen3-8B") as w:
+        w.add("q1", [{"role": "user", "content": "2+2?"}], n=3)
+    summary = jsonlbatch.execute("requests.jsonl", "responses.jsonl",
+                                 urls=["http://localhost:8000/v1"], concurrency=256)
+
+Post-processing lives in `jsonlbatch.post`, reports in `jsonlbatch.report`.
 """
 
+from jsonlbatch.backends import ServeOptions
 from jsonlbatch.errors import (
     AuthenticationError,
     InputError,
@@ -20,6 +26,7 @@ from jsonlbatch.errors import (
 )
 from jsonlbatch.executor import ExecOptions, Job, aexecute, execute
 from jsonlbatch.gen import GenSummary, RequestWriter
+from jsonlbatch.launch import serving
 from jsonlbatch.summary import RunSummary
 from jsonlbatch.validate import ValidationReport, validate_file
 
@@ -37,11 +44,13 @@ __all__ = [
     "Problem",
     "RequestWriter",
     "RunSummary",
+    "ServeOptions",
     "ServerError",
     "ServerUnavailableError",
     "UsageError",
     "ValidationReport",
     "aexecute",
     "execute",
+    "serving",
     "validate_file",
 ]

@@ -120,8 +120,8 @@ def exec_(
     (their lines say why; --retry-failed sends them again), 130 interrupted.
     """
     serve = serve_options_from_kwargs(kwargs)
-    if serve is not None and serve.api_key and not kwargs["api_key"]:
-        kwargs["api_key"] = serve.api_key  # talk to the server we launch with its own key
+    if serve is not None and serve.api_key:
+        kwargs["api_key"] = serve.api_key  # the server we launch wants its own key
     if kwargs["api_key"]:
         register_secret(kwargs["api_key"])
     options = ExecOptions(
