@@ -18,7 +18,7 @@ that arrive in one network read share its time); TPOT is `(E2EL - TTFT) / (compl
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterable, Callable, Iterable
+from collections.abc import AsyncIterable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -216,7 +216,7 @@ class StreamReader:
             return
         if end < len(data):
             self._pieces.append(data[end:])
-        if not self._batch(data[:end], now):
+        if not self._batch(data if end == len(data) else data[:end], now):
             for block in data[: end - 2].split(b"\n\n"):
                 if block.startswith(b"data: ") and b"\n" not in block:  # a one-line event
                     self._dispatch(block[6:], now)
@@ -228,28 +228,36 @@ class StreamReader:
         single orjson call as one JSON array. False (nothing done) for anything else: fields,
         comments but leading ones, several data lines, bad JSON; the general path takes those.
 
-        Exact because JSON text holds no raw newline: when the newlines are exactly the event
-        ends, every blank line is an event boundary and nothing else is.
+        Exact because JSON text holds no raw newline: once every `\\n\\ndata: {` boundary is
+        turned into a comma, a newline left means the read holds something else; and as every
+        event then starts an object, as many values as events means one object per event.
         """
         if self.done:
             return False
-        while events.startswith(b":") and events.find(b"\n") == events.find(b"\n\n"):
-            events = events[events.find(b"\n\n") + 2 :]  # a comment alone: a server's ping
+        start, stop = 0, len(events) - 2  # offsets, not slices: reads can be large
+        while events.startswith(b":", start):  # comments alone (a server's ping) are skipped
+            line_end = events.find(b"\n", start)
+            if line_end != events.find(b"\n\n", start):
+                return False
+            start = line_end + 2
         done = events.endswith(b"data: [DONE]\n\n")
         if done:
-            events = events[:-14]
-        if not events:
+            stop -= 14
+        if start >= stop:
             self.done = done
             return True
-        count = events.count(b"\n\ndata: {") + 1
-        if not events.startswith(b"data: {") or events.count(b"\n") != 2 * count:
+        if not events.startswith(b"data: {", start):
+            return False
+        body = events[start + 6 : stop]
+        joined = body.replace(b"\n\ndata: {", b",{")
+        if b"\n" in joined:  # a newline that is not an event boundary: fields, comments, ...
             return False
         try:
-            chunks = orjson.loads(b"[" + events[6:-2].replace(b"\n\ndata: ", b",") + b"]")
+            chunks = orjson.loads(b"[%s]" % joined)
         except orjson.JSONDecodeError:
             return False
-        if len(chunks) != count:  # `data: {...},{...}`: not one object per event
-            return False
+        if len(chunks) != (len(body) - len(joined)) // 7 + 1:  # `data: {...},{...}`
+            return False  # every event starts an object, so this is one object per event
         self._take(chunks, now)
         self.done = done
         return True
@@ -307,26 +315,32 @@ class StreamReader:
             raise StreamError("stream_error", "error event in the stream: " + _error_text(chunk))
         self._take((chunk,), now)
 
-    def _take(self, chunks: Iterable[dict[str, Any]], now: float) -> None:
+    def _take(self, chunks: Sequence[dict[str, Any]], now: float) -> None:
         """Decoded chunks that arrived together at `now`."""
+        carried = 0
+        merge = self._merge
         for chunk in chunks:
             if chunk.get("error") is not None or chunk.get("object") == "error":
                 raise StreamError(
                     "stream_error", "error event in the stream: " + _error_text(chunk)
                 )
-            if self._head is None:
-                self._head = chunk
             usage = chunk.get("usage")
             if usage:
                 self.usage = usage
             choices = chunk.get("choices")
-            if choices and self._merge(choices):
-                self.chunks += 1
-                if self.first is None:
-                    self.first = now
-                else:
-                    self.gaps.append(now - self._last)
-                self._last = now
+            if choices and merge(choices):
+                carried += 1
+        if self._head is None and chunks:
+            self._head = chunks[0]
+        if carried:  # the first gap is since the last read; chunks within one read share `now`
+            self.chunks += carried
+            if self.first is None:
+                self.first = now
+            else:
+                self.gaps.append(now - self._last)
+            if carried > 1:
+                self.gaps.extend([0.0] * (carried - 1))
+            self._last = now
 
     def _merge(self, choices: list[Any]) -> bool:
         """Merge the choices of one chunk; whether any carried generated output.
@@ -335,6 +349,7 @@ class StreamReader:
         """
         carried = False
         states = self._choices
+        chat = self.chat
         for raw in choices:
             if raw.__class__ is not dict:
                 continue
@@ -343,7 +358,7 @@ class StreamReader:
             if choice is None:
                 index = index if isinstance(index, int) else 0
                 choice = states[index] = states.get(index) or _Choice(index)
-            if self.chat:
+            if chat:
                 delta = raw.get("delta")
                 if delta:
                     for key, value in delta.items():

@@ -277,6 +277,13 @@ def test_two_objects_in_one_event_are_bad_json_not_two_events():
     assert caught.value.code == "stream_error" and "bad JSON" in str(caught.value)
 
 
+def test_done_as_a_second_data_line_of_an_event_is_bad_json():
+    stream = event([delta(0, content="a")])[:-1] + b"data: [DONE]\n\n"  # one event, two lines
+    with pytest.raises(StreamError) as caught:
+        assemble([stream])
+    assert caught.value.code == "stream_error"
+
+
 def test_stream_cut_before_done_is_a_connection_error():
     cut = event([delta(0, content="half")])
     with pytest.raises(StreamError) as caught:
