@@ -186,6 +186,10 @@ async def raw_server() -> tuple[web.AppRunner, str, Counter[str]]:
         if kind == "cut" and seen[kind] == 1:
             await resp.write_eof()  # a clean end, but no finish and no [DONE]
             return resp
+        if kind == "crash" and seen[kind] == 1:
+            assert request.transport is not None
+            request.transport.abort()  # the server dies mid-stream: a torn chunked body
+            return resp
         done = {"index": 0, "delta": {}, "finish_reason": "stop"}
         usage = {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}
         await resp.write(b"data: " + orjson.dumps({**head, "choices": [done]}) + b"\n\n")
@@ -207,12 +211,12 @@ async def raw_server() -> tuple[web.AppRunner, str, Counter[str]]:
     return runner, f"http://127.0.0.1:{port}/v1", seen
 
 
-async def test_cut_stream_is_retried_long_lines_and_json_answers_are_read(tmp_path):
+async def test_cut_streams_are_retried_long_lines_and_json_answers_are_read(tmp_path):
     runner, url, seen = await raw_server()
     try:
         lines = [
             request_line(kind, {"model": "m", "messages": [{"role": "user", "content": kind}]})
-            for kind in ("cut", "big", "plain")
+            for kind in ("cut", "crash", "big", "plain")
         ]
         (tmp_path / "req.jsonl").write_bytes(b"".join(lines))
         summary = await jsonlbatch.aexecute(
@@ -225,11 +229,12 @@ async def test_cut_stream_is_retried_long_lines_and_json_answers_are_read(tmp_pa
         )
     finally:
         await runner.cleanup()
-    assert (summary.succeeded, summary.failed, summary.retries) == (3, 0, 1)
+    assert (summary.succeeded, summary.failed, summary.retries) == (4, 0, 2)
     results = read_results(tmp_path / "out.jsonl")
-    cut = results["cut"]
-    assert seen["cut"] == 2 and cut["metrics"]["attempts"] == 2
-    assert cut["response"]["body"]["choices"][0]["message"]["content"] == "fine"
+    for kind in ("cut", "crash"):
+        assert seen[kind] == 2 and results[kind]["metrics"]["attempts"] == 2
+        body = results[kind]["response"]["body"]
+        assert body["choices"][0]["message"]["content"] == "fine"
     big = results["big"]["response"]["body"]
     assert big["object"] == "chat.completion"
     assert big["choices"][0]["message"]["content"] == BIG
