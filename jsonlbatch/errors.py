@@ -55,7 +55,8 @@ class InputError(JsonlbatchError):
         shown = self.problems[:20]
         lines += [f"  {p}" for p in shown]
         if len(self.problems) > len(shown):
-            lines.append(f"  ... and {len(self.problems) - len(shown)} more")
+            more = len(self.problems) - len(shown)
+            lines.append(f"  ... and {more}{'+' if len(self.problems) >= 1000 else ''} more")
         return "\n".join(lines)
 
 

@@ -280,7 +280,6 @@ class _Run:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, self._on_signal)
         try:
-            self._prepare_output()
             connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=4.0, ttl_dns_cache=300)
             async with aiohttp.ClientSession(
                 connector=connector, trust_env=False, read_bufsize=1 << 20
@@ -305,6 +304,7 @@ class _Run:
                         if not self.signals:
                             raise
                     if not self.stopping.is_set():
+                        self._prepare_output()  # servers are fine: only now touch the output
                         self.summary.started_at = time.time()
                         self.progress.start()
                         await self._send_all(session, pool)
@@ -342,6 +342,11 @@ class _Run:
             self.progress.note(
                 f"resuming: {self.scan.already_done} of {self.scan.total} requests already have "
                 f"a result in {self.job.output}"
+            )
+        if self.scan.foreign:
+            self.progress.note(
+                f"warning: {self.scan.foreign} ids in {self.job.output} have no request in "
+                f"{self.job.requests} (lines of another job?)"
             )
         if self.scan.retry_ids:
             retry = self.scan.retry_ids

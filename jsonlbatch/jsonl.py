@@ -18,6 +18,7 @@ from pathlib import Path
 from jsonlbatch.errors import InputError, OutputError
 
 _READ_BUFFER = 1 << 20
+_BOM = b"\xef\xbb\xbf"
 
 
 def iter_lines(path: str | os.PathLike[str]) -> Iterator[tuple[int, bytes]]:
@@ -37,6 +38,8 @@ def iter_lines_at(path: str | os.PathLike[str]) -> Iterator[tuple[int, int, byte
         for number, raw in enumerate(f, 1):
             start = offset
             offset += len(raw)
+            if number == 1 and raw.startswith(_BOM):  # files saved by Windows editors
+                raw, start = raw[len(_BOM) :], start + len(_BOM)
             raw = raw.strip()
             if raw:
                 yield number, start, raw
@@ -151,12 +154,23 @@ class OutputLock:
                 f"{output} is being written by another jsonlbatch run (pid {holder}); wait for "
                 "it, or stop it, before running again"
             ) from None
+        try:
+            same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if not same:  # the holder released and removed it between our open and flock: retry
+            os.close(fd)
+            return self.acquire()
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
         self._fd = fd
 
     def release(self) -> None:
+        """Remove the lock file (no clutter) and drop the lock; a run that opened the file
+        meanwhile sees it gone after its flock and tries again, so two never both hold it."""
         if self._fd >= 0:
+            with contextlib.suppress(OSError):
+                self.path.unlink()
             os.close(self._fd)
             self._fd = -1
 

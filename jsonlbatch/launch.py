@@ -21,6 +21,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -139,6 +140,9 @@ class ServerProcess:
         if status != 200:
             return status if isinstance(status, str) else f"/health answers HTTP {status}"
         status, body = _get(f"{self.url}/models", self.api_key)
+        if status in (401, 403):
+            return None  # up, and guarded by a key we were not told (--server-arg): the
+            # client's own preflight says whether its key is right
         if status != 200:
             return status if isinstance(status, str) else f"/v1/models answers HTTP {status}"
         data = body.get("data") if isinstance(body, dict) else None
@@ -328,8 +332,10 @@ def plan_servers(options: ServeOptions, *, log_stem: str | None = None) -> list[
     Raises UsageError for anything that cannot work (TP x DP beyond the GPUs, a taken --port).
     """
     backend = BACKENDS[options.backend]
+    if not options.served_names and options.backend == "mock":
+        options = replace(options, served_model_name=("mock",))  # as `python -m jsonlbatch.mock`
     if not options.served_names:
-        raise UsageError(f"--serve {options.backend} needs --served-model-name or --model-path")
+        raise UsageError(f"a {options.backend} server needs --model-path (or --served-model-name)")
     replicas = options.dp_mode == "replicas"
     # The mock uses no GPU: only an explicit --gpus pins it (handy to try replicas out).
     gpus = visible_gpus(options.gpus, None if backend.needs_gpus else {}, detect=backend.needs_gpus)

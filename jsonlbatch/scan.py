@@ -141,6 +141,7 @@ class InputScan:
     failed_before: int = 0  # of those, failures
     retry_ids: set[str] = field(default_factory=set)
     outside_shard: int = 0
+    foreign: int = 0  # ids in the output with no request in the input (without a shard)
     size: int = 0  # the file's size and mtime when scanned: the sender checks them again
     mtime_ns: int = 0
 
@@ -209,6 +210,8 @@ def scan_input(
         problems.sort(key=lambda p: p.line or 0)
     if problems:
         raise InputError(f"{scan.path}: {_count(problems)}; nothing was sent", problems)
+    if existing is not None and select is None:
+        scan.foreign = len(ok) + len(failed) - scan.already_done - len(scan.retry_ids)
     return scan
 
 

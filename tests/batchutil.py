@@ -87,3 +87,15 @@ def kill_started() -> None:
         if proc.poll() is None:
             proc.kill()
         proc.communicate()
+
+
+def exec_cli(
+    requests: Path, output: Path, *args: str, **kwargs: Any
+) -> subprocess.CompletedProcess:
+    """`jsonlbatch exec REQUESTS -o OUTPUT ARGS...`, waited for."""
+    return cli("exec", str(requests), "-o", str(output), *args, **kwargs)
+
+
+def start_exec(requests: Path, output: Path, *args: str) -> subprocess.Popen:
+    """`jsonlbatch exec REQUESTS -o OUTPUT ARGS...`, in the background."""
+    return start_cli("exec", str(requests), "-o", str(output), *args)

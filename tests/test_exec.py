@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import orjson
 import pytest
-from batchutil import cli, content, failures, read_results, write_requests
+from batchutil import cli, content, exec_cli, failures, read_results, write_requests
 
 import jsonlbatch
 from jsonlbatch.mock import reply_text
@@ -14,7 +14,7 @@ def test_one_line_per_request_and_each_belongs_to_its_request(tmp_path, mock_ser
     url = mock_server()
     requests = write_requests(tmp_path / "req.jsonl", 300)
     out = tmp_path / "out.jsonl"
-    proc = cli("exec", str(tmp_path / "req.jsonl"), "-o", str(out), "--url", url, "-c", "32")
+    proc = exec_cli(tmp_path / "req.jsonl", out, "--url", url, "-c", "32")
     assert proc.returncode == 0, proc.stderr
     results = read_results(out)
     assert set(results) == {r["custom_id"] for r in requests}
@@ -55,11 +55,11 @@ def test_resume_skips_done_and_keeps_existing_lines_byte_for_byte(tmp_path, mock
     url = mock_server()
     write_requests(tmp_path / "req.jsonl", 50)
     out = tmp_path / "out.jsonl"
-    assert cli("exec", str(tmp_path / "req.jsonl"), "-o", str(out), "--url", url).returncode == 0
+    assert exec_cli(tmp_path / "req.jsonl", out, "--url", url).returncode == 0
     lines = out.read_bytes().splitlines(keepends=True)
     kept = b"".join(lines[:20])
     out.write_bytes(kept)
-    proc = cli("exec", str(tmp_path / "req.jsonl"), "-o", str(out), "--url", url)
+    proc = exec_cli(tmp_path / "req.jsonl", out, "--url", url)
     assert proc.returncode == 0, proc.stderr
     assert "20 of 50 requests already have a result" in proc.stderr
     assert out.read_bytes().startswith(kept)
@@ -70,12 +70,12 @@ def test_torn_last_line_is_cut_and_said(tmp_path, mock_server):
     url = mock_server()
     write_requests(tmp_path / "req.jsonl", 30)
     out = tmp_path / "out.jsonl"
-    assert cli("exec", str(tmp_path / "req.jsonl"), "-o", str(out), "--url", url).returncode == 0
+    assert exec_cli(tmp_path / "req.jsonl", out, "--url", url).returncode == 0
     data = out.read_bytes()
     lines = data.splitlines(keepends=True)
     torn = b"".join(lines[:10]) + lines[10][: len(lines[10]) // 2]
     out.write_bytes(torn)
-    proc = cli("exec", str(tmp_path / "req.jsonl"), "-o", str(out), "--url", url)
+    proc = exec_cli(tmp_path / "req.jsonl", out, "--url", url)
     assert proc.returncode == 0, proc.stderr
     assert "torn last line" in proc.stderr
     results = read_results(out)
@@ -87,11 +87,11 @@ def test_corrupt_line_mid_file_is_an_error_and_nothing_changes(tmp_path, mock_se
     url = mock_server()
     write_requests(tmp_path / "req.jsonl", 5)
     out = tmp_path / "out.jsonl"
-    assert cli("exec", str(tmp_path / "req.jsonl"), "-o", str(out), "--url", url).returncode == 0
+    assert exec_cli(tmp_path / "req.jsonl", out, "--url", url).returncode == 0
     lines = out.read_bytes().splitlines(keepends=True)
     broken = b"".join(lines[:2]) + b"{not json\n" + b"".join(lines[2:4])
     out.write_bytes(broken)
-    proc = cli("exec", str(tmp_path / "req.jsonl"), "-o", str(out), "--url", url)
+    proc = exec_cli(tmp_path / "req.jsonl", out, "--url", url)
     assert proc.returncode == 1
     assert f"{out}:3" in proc.stderr and "Traceback" not in proc.stderr
     assert out.read_bytes() == broken
@@ -126,7 +126,7 @@ def test_bad_input_refused_before_sending_with_line_numbers(
     write_requests(req, 2)
     req.write_bytes(req.read_bytes() + bad_line)
     out = tmp_path / "out.jsonl"
-    proc = cli("exec", str(req), "-o", str(out), "--url", url)
+    proc = exec_cli(req, out, "--url", url)
     assert proc.returncode == 1
     assert f"{req}{expected}" in proc.stderr, proc.stderr
     assert "nothing was sent" in proc.stderr
@@ -167,16 +167,14 @@ def test_wrong_model_fails_up_front_listing_served_names(tmp_path, mock_server):
     url = mock_server(served_models=("Qwen/Qwen3-8B",))
     write_requests(tmp_path / "req.jsonl", 5, model="gpt-3.5-turbo")
     out = tmp_path / "out.jsonl"
-    proc = cli("exec", str(tmp_path / "req.jsonl"), "-o", str(out), "--url", url)
+    proc = exec_cli(tmp_path / "req.jsonl", out, "--url", url)
     assert proc.returncode == 1
     assert "'gpt-3.5-turbo' (5 requests use it) is not served" in proc.stderr
     assert "Qwen/Qwen3-8B" in proc.stderr
     assert not out.exists() or out.read_bytes() == b""
     for model_opt in ("auto", "Qwen/Qwen3-8B"):
         out.unlink(missing_ok=True)
-        proc = cli(
-            "exec", str(tmp_path / "req.jsonl"), "-o", str(out), "--url", url, "--model", model_opt
-        )
+        proc = exec_cli(tmp_path / "req.jsonl", out, "--url", url, "--model", model_opt)
         assert proc.returncode == 0, proc.stderr
         results = read_results(out)
         assert {r["response"]["body"]["model"] for r in results.values()} == {"Qwen/Qwen3-8B"}
@@ -196,8 +194,8 @@ def test_model_option_allows_bodies_without_model(tmp_path, mock_server):
         )
         + b"\n"
     )
-    assert cli("exec", str(req), "-o", str(tmp_path / "o.jsonl"), "--url", url).returncode == 1
-    proc = cli("exec", str(req), "-o", str(tmp_path / "o.jsonl"), "--url", url, "--model", "mock")
+    assert exec_cli(req, tmp_path / "o.jsonl", "--url", url).returncode == 1
+    proc = exec_cli(req, tmp_path / "o.jsonl", "--url", url, "--model", "mock")
     assert proc.returncode == 0, proc.stderr
 
 
@@ -225,7 +223,7 @@ def test_completions_and_embeddings_pass_through(tmp_path, mock_server):
         + b"\n"
     )
     out = tmp_path / "out.jsonl"
-    proc = cli("exec", str(req), "-o", str(out), "--url", url)
+    proc = exec_cli(req, out, "--url", url)
     assert proc.returncode == 0, proc.stderr
     results = read_results(out)
     assert results["c"]["response"]["body"]["choices"][0]["text"]
@@ -234,11 +232,9 @@ def test_completions_and_embeddings_pass_through(tmp_path, mock_server):
 
 def test_output_must_not_be_the_input(tmp_path, mock_server):
     write_requests(tmp_path / "req.jsonl", 1)
-    proc = cli(
-        "exec",
-        str(tmp_path / "req.jsonl"),
-        "-o",
-        str(tmp_path / "req.jsonl"),
+    proc = exec_cli(
+        tmp_path / "req.jsonl",
+        tmp_path / "req.jsonl",
         "--url",
         mock_server(),
     )

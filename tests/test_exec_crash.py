@@ -47,7 +47,10 @@ def test_kill_during_retry_failed_rewrite_loses_nothing(tmp_path, mock_server):
     assert cli(*base, "--url", bad, "--max-retries", "0").returncode == 3
     assert len(failures(read_results(out))) == 200
     proc = start_cli(*base, "--url", good, "--retry-failed", "-c", "4")
-    time.sleep(1.0)
+    deadline = time.monotonic() + 30  # kill it once the rewrite dropped the failed lines
+    while time.monotonic() < deadline and out.read_bytes().count(b"\n") >= 200:
+        time.sleep(0.02)
+    time.sleep(0.3)  # and some requests went out again
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=10)
     results = read_results(out)

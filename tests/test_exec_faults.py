@@ -5,7 +5,17 @@ from __future__ import annotations
 import time
 
 import pytest
-from batchutil import ENV, cli, content, failures, read_results, start_cli, write_requests
+from batchutil import (
+    ENV,
+    cli,
+    content,
+    exec_cli,
+    failures,
+    read_results,
+    start_cli,
+    start_exec,
+    write_requests,
+)
 
 from jsonlbatch.mock import reply_text
 
@@ -14,11 +24,9 @@ def test_transient_errors_are_retried_until_success(tmp_path, mock_server):
     url = mock_server(fail_rate=0.15, rate_limit_rate=0.1, retry_after=0.05, drop_rate=0.05, seed=7)
     requests = write_requests(tmp_path / "req.jsonl", 200)
     out = tmp_path / "out.jsonl"
-    proc = cli(
-        "exec",
-        str(tmp_path / "req.jsonl"),
-        "-o",
-        str(out),
+    proc = exec_cli(
+        tmp_path / "req.jsonl",
+        out,
         "--url",
         url,
         "--max-retries",
@@ -41,11 +49,9 @@ def test_retries_exhausted_give_a_failed_line_and_exit_3(tmp_path, mock_server):
     url = mock_server(fail_rate=1.0)
     write_requests(tmp_path / "req.jsonl", 3)
     out = tmp_path / "out.jsonl"
-    proc = cli(
-        "exec",
-        str(tmp_path / "req.jsonl"),
-        "-o",
-        str(out),
+    proc = exec_cli(
+        tmp_path / "req.jsonl",
+        out,
         "--url",
         url,
         "--max-retries",
@@ -69,15 +75,13 @@ def test_retry_failed_replaces_failed_lines(tmp_path, mock_server):
     good = mock_server()
     write_requests(tmp_path / "req.jsonl", 10)
     out = tmp_path / "out.jsonl"
-    assert cli("exec", str(tmp_path / "req.jsonl"), "-o", str(out), "--url", good).returncode == 0
+    assert exec_cli(tmp_path / "req.jsonl", out, "--url", good).returncode == 0
     # Make four of the ten lines failures by re-running them against the failing server.
     lines = out.read_bytes().splitlines(keepends=True)
     out.write_bytes(b"".join(lines[4:]))
-    proc = cli(
-        "exec",
-        str(tmp_path / "req.jsonl"),
-        "-o",
-        str(out),
+    proc = exec_cli(
+        tmp_path / "req.jsonl",
+        out,
         "--url",
         bad,
         "--max-retries",
@@ -87,11 +91,11 @@ def test_retry_failed_replaces_failed_lines(tmp_path, mock_server):
     )
     assert proc.returncode == 3
     assert len(failures(read_results(out))) == 4
-    proc = cli("exec", str(tmp_path / "req.jsonl"), "-o", str(out), "--url", good)
+    proc = exec_cli(tmp_path / "req.jsonl", out, "--url", good)
     # failures count as done: nothing is sent, but the exit status still says they failed
     assert proc.returncode == 3 and "nothing to send" in proc.stderr
     assert "4 of them failed" in proc.stderr
-    proc = cli("exec", str(tmp_path / "req.jsonl"), "-o", str(out), "--url", good, "--retry-failed")
+    proc = exec_cli(tmp_path / "req.jsonl", out, "--url", good, "--retry-failed")
     assert proc.returncode == 0, proc.stderr
     assert "retrying 4 failed requests" in proc.stderr
     results = read_results(out)
@@ -102,7 +106,7 @@ def test_context_length_error_is_final_at_once(tmp_path, mock_server):
     url = mock_server(max_model_len=8)
     write_requests(tmp_path / "req.jsonl", 2, max_tokens=100)
     out = tmp_path / "out.jsonl"
-    proc = cli("exec", str(tmp_path / "req.jsonl"), "-o", str(out), "--url", url)
+    proc = exec_cli(tmp_path / "req.jsonl", out, "--url", url)
     assert proc.returncode == 3
     for line in read_results(out).values():
         assert line["response"]["status_code"] == 400
@@ -114,11 +118,9 @@ def test_bad_key_aborts_and_never_shows_the_key(tmp_path, mock_server):
     url = mock_server(api_key="right-key-1234")
     write_requests(tmp_path / "req.jsonl", 5)
     out = tmp_path / "out.jsonl"
-    proc = cli(
-        "exec",
-        str(tmp_path / "req.jsonl"),
-        "-o",
-        str(out),
+    proc = exec_cli(
+        tmp_path / "req.jsonl",
+        out,
         "--url",
         url,
         "--api-key",
@@ -128,11 +130,9 @@ def test_bad_key_aborts_and_never_shows_the_key(tmp_path, mock_server):
     assert "rejected the credentials (HTTP 401)" in proc.stderr
     assert "wrong-key-5678" not in proc.stderr + proc.stdout
     assert not out.exists() or out.read_bytes() == b""
-    proc = cli(
-        "exec",
-        str(tmp_path / "req.jsonl"),
-        "-o",
-        str(out),
+    proc = exec_cli(
+        tmp_path / "req.jsonl",
+        out,
         "--url",
         url,
         env={**ENV, "OPENAI_API_KEY": "right-key-1234"},
@@ -146,11 +146,9 @@ def test_timeouts_become_failed_lines(tmp_path, mock_server):
     url = mock_server(latency=3.0)
     write_requests(tmp_path / "req.jsonl", 2)
     out = tmp_path / "out.jsonl"
-    proc = cli(
-        "exec",
-        str(tmp_path / "req.jsonl"),
-        "-o",
-        str(out),
+    proc = exec_cli(
+        tmp_path / "req.jsonl",
+        out,
         "--url",
         url,
         "--timeout",
@@ -171,7 +169,7 @@ def test_cold_server_is_waited_for(tmp_path, mock_process):
     server = mock_process("--startup-delay", "2", wait=False)
     write_requests(tmp_path / "req.jsonl", 20)
     out = tmp_path / "out.jsonl"
-    proc = cli("exec", str(tmp_path / "req.jsonl"), "-o", str(out), "--url", server.url)
+    proc = exec_cli(tmp_path / "req.jsonl", out, "--url", server.url)
     assert proc.returncode == 0, proc.stderr
     assert "waiting for" in proc.stderr
     assert len(read_results(out)) == 20
@@ -181,9 +179,7 @@ def test_server_down_mid_run_pauses_instead_of_failing(tmp_path, mock_process):
     server = mock_process("--latency", "0.05")
     write_requests(tmp_path / "req.jsonl", 300)
     out = tmp_path / "out.jsonl"
-    exec_proc = start_cli(
-        "exec", str(tmp_path / "req.jsonl"), "-o", str(out), "--url", server.url, "-c", "8"
-    )
+    exec_proc = start_exec(tmp_path / "req.jsonl", out, "--url", server.url, "-c", "8")
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and (not out.exists() or out.stat().st_size < 2000):
         time.sleep(0.05)
@@ -204,11 +200,9 @@ def test_ready_timeout_ends_the_run_with_a_resumable_file(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     write_requests(tmp_path / "req.jsonl", 3)
-    proc = cli(
-        "exec",
-        str(tmp_path / "req.jsonl"),
-        "-o",
-        str(tmp_path / "o.jsonl"),
+    proc = exec_cli(
+        tmp_path / "req.jsonl",
+        tmp_path / "o.jsonl",
         "--url",
         f"http://127.0.0.1:{port}/v1",
         "--ready-timeout",
@@ -222,9 +216,7 @@ def test_requests_spread_over_endpoints_and_skip_a_dead_one(tmp_path, mock_serve
     a, b = mock_server(latency=0.01), mock_server(latency=0.01)
     write_requests(tmp_path / "req.jsonl", 200)
     out = tmp_path / "out.jsonl"
-    proc = cli(
-        "exec", str(tmp_path / "req.jsonl"), "-o", str(out), "--url", a, "--url", b, "-c", "16"
-    )
+    proc = exec_cli(tmp_path / "req.jsonl", out, "--url", a, "--url", b, "-c", "16")
     assert proc.returncode == 0, proc.stderr
     used = [r["metrics"]["endpoint"] for r in read_results(out).values()]
     assert used.count(a) > 50 and used.count(b) > 50
@@ -232,11 +224,9 @@ def test_requests_spread_over_endpoints_and_skip_a_dead_one(tmp_path, mock_serve
     dead = mock_process()
     dead.kill()  # refuses connections from now on
     out2 = tmp_path / "out2.jsonl"
-    proc = cli(
-        "exec",
-        str(tmp_path / "req.jsonl"),
-        "-o",
-        str(out2),
+    proc = exec_cli(
+        tmp_path / "req.jsonl",
+        out2,
         "--url",
         a,
         "--url",
@@ -256,11 +246,9 @@ def test_endpoint_that_comes_back_rejoins(tmp_path, mock_server, mock_process):
     late.kill()
     write_requests(tmp_path / "req.jsonl", 300)
     out = tmp_path / "out.jsonl"
-    proc = start_cli(
-        "exec",
-        str(tmp_path / "req.jsonl"),
-        "-o",
-        str(out),
+    proc = start_exec(
+        tmp_path / "req.jsonl",
+        out,
         "--url",
         alive,
         "--url",

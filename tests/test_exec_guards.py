@@ -7,7 +7,7 @@ import time
 
 import orjson
 from aiohttp import web
-from batchutil import cli, failures, read_results, start_cli, write_requests
+from batchutil import cli, exec_cli, failures, read_results, start_exec, write_requests
 
 import jsonlbatch
 from jsonlbatch.errors import OutputError
@@ -17,11 +17,11 @@ def test_a_second_run_on_the_same_output_is_refused(tmp_path, mock_server):
     url = mock_server(latency=0.2)
     write_requests(tmp_path / "req.jsonl", 200)
     out = tmp_path / "out.jsonl"
-    first = start_cli("exec", str(tmp_path / "req.jsonl"), "-o", str(out), "--url", url, "-c", "8")
+    first = start_exec(tmp_path / "req.jsonl", out, "--url", url, "-c", "8")
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and not out.exists():
         time.sleep(0.05)
-    second = cli("exec", str(tmp_path / "req.jsonl"), "-o", str(out), "--url", url)
+    second = exec_cli(tmp_path / "req.jsonl", out, "--url", url)
     assert second.returncode == 1
     assert "is being written by another jsonlbatch run" in second.stderr
     first.communicate(timeout=60)
@@ -33,10 +33,10 @@ def test_duplicated_successes_in_the_output_are_an_error(tmp_path, mock_server):
     url = mock_server()
     write_requests(tmp_path / "req.jsonl", 5)
     out = tmp_path / "out.jsonl"
-    assert cli("exec", str(tmp_path / "req.jsonl"), "-o", str(out), "--url", url).returncode == 0
+    assert exec_cli(tmp_path / "req.jsonl", out, "--url", url).returncode == 0
     doubled = out.read_bytes() + out.read_bytes().splitlines(keepends=True)[0]
     out.write_bytes(doubled)
-    proc = cli("exec", str(tmp_path / "req.jsonl"), "-o", str(out), "--url", url)
+    proc = exec_cli(tmp_path / "req.jsonl", out, "--url", url)
     assert proc.returncode == 1
     assert "more than one successful line" in proc.stderr and f"{out}:6" in proc.stderr
     assert out.read_bytes() == doubled
@@ -47,7 +47,7 @@ def test_a_request_file_given_as_output_is_refused(tmp_path, mock_server):
     other = tmp_path / "other.jsonl"
     write_requests(other, 3)
     before = other.read_bytes()
-    proc = cli("exec", str(tmp_path / "req.jsonl"), "-o", str(other), "--url", mock_server())
+    proc = exec_cli(tmp_path / "req.jsonl", other, "--url", mock_server())
     assert proc.returncode == 1
     assert f"{other}:1: not a response line" in proc.stderr
     assert other.read_bytes() == before
@@ -120,11 +120,9 @@ def test_a_200_carrying_an_error_is_retried_and_recorded_without_a_2xx(tmp_path)
     try:
         write_requests(tmp_path / "req.jsonl", 2)
         out = tmp_path / "out.jsonl"
-        proc = cli(
-            "exec",
-            str(tmp_path / "req.jsonl"),
-            "-o",
-            str(out),
+        proc = exec_cli(
+            tmp_path / "req.jsonl",
+            out,
             "--url",
             url,
             "--max-retries",
@@ -150,11 +148,9 @@ def test_redirects_are_not_followed(tmp_path):
     try:
         write_requests(tmp_path / "req.jsonl", 1)
         out = tmp_path / "out.jsonl"
-        proc = cli(
-            "exec",
-            str(tmp_path / "req.jsonl"),
-            "-o",
-            str(out),
+        proc = exec_cli(
+            tmp_path / "req.jsonl",
+            out,
             "--url",
             url,
             "--api-key",
@@ -173,11 +169,9 @@ def test_a_warming_server_is_waited_for_not_failed(tmp_path, mock_process):
     server = mock_process("--warmup", "3")
     write_requests(tmp_path / "req.jsonl", 40)
     out = tmp_path / "out.jsonl"
-    proc = cli(
-        "exec",
-        str(tmp_path / "req.jsonl"),
-        "-o",
-        str(out),
+    proc = exec_cli(
+        tmp_path / "req.jsonl",
+        out,
         "--url",
         server.url,
         "--backoff",
@@ -192,13 +186,59 @@ def test_success_then_failure_for_one_id_keeps_the_success(tmp_path, mock_server
     url = mock_server()
     write_requests(tmp_path / "req.jsonl", 3)
     out = tmp_path / "out.jsonl"
-    assert cli("exec", str(tmp_path / "req.jsonl"), "-o", str(out), "--url", url).returncode == 0
+    assert exec_cli(tmp_path / "req.jsonl", out, "--url", url).returncode == 0
     failed = {
         "custom_id": "req-0",
         "response": None,
         "error": {"code": "request_timeout", "message": "x"},
     }
     out.write_bytes(out.read_bytes() + orjson.dumps(failed) + b"\n")
-    proc = cli("exec", str(tmp_path / "req.jsonl"), "-o", str(out), "--url", url, "--retry-failed")
+    proc = exec_cli(tmp_path / "req.jsonl", out, "--url", url, "--retry-failed")
     assert proc.returncode == 0, proc.stderr
     assert "nothing to send" in proc.stderr
+
+
+def test_failed_start_leaves_no_files_and_a_run_leaves_no_lock(tmp_path, mock_server):
+    url = mock_server()
+    write_requests(tmp_path / "req.jsonl", 3)
+    out = tmp_path / "sub" / "out.jsonl"
+    proc = exec_cli(tmp_path / "req.jsonl", out, "--url", url, "--model", "nope")
+    assert proc.returncode == 1 and "not served" in proc.stderr
+    assert not out.exists()
+    assert exec_cli(tmp_path / "req.jsonl", out, "--url", url).returncode == 0
+    assert sorted(p.name for p in out.parent.iterdir()) == ["out.jsonl"]
+
+
+def test_ids_of_another_job_in_the_output_are_reported(tmp_path, mock_server):
+    url = mock_server()
+    write_requests(tmp_path / "req.jsonl", 4)
+    out = tmp_path / "out.jsonl"
+    assert exec_cli(tmp_path / "req.jsonl", out, "--url", url).returncode == 0
+    other = {
+        "custom_id": "other-job-7",
+        "response": {"status_code": 200, "body": {}},
+        "error": None,
+    }
+    out.write_bytes(out.read_bytes() + orjson.dumps(other) + b"\n")
+    proc = exec_cli(tmp_path / "req.jsonl", out, "--url", url)
+    assert proc.returncode == 0
+    assert "1 ids in" in proc.stderr and "have no request" in proc.stderr
+
+
+def test_a_byte_order_mark_is_accepted(tmp_path, mock_server):
+    req = tmp_path / "req.jsonl"
+    write_requests(req, 2)
+    req.write_bytes(b"\xef\xbb\xbf" + req.read_bytes())
+    out = tmp_path / "out.jsonl"
+    proc = exec_cli(req, out, "--url", mock_server())
+    assert proc.returncode == 0, proc.stderr
+    assert set(read_results(out)) == {"req-0", "req-1"}
+
+
+def test_problem_counts_say_when_they_stopped_counting(tmp_path):
+    req = tmp_path / "req.jsonl"
+    req.write_bytes(b"{bad\n" * 1500)
+    proc = cli("validate", str(req))
+    assert proc.returncode == 1 and "1000+ problem(s)" in proc.stderr
+    proc = exec_cli(req, tmp_path / "out.jsonl", "--url", "http://127.0.0.1:9/v1")
+    assert "1000+ problems" in proc.stderr and "980+ more" in proc.stderr

@@ -6,6 +6,7 @@ import sys
 
 import click
 
+from jsonlbatch.scan import MAX_PROBLEMS
 from jsonlbatch.validate import validate_file
 
 
@@ -32,5 +33,6 @@ def validate(files: tuple[str, ...], kind: str) -> None:
         bad += 1
         for problem in report.problems:
             click.echo(str(problem))
-        click.echo(f"{path}: {len(report.problems)} problem(s) in {report.kind}", err=True)
+        count = f"{len(report.problems)}{'+' if len(report.problems) >= MAX_PROBLEMS else ''}"
+        click.echo(f"{path}: {count} problem(s) in {report.kind}", err=True)
     sys.exit(1 if bad else 0)

@@ -94,6 +94,7 @@ def write_report(report: Report, path: str, fmt: str | None = None) -> str:
     fmt = format_for(path, fmt)
     text = render(report, fmt)
     try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with open(path, "w", encoding="utf-8") as f:
             f.write(text)
     except OSError as exc:
