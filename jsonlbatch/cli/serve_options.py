@@ -26,7 +26,7 @@ _OPTIONS = [
         "--backend",
         "backend",
         type=click.Choice(BACKEND_NAMES),
-        help="Launch this server (stopped at the end): the built-in mock, vLLM or SGLang.",
+        help="Server to launch: the built-in mock, vLLM or SGLang (always stopped when jsonlbatch ends).",
     ),
     click.option("--model-path", metavar="PATH|HF_ID", help="Model the server loads."),
     click.option(
@@ -128,7 +128,7 @@ _OPTIONS = [
         "--server-log-dir",
         "log_dir",
         type=click.Path(file_okay=False),
-        help="Directory for server logs (default: beside the output file).",
+        help="Directory for server logs (default: beside exec's output file; for serve, the current one).",
     ),
 ]
 
