@@ -209,6 +209,8 @@ def check_response(obj: Any) -> list[tuple[str, str]]:
     """Problems with one decoded response line, as (field, message) pairs."""
     if not isinstance(obj, dict):
         return [("line", f"must be a JSON object, got {_kind(obj)}")]
+    if "body" in obj and "url" in obj and "response" not in obj and "error" not in obj:
+        return [("line", "a request line, not a response: is this the request file?")]
     out: list[tuple[str, str]] = []
     cid = obj.get("custom_id")
     if not isinstance(cid, str) or not cid:
