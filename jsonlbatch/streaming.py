@@ -32,6 +32,7 @@ from jsonlbatch.report.stats import percentile
 STREAM_URLS = frozenset({CHAT_URL, COMPLETIONS_URL})
 
 _DONE = b"[DONE]"
+_ITL_PERCENTILES = (("itl_p50_s", 50), ("itl_p90_s", 90), ("itl_p99_s", 99))
 _SNIPPET = 200  # bytes of a bad event quoted in an error message
 
 
@@ -182,7 +183,7 @@ class StreamReader:
         self.usage: dict[str, Any] | None = None
         self.chunks = 0  # events that carried content, reasoning or a tool call
         self.first: float | None = None  # arrival of the first such event
-        self.gaps: list[float] = []  # between such events, after the first
+        self.gaps: list[float] = []  # between such events, after the first (`metrics` sorts)
         self._last = 0.0
         self._head: dict[str, Any] | None = None
         self._choices: dict[int, _Choice] = {}
@@ -320,14 +321,14 @@ class StreamReader:
         carried = 0
         merge = self._merge
         for chunk in chunks:
-            if chunk.get("error") is not None or chunk.get("object") == "error":
+            choices = chunk.get("choices")
+            if not choices and (chunk.get("error") is not None or chunk.get("object") == "error"):
                 raise StreamError(
                     "stream_error", "error event in the stream: " + _error_text(chunk)
                 )
             usage = chunk.get("usage")
             if usage:
                 self.usage = usage
-            choices = chunk.get("choices")
             if choices and merge(choices):
                 carried += 1
         if self._head is None and chunks:
@@ -427,11 +428,12 @@ class StreamReader:
             out["ttft_s"] = round(ttft, 6)
             if completion is not None and completion > 1:
                 out["tpot_s"] = round((end - start - ttft) / (completion - 1), 6)
-        if self.gaps:
-            gaps = sorted(self.gaps)
+        gaps = self.gaps
+        if gaps:
+            gaps.sort()
             out["itl_mean_s"] = round(sum(gaps) / len(gaps), 6)
-            for p in (50, 90, 99):
-                out[f"itl_p{p}_s"] = round(percentile(gaps, p), 6)
+            for key, p in _ITL_PERCENTILES:
+                out[key] = round(percentile(gaps, p), 6)
             out["itl_max_s"] = round(gaps[-1], 6)
         out["chunks"] = self.chunks
         reasoning = _reasoning_tokens(usage)
