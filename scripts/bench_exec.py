@@ -52,12 +52,25 @@ def write_requests(path: Path, n: int) -> None:
                 "max_tokens": 16,
                 "temperature": 0.7,
             }
-            line = {"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}
+            line = {
+                "custom_id": f"r{i}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": body,
+            }
             f.write(orjson.dumps(line) + b"\n")
 
 
 def start_server(port: int) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "jsonlbatch.mock", "--port", str(port), "--served-model-name", "mock"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "jsonlbatch.mock",
+        "--port",
+        str(port),
+        "--served-model-name",
+        "mock",
+    ]
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, text=True, preexec_fn=lambda: pin(1), start_new_session=True
     )
@@ -92,7 +105,9 @@ async def bare_aiohttp(url: str, path: Path, concurrency: int) -> int:
         async def worker() -> None:
             nonlocal done
             while (payload := await queue.get()) is not None:
-                async with session.post(url + "/chat/completions", data=payload, headers=headers) as r:
+                async with session.post(
+                    url + "/chat/completions", data=payload, headers=headers
+                ) as r:
                     await r.read()
                 done += 1
 
@@ -140,8 +155,19 @@ def run_client(name: str, url: str, path: Path, concurrency: int) -> None:
 def measure(name: str, url: str, path: Path, concurrency: int, out: Path) -> dict:
     if name == "jsonlbatch":
         out.unlink(missing_ok=True)
-        cmd = [sys.executable, "-m", "jsonlbatch", "exec", str(path), "-o", str(out), "--url", url,
-               "-c", str(concurrency)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "jsonlbatch",
+            "exec",
+            str(path),
+            "-o",
+            str(out),
+            "--url",
+            url,
+            "-c",
+            str(concurrency),
+        ]
         start = time.perf_counter()
         proc = subprocess.run(cmd, preexec_fn=lambda: pin(0), capture_output=True, text=True)
         seconds = time.perf_counter() - start
@@ -149,8 +175,18 @@ def measure(name: str, url: str, path: Path, concurrency: int, out: Path) -> dic
             raise SystemExit(proc.stderr)
         n = sum(1 for _ in out.open("rb"))
         return {"requests": n, "seconds": seconds}
-    cmd = [sys.executable, __file__, "--client", name, "--url", url, "--input", str(path),
-           "--concurrency", str(concurrency)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--client",
+        name,
+        "--url",
+        url,
+        "--input",
+        str(path),
+        "--concurrency",
+        str(concurrency),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(proc.stderr)
@@ -158,11 +194,14 @@ def measure(name: str, url: str, path: Path, concurrency: int, out: Path) -> dic
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--requests", type=int, default=20_000)
     ap.add_argument("--openai-requests", type=int, default=3_000, help="the SDK is slow: fewer")
     ap.add_argument("--concurrency", type=int, default=256)
     ap.add_argument("--runs", type=int, default=3, help="median of this many runs per client")
+    ap.add_argument("--json", action="store_true", help="print one JSON object of the figures")
     ap.add_argument("--client", help=argparse.SUPPRESS)
     ap.add_argument("--url", help=argparse.SUPPRESS)
     ap.add_argument("--input", help=argparse.SUPPRESS)
@@ -183,17 +222,36 @@ def main() -> None:
             for name, path in (("aiohttp", big), ("jsonlbatch", big), ("openai", small)):
                 runs = sorted(
                     (r["requests"] / r["seconds"])
-                    for r in (measure(name, url, path, args.concurrency, tmpdir / "out.jsonl")
-                              for _ in range(args.runs))
+                    for r in (
+                        measure(name, url, path, args.concurrency, tmpdir / "out.jsonl")
+                        for _ in range(args.runs)
+                    )
                 )
                 rates[name] = runs[len(runs) // 2]
-                print(f"{name:>10}: {rates[name]:8.0f} req/s  (runs: {', '.join(f'{r:.0f}' for r in runs)})")
+                if args.json:
+                    continue
+                print(
+                    f"{name:>10}: {rates[name]:8.0f} req/s  (runs: {', '.join(f'{r:.0f}' for r in runs)})"
+                )
         finally:
             server.terminate()
             server.wait(timeout=10)
-    print(f"jsonlbatch / bare aiohttp = {rates['jsonlbatch'] / rates['aiohttp']:.2f}  (target >= 0.60)")
-    print(f"jsonlbatch / openai SDK   = {rates['jsonlbatch'] / rates['openai']:.1f}x (target >= 5x)")
-    print("(jsonlbatch is timed as a whole command: start-up, input scan, progress bar, output writes)")
+    if args.json:
+        ratios = {
+            "exec_vs_aiohttp": rates["jsonlbatch"] / rates["aiohttp"],
+            "exec_vs_openai": rates["jsonlbatch"] / rates["openai"],
+        }
+        print(json.dumps({f"{k}_req_per_s": v for k, v in rates.items()} | ratios))
+        return
+    print(
+        f"jsonlbatch / bare aiohttp = {rates['jsonlbatch'] / rates['aiohttp']:.2f}  (target >= 0.60)"
+    )
+    print(
+        f"jsonlbatch / openai SDK   = {rates['jsonlbatch'] / rates['openai']:.1f}x (target >= 5x)"
+    )
+    print(
+        "(jsonlbatch is timed as a whole command: start-up, input scan, progress bar, output writes)"
+    )
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -92,6 +93,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--requests", type=int, default=1_000_000)
+    ap.add_argument("--json", action="store_true", help="print one JSON object of the figures")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         req, out = Path(tmp) / "req.jsonl", Path(tmp) / "out.jsonl"
@@ -101,19 +103,30 @@ def main() -> None:
         url = f"http://127.0.0.1:{port}/v1"
         try:
             rss, wall, _ = run_exec(req, out, url, watch_growth=False)
-            print(
-                f"run of {args.requests:,} requests: peak RSS {rss:.0f} MB, {wall:.0f} s "
-                f"({args.requests / wall:,.0f} req/s), input {req.stat().st_size / 1e6:.0f} MB"
-            )
             write_requests(req, args.requests, 1_000, mode="ab")
             rss2, wall2, first = run_exec(req, out, url, watch_growth=True)
-            print(
-                f"resume with {args.requests:,} done lines: first new line after {first:.2f} s, "
-                f"run {wall2:.2f} s, peak RSS {rss2:.0f} MB"
-            )
         finally:
             server.terminate()
             server.wait(timeout=10)
+    figures = {
+        "memory_requests": args.requests,
+        "memory_peak_rss_mb": rss,
+        "memory_run_s": wall,
+        "memory_req_per_s": args.requests / wall,
+        "resume_first_line_s": first,
+        "resume_peak_rss_mb": rss2,
+    }
+    if args.json:
+        print(json.dumps(figures))
+        return
+    print(
+        f"run of {args.requests:,} requests: peak RSS {rss:.0f} MB, {wall:.0f} s "
+        f"({args.requests / wall:,.0f} req/s)"
+    )
+    print(
+        f"resume with {args.requests:,} done lines: first new line after {first:.2f} s, "
+        f"run {wall2:.2f} s, peak RSS {rss2:.0f} MB"
+    )
 
 
 if __name__ == "__main__":
