@@ -11,7 +11,6 @@ import orjson
 import pytest
 from batchutil import ENV, cli, read_results
 
-from jsonlbatch.cli import main
 from jsonlbatch.records import parse_request
 
 TASKS = [
@@ -262,14 +261,6 @@ def test_usage_errors_exit_2(tmp_path, args, message):
     assert not (tmp_path / "r.jsonl").exists()
 
 
-def _exec_can_serve_mock() -> bool:
-    command = main.commands.get("exec")
-    return command is not None and any("--serve" in p.opts for p in command.params)
-
-
-@pytest.mark.skipif(
-    not _exec_can_serve_mock(), reason="`jsonlbatch exec --serve mock` is not registered yet"
-)
 def test_round_trip_gen_then_exec_on_the_mock(tmp_path):
     data = write_jsonl(tmp_path / "tasks.jsonl", TASKS)
     requests = tmp_path / "requests.jsonl"

@@ -92,8 +92,6 @@ def test_report_of_a_real_exec_run(tmp_path: Path, mock_server: Callable[..., st
 
 
 def test_report_of_a_streamed_exec_run(tmp_path: Path, mock_server: Callable[..., str]) -> None:
-    if "--stream" not in cli("exec", "--help").stdout:
-        pytest.skip("exec --stream is not available yet")
     url = mock_server(tokens_per_second=2000)
     _, responses, lines = _run(tmp_path, url, "--stream")
     data = _report(str(responses), "--sla", "ttft=10s")
