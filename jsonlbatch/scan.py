@@ -8,6 +8,7 @@ torn tail is only measured, and cut later, once the input is known to be good.
 from __future__ import annotations
 
 import os
+import re
 from array import array
 from collections import Counter
 from collections.abc import Callable
@@ -50,19 +51,32 @@ def scan_output(path: str | os.PathLike[str]) -> OutputScan:
     scan = OutputScan(os.fspath(path))
     if not os.path.exists(path):
         return scan
-    offset = 0
+    offset = lines = 0
     bad_since: tuple[int, int] | None = None  # (line number, byte offset) of a trailing bad run
     failed: set[str] = set()
+    done: list[bytes] = []  # ids of successful own lines, hashed into `scan.ok` in batches
     with open(path, "rb", buffering=1 << 20) as f:
         for number, raw in enumerate(f, 1):
-            start, offset = offset, offset + len(raw)
+            offset += len(raw)
+            own = _OWN_LINE.match(raw)
+            if own is not None and bad_since is None and raw.endswith(b"}\n"):
+                lines += 1
+                cid, status = own.groups()
+                if status == b"2":
+                    done.append(cid)
+                    if len(done) == _BATCH:
+                        scan.ok.update(_decode_all(done))
+                        done.clear()
+                else:
+                    failed.add(cid.decode("utf-8", "replace"))
+                continue
             stripped = raw.strip()
             if not stripped:
                 continue
             found = _response_id(stripped) if raw.endswith(b"\n") else None
             if found is None:
                 if bad_since is None:
-                    bad_since = (number, start)
+                    bad_since = (number, offset - len(raw))
                 continue
             if bad_since is not None:
                 raise OutputError(
@@ -70,17 +84,19 @@ def scan_output(path: str | os.PathLike[str]) -> OutputScan:
                     "torn last line, so it is not cut automatically); check it with "
                     f"`jsonlbatch validate {scan.path}`"
                 )
-            cid, is_failed = found
-            if cid is None:
+            cid_str, is_failed = found
+            if cid_str is None:
                 raise OutputError(
                     f"{scan.path}:{number}: not a response line (it has no `response` or "
                     "`error`); is -o pointing at a request file?"
                 )
-            scan.lines += 1
+            lines += 1
             if is_failed:
-                failed.add(cid)
+                failed.add(cid_str)
             else:
-                scan.ok.add(cid)
+                scan.ok.add(cid_str)
+    scan.ok.update(_decode_all(done))
+    scan.lines = lines
     scan.keep_bytes = bad_since[1] if bad_since else offset
     scan.cut_bytes = offset - scan.keep_bytes
     repeated = find_duplicates(scan.path, scan.ok)
@@ -94,27 +110,25 @@ def scan_output(path: str | os.PathLike[str]) -> OutputScan:
     return scan
 
 
-# How `Result.to_line` starts a line: `{"id":"batch_req_<24 hex>","custom_id":"<id>",...`.
-_OWN_ID = b'{"id":"batch_req_'
-_OWN_CID = b'","custom_id":"'
-_CID_AT = len(_OWN_ID) + 24 + len(_OWN_CID)
-_OWN_OK = b'","response":{"status_code":2'
+# How `Result.to_line` starts a line: `{"id":"batch_req_<24 hex>","custom_id":"<id>",...`. The
+# id and status of such a line are read from their fixed places without decoding the server's
+# body (jsonlbatch writes a 2xx status only with `error` null): a million-line resume starts
+# seconds sooner. Other lines (other tools' files, ids with escapes, `response: null`) are
+# decoded in full.
+_OWN_LINE = re.compile(
+    rb'\{"id":"batch_req_[0-9a-f]{24}","custom_id":"([^"\\\n]+)","response":\{"status_code":(\d)'
+)
+_BATCH = 1 << 16
+
+
+def _decode_all(ids: list[bytes]) -> list[str]:
+    """Decode a batch of raw ids with three C calls instead of one Python call each."""
+    return b"\n".join(ids).decode("utf-8", "replace").split("\n") if ids else []
 
 
 def _response_id(line: bytes) -> tuple[str | None, bool] | None:
     """(custom_id, whether the line records a failure) of a response line; None for an
-    unreadable line; (None, False) for a readable line that is no response.
-
-    The id and status of a line jsonlbatch wrote are read from their fixed places without
-    decoding the server's body (it writes a 2xx status only with `error` null): a
-    million-line resume starts seconds sooner. Other lines are decoded in full.
-    """
-    if line.startswith(_OWN_ID) and line.endswith(b"}"):
-        end = line.find(b'"', _CID_AT)
-        if line[_CID_AT - len(_OWN_CID) : _CID_AT] == _OWN_CID and end > _CID_AT:
-            raw_id = line[_CID_AT:end]
-            if b"\\" not in raw_id:
-                return raw_id.decode("utf-8", "replace"), not line.startswith(_OWN_OK, end)
+    unreadable line; (None, False) for a readable line that is no response."""
     try:
         obj = orjson.loads(line)
     except orjson.JSONDecodeError:
@@ -170,6 +184,7 @@ def scan_input(
     failed = existing.failed if existing is not None else set()
     problems: list[Problem] = []
     seen = IdSet()
+    ids: list[str] = []  # hashed into `seen` in batches
     for number, offset, raw in iter_lines_at(path):
         try:
             obj = orjson.loads(raw)
@@ -180,7 +195,10 @@ def scan_input(
             continue
         cid = obj.get("custom_id") if type(obj) is dict else None
         if type(cid) is str and (cid in ok or (cid in failed and not retry_failed)):
-            seen.add(cid)
+            ids.append(cid)
+            if len(ids) == _BATCH:
+                seen.update(ids)
+                ids.clear()
             if select is None or select(cid):
                 scan.total += 1
                 scan.already_done += 1
@@ -194,7 +212,10 @@ def scan_input(
             if len(problems) >= MAX_PROBLEMS:
                 break
             continue
-        seen.add(cid)
+        ids.append(cid)
+        if len(ids) == _BATCH:
+            seen.update(ids)
+            ids.clear()
         if select is not None and not select(cid):
             scan.outside_shard += 1
             continue
@@ -205,6 +226,7 @@ def scan_input(
         if cid in failed:
             scan.retry_ids.add(cid)
         scan.pending.append(offset)
+    seen.update(ids)
     if len(problems) < MAX_PROBLEMS:
         problems += find_duplicates(scan.path, seen)
         problems.sort(key=lambda p: p.line or 0)

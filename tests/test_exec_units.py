@@ -6,9 +6,11 @@ import random
 
 import pytest
 
+from jsonlbatch import scan
 from jsonlbatch.endpoints import auth_headers, parse_endpoint
 from jsonlbatch.errors import UsageError
 from jsonlbatch.idset import IdSet
+from jsonlbatch.records import Result
 from jsonlbatch.redact import redact
 from jsonlbatch.retry import Backoff, Verdict, classify, parse_retry_after
 
@@ -58,6 +60,43 @@ def test_idset_membership_and_duplicates():
     ids.add("id-42")
     assert "id-9999" in ids and "id-10000" not in ids
     assert ids.colliding_hashes() == {hash("id-42")}
+    more = IdSet()
+    more.update(f"id-{i}" for i in range(3))
+    more.add("id-1")
+    assert "id-2" in more and "id-3" not in more and more.colliding_hashes() == {hash("id-1")}
+
+
+def test_scan_output_reads_ids_and_outcomes_of_every_line_shape(tmp_path, monkeypatch):
+    """Own lines are read from their fixed places (in batches); every other shape is decoded.
+    Both ways must agree on which ids succeeded and which only failed."""
+    monkeypatch.setattr(scan, "_BATCH", 2)  # exercise the batched hashing
+    vllm_line = (
+        b'{"id": "vllm-1", "custom_id": "theirs", "response": {"status_code": 200, '
+        b'"request_id": "r", "body": {}}, "error": null}\n'
+    )
+    lines = [
+        Result("ok-1", 200, {"choices": []}).to_line(),
+        Result("bad-1", 500, {"error": {"message": "boom"}}).to_line(),
+        Result("ok-\u00e9", 200, {}).to_line(),
+        Result('quote"d', 200, {}).to_line(),  # escaped: decoded in full
+        Result("gone", None, error={"code": "timeout", "message": "t"}).to_line(),
+        vllm_line,
+        Result("bad-1", 200, {}).to_line(),  # retried later and succeeded: a success wins
+        b"\n",
+        Result("ok-2", 201, {}).to_line(),
+        Result("ok-3", 200, {}).to_line()[:-20],  # torn last line
+    ]
+    assert scan._OWN_LINE.match(lines[0]) and scan._OWN_LINE.match(lines[1])
+    assert not scan._OWN_LINE.match(lines[3]) and not scan._OWN_LINE.match(lines[4])
+    path = tmp_path / "out.jsonl"
+    path.write_bytes(b"".join(lines))
+    found = scan.scan_output(path)
+    for cid in ["ok-1", "ok-\u00e9", 'quote"d', "theirs", "bad-1", "ok-2"]:
+        assert cid in found.ok, cid
+    assert "gone" not in found.ok and "ok-3" not in found.ok
+    assert found.failed == {"gone"}
+    assert found.lines == 8
+    assert found.cut_bytes == len(lines[-1]) and found.torn
 
 
 @pytest.mark.parametrize(
