@@ -47,6 +47,7 @@ from jsonlbatch.jsonl import (
     AppendWriter,
     OutputLock,
     filter_lines,
+    prefetch,
     read_lines_at,
     repair_tail,
     rewrite_atomically,
@@ -128,6 +129,8 @@ class Job:
             select = lambda cid: in_shard(cid, k, n)  # noqa: E731
         self._lock.acquire()
         try:
+            prefetch(self.output)
+            prefetch(self.requests)  # read from disk while the output is scanned
             self.existing = scan_output(self.output)
             self.input = scan_input(
                 self.requests,

@@ -48,6 +48,14 @@ class IdSet:
         self._keys.extend(map(hash, custom_ids))
 
     def __contains__(self, custom_id: object) -> bool:
+        return self.slot(custom_id) >= 0
+
+    def slot(self, custom_id: object) -> int:
+        """Where the id sits in the table (a number below `capacity`), or -1 if absent.
+
+        Callers may keep a mark per slot (say a `bytearray(capacity)`) to notice an id met
+        twice without building a second set.
+        """
         if self._built != len(self._keys):
             self._build()
         key = hash(custom_id) or 1
@@ -56,10 +64,17 @@ class IdSet:
         while True:
             slot = table[i]
             if slot == key:
-                return True
+                return i
             if slot == _EMPTY:
-                return False
+                return -1
             i = (i + 1) & mask
+
+    @property
+    def capacity(self) -> int:
+        """Table size: every `slot` is below it."""
+        if self._built != len(self._keys):
+            self._build()
+        return self._mask + 1
 
     def __len__(self) -> int:
         """Ids added (repeats included)."""

@@ -45,6 +45,25 @@ def iter_lines_at(path: str | os.PathLike[str]) -> Iterator[tuple[int, int, byte
                 yield number, start, raw
 
 
+def prefetch(path: str | os.PathLike[str], limit: int = 1 << 30) -> None:
+    """Ask the kernel to start reading a file that is about to be scanned, so that after a
+    reboot (a cold page cache) the disk works while the scans parse. Best effort: a no-op where
+    `posix_fadvise` is missing or the file cannot be opened. Only the first `limit` bytes, so a
+    file larger than memory does not evict its own beginning."""
+    if not hasattr(os, "posix_fadvise"):
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.posix_fadvise(fd, 0, limit, os.POSIX_FADV_WILLNEED)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def read_lines_at(path: str | os.PathLike[str], offsets: Iterable[int]) -> Iterator[bytes]:
     """The lines starting at `offsets` (ascending), read without scanning the lines between."""
     with open(path, "rb", buffering=_READ_BUFFER) as f:

@@ -99,7 +99,7 @@ def scan_output(path: str | os.PathLike[str]) -> OutputScan:
     scan.lines = lines
     scan.keep_bytes = bad_since[1] if bad_since else offset
     scan.cut_bytes = offset - scan.keep_bytes
-    repeated = find_duplicates(scan.path, scan.ok)
+    repeated = find_duplicates(scan.path, scan.ok.colliding_hashes())
     if repeated:
         shown = "".join(f"\n  {problem}" for problem in repeated[:20])
         raise OutputError(
@@ -173,7 +173,8 @@ def scan_input(
     Raises `InputError` listing every problem (up to `MAX_PROBLEMS`) with file, line and field:
     bad JSON, missing custom_ids, duplicates, and for every line still to be sent, malformed
     fields. A line that already has a result in `existing` is skipped, and only its JSON and id
-    are checked: it will not be sent, and a million of them must not slow a resume down. With
+    are checked: it will not be sent, and a million of them must not slow a resume down (one
+    probe of `existing.ok` both skips it and notices an id the input repeats). With
     `retry_failed`, ids whose result is a failure are sent again (and listed in `retry_ids` so
     their old lines can be dropped). `select` picks a shard.
     """
@@ -183,7 +184,9 @@ def scan_input(
     ok = existing.ok if existing is not None else IdSet()
     failed = existing.failed if existing is not None else set()
     problems: list[Problem] = []
-    seen = IdSet()
+    done_slot, done_met = ok.slot, bytearray(ok.capacity)
+    repeated: set[int] = set()  # keys of done ids the input names more than once
+    seen = IdSet()  # every other id
     ids: list[str] = []  # hashed into `seen` in batches
     for number, offset, raw in iter_lines_at(path):
         try:
@@ -194,15 +197,18 @@ def scan_input(
                 break
             continue
         cid = obj.get("custom_id") if type(obj) is dict else None
-        if type(cid) is str and (cid in ok or (cid in failed and not retry_failed)):
-            ids.append(cid)
-            if len(ids) == _BATCH:
-                seen.update(ids)
-                ids.clear()
+        at = done_slot(cid) if type(cid) is str else -1
+        if at >= 0 or (type(cid) is str and cid in failed and not retry_failed):
+            if at < 0:
+                seen.add(cid)  # a failure kept as it is: rare
+            elif done_met[at]:
+                repeated.add(id_key(cid))
+            else:
+                done_met[at] = 1
             if select is None or select(cid):
                 scan.total += 1
                 scan.already_done += 1
-                scan.failed_before += cid in failed
+                scan.failed_before += at < 0
             else:
                 scan.outside_shard += 1
             continue
@@ -228,7 +234,7 @@ def scan_input(
         scan.pending.append(offset)
     seen.update(ids)
     if len(problems) < MAX_PROBLEMS:
-        problems += find_duplicates(scan.path, seen)
+        problems += find_duplicates(scan.path, seen.colliding_hashes() | repeated)
         problems.sort(key=lambda p: p.line or 0)
     if problems:
         raise InputError(f"{scan.path}: {_count(problems)}; nothing was sent", problems)
@@ -244,10 +250,10 @@ def _stat(path: str | os.PathLike[str]) -> os.stat_result:
         raise InputError(f"cannot read {os.fspath(path)}: {exc.strerror}") from None
 
 
-def find_duplicates(path: str, seen: IdSet) -> list[Problem]:
-    """Confirm `seen`'s hash collisions against the real custom_ids of `path` (a request or a
-    response file), and name every line that repeats an earlier one."""
-    suspects = seen.colliding_hashes()
+def find_duplicates(path: str, suspects: set[int]) -> list[Problem]:
+    """Confirm hash collisions (`suspects`, keys as `id_key` makes them) against the real
+    custom_ids of `path` (a request or a response file), and name every line that repeats an
+    earlier one."""
     if not suspects:
         return []
     first_line: dict[str, int] = {}

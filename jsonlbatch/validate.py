@@ -74,5 +74,5 @@ def _validate_responses(path: str) -> ValidationReport:
                 seen.add(obj["custom_id"])
         if len(report.problems) >= MAX_PROBLEMS:
             return report
-    report.problems += find_duplicates(path, seen)
+    report.problems += find_duplicates(path, seen.colliding_hashes())
     return report

@@ -158,3 +158,32 @@ def test_url_credentials_are_not_shown():
 def test_bad_url_is_a_usage_error():
     with pytest.raises(UsageError):
         parse_endpoint("localhost:8000")
+
+
+def test_resume_scan_names_ids_the_input_repeats_among_done_and_pending_lines(tmp_path):
+    """Done ids are checked by one probe of the output's set, pending ids by a set of their
+    own: a repeat is found either way, with both line numbers, and nothing else is reported."""
+    from batchutil import write_requests
+
+    from jsonlbatch.errors import InputError
+
+    req, out = tmp_path / "req.jsonl", tmp_path / "out.jsonl"
+    write_requests(req, 6)
+    lines = req.read_bytes().splitlines(keepends=True)
+    out.write_bytes(
+        Result("req-0", 200, {}).to_line()
+        + Result("req-1", 500, {}).to_line()  # a failure, kept without --retry-failed
+        + Result("req-2", 200, {}).to_line()
+    )
+    existing = scan.scan_output(out)
+    found = scan.scan_input(req, existing=existing)
+    assert (found.total, found.already_done, found.failed_before) == (6, 3, 1)
+    assert len(found.pending) == 3
+    req.write_bytes(b"".join(lines) + lines[0] + lines[1] + lines[4])
+    with pytest.raises(InputError) as caught:
+        scan.scan_input(req, existing=existing)
+    assert [str(p) for p in caught.value.problems] == [
+        f"{req}:7: custom_id: 'req-0' repeats line 1",
+        f"{req}:8: custom_id: 'req-1' repeats line 2",
+        f"{req}:9: custom_id: 'req-4' repeats line 5",
+    ]
