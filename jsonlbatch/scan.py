@@ -184,7 +184,7 @@ def scan_input(
     ok = existing.ok if existing is not None else IdSet()
     failed = existing.failed if existing is not None else set()
     problems: list[Problem] = []
-    done_slot, done_met = ok.slot, bytearray(ok.capacity)
+    done_slot, done_met, any_done = ok.slot, bytearray(ok.capacity), len(ok) > 0
     repeated: set[int] = set()  # keys of done ids the input names more than once
     seen = IdSet()  # every other id
     ids: list[str] = []  # hashed into `seen` in batches
@@ -197,7 +197,7 @@ def scan_input(
                 break
             continue
         cid = obj.get("custom_id") if type(obj) is dict else None
-        at = done_slot(cid) if type(cid) is str else -1
+        at = done_slot(cid) if any_done and type(cid) is str else -1
         if at >= 0 or (type(cid) is str and cid in failed and not retry_failed):
             if at < 0:
                 seen.add(cid)  # a failure kept as it is: rare
