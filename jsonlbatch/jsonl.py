@@ -53,7 +53,7 @@ def prefetch(path: str | os.PathLike[str], limit: int = 1 << 30) -> None:
     if not hasattr(os, "posix_fadvise"):
         return
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not block us here
     except OSError:
         return
     try:
