@@ -23,8 +23,11 @@ import orjson
 from jsonlbatch.errors import AuthenticationError, ServerUnavailableError, UsageError
 from jsonlbatch.redact import register_secret
 
-#: Consecutive server-side failures after which an endpoint is set aside and probed.
+#: An endpoint is set aside and probed after this many server-side failures in a row, lasting
+#: at least SET_ASIDE_SECONDS: errors come back faster than answers, so a burst of them at high
+#: concurrency (a 10% error rate, 256 in flight) must not pause a healthy server.
 SET_ASIDE_AFTER = 8
+SET_ASIDE_SECONDS = 2.0
 
 _AZURE_SUFFIXES = (".openai.azure.com", ".cognitiveservices.azure.com", ".services.ai.azure.com")
 
@@ -41,6 +44,7 @@ class Endpoint:
     in_flight: int = 0
     up: bool = True
     failures: int = 0
+    failing_since: float = 0.0  # monotonic time of the first failure in the current run of them
     down_reason: str = ""
     probe: asyncio.Task[None] | None = field(default=None, repr=False)
 
@@ -179,8 +183,14 @@ class EndpointPool:
         endpoint.failures = 0
 
     def record_failure(self, endpoint: Endpoint, reason: str) -> None:
+        now = time.monotonic()
+        if endpoint.failures == 0:
+            endpoint.failing_since = now
         endpoint.failures += 1
-        if endpoint.failures >= SET_ASIDE_AFTER:
+        if (
+            endpoint.failures >= SET_ASIDE_AFTER
+            and now - endpoint.failing_since >= SET_ASIDE_SECONDS
+        ):
             self.set_aside(endpoint, f"{endpoint.failures} failures in a row ({reason})")
 
     def set_aside(self, endpoint: Endpoint, reason: str) -> None:

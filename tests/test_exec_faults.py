@@ -17,7 +17,7 @@ from batchutil import (
     write_requests,
 )
 
-from jsonlbatch.mock import reply_text
+from jsonlbatch.mock import BackgroundMock, MockConfig, reply_text
 
 
 def test_transient_errors_are_retried_until_success(tmp_path, mock_server):
@@ -68,6 +68,40 @@ def test_retries_exhausted_give_a_failed_line_and_exit_3(tmp_path, mock_server):
         assert "injected" in line["response"]["body"]["error"]["message"]
         assert line["metrics"]["attempts"] == 3
     assert "--retry-failed" in proc.stderr
+
+
+def test_a_burst_of_fast_errors_does_not_set_a_healthy_server_aside(tmp_path):
+    """Errors come back at once, answers after 0.3 s: at 128 in flight a 25% error rate yields
+    dozens of failures before the first success. That is no reason to stop using the server."""
+    with BackgroundMock(MockConfig(latency=0.3, fail_rate=0.25)) as mock:
+        write_requests(tmp_path / "req.jsonl", 128)
+        out = tmp_path / "out.jsonl"
+        proc = exec_cli(
+            tmp_path / "req.jsonl", out, "--url", mock.url, "-c", "128", "--backoff", "0.01"
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert mock.stats.responses[500] >= 8  # the burst happened
+        assert mock.stats.requests["/health"] == 0  # and was never taken for a dead server
+    assert not failures(read_results(out))
+
+
+def test_a_server_failing_everything_for_seconds_is_set_aside_and_probed(tmp_path):
+    with BackgroundMock(MockConfig(latency=0.05, fail_rate=1.0)) as mock:
+        write_requests(tmp_path / "req.jsonl", 4)
+        out = tmp_path / "out.jsonl"
+        proc = exec_cli(
+            tmp_path / "req.jsonl",
+            out,
+            "--url",
+            mock.url,
+            "--max-retries",
+            "7",
+            "--backoff",
+            "0.05",  # the last attempts come 2.4 to 5 s after the first failure
+        )
+        assert proc.returncode == 3, proc.stderr
+        assert mock.stats.requests["/health"] >= 1
+    assert len(failures(read_results(out))) == 4
 
 
 def test_retry_failed_replaces_failed_lines(tmp_path, mock_server):
