@@ -56,7 +56,7 @@ from jsonlbatch.progress import Progress
 from jsonlbatch.records import COMPLETIONS_URL, Request, Result
 from jsonlbatch.redact import redact
 from jsonlbatch.retry import Backoff, Verdict, classify, parse_retry_after
-from jsonlbatch.scan import InputScan, OutputScan, scan_input, scan_output
+from jsonlbatch.scan import InputScan, OutputScan, scan_input, scan_output, stat_input
 from jsonlbatch.streaming import STREAM_URLS, StreamError, StreamReader, read_stream, stream_body
 from jsonlbatch.summary import RunSummary
 
@@ -145,8 +145,13 @@ class Job:
         return self.input
 
     def close(self) -> None:
-        """Release the output's lock (done by `run` itself; for a job prepared but not run)."""
+        """Release the output's lock (done by `run` itself; for a job prepared but not run).
+
+        The scans are dropped too: what they found is stale once another run may write the
+        output, so a later `run` scans again (and resumes) instead of resending.
+        """
         self._lock.release()
+        self.input = self.existing = None
 
     @property
     def models(self) -> list[str]:
@@ -437,7 +442,7 @@ class _Run:
 
     async def _read(self, queue: asyncio.Queue[Request | None], n_workers: int) -> None:
         override = self.model_override
-        stat = os.stat(self.job.requests)
+        stat = stat_input(self.job.requests)
         if (stat.st_size, stat.st_mtime_ns) != (self.scan.size, self.scan.mtime_ns):
             raise InputError(
                 f"{self.job.requests} changed after it was checked; run the command again"

@@ -179,7 +179,7 @@ def scan_input(
     their old lines can be dropped). `select` picks a shard.
     """
     scan = InputScan(os.fspath(path))
-    stat = _stat(path)
+    stat = stat_input(path)
     scan.size, scan.mtime_ns = stat.st_size, stat.st_mtime_ns
     ok = existing.ok if existing is not None else IdSet()
     failed = existing.failed if existing is not None else set()
@@ -243,7 +243,8 @@ def scan_input(
     return scan
 
 
-def _stat(path: str | os.PathLike[str]) -> os.stat_result:
+def stat_input(path: str | os.PathLike[str]) -> os.stat_result:
+    """`os.stat` of a request file, failing as an `InputError` a user can act on."""
     try:
         return os.stat(path)
     except OSError as exc:

@@ -7,6 +7,7 @@ import pytest
 from batchutil import cli, content, exec_cli, failures, read_results, write_requests
 
 import jsonlbatch
+from jsonlbatch.errors import InputError
 from jsonlbatch.mock import reply_text
 
 
@@ -49,6 +50,31 @@ async def test_async_api(tmp_path, mock_server):
         tmp_path / "req.jsonl", tmp_path / "out.jsonl", urls=[url], quiet=True
     )
     assert summary.succeeded == 10
+
+
+async def test_a_job_run_twice_resumes_instead_of_resending(tmp_path, mock_server):
+    url = mock_server()
+    write_requests(tmp_path / "req.jsonl", 3)
+    out = tmp_path / "out.jsonl"
+    job = jsonlbatch.Job(
+        tmp_path / "req.jsonl", out, jsonlbatch.ExecOptions(urls=[url], quiet=True)
+    )
+    assert (await job.run()).written == 3
+    assert (await job.run()).written == 0
+    assert len(out.read_bytes().splitlines()) == 3
+
+
+async def test_a_request_file_gone_before_sending_is_a_clean_error(tmp_path, mock_server):
+    """With --serve, minutes can pass between the checks and the sending."""
+    url = mock_server()
+    write_requests(tmp_path / "req.jsonl", 3)
+    job = jsonlbatch.Job(
+        tmp_path / "req.jsonl", tmp_path / "out.jsonl", jsonlbatch.ExecOptions(urls=[url])
+    )
+    job.prepare()
+    (tmp_path / "req.jsonl").unlink()
+    with pytest.raises(InputError, match=r"cannot read .*req\.jsonl"):
+        await job.run()
 
 
 def test_resume_skips_done_and_keeps_existing_lines_byte_for_byte(tmp_path, mock_server):
