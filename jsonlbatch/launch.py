@@ -12,6 +12,7 @@ nothing survives us: not on an error, not on Ctrl-C or SIGTERM, not even on SIGK
 from __future__ import annotations
 
 import contextlib
+import http.client
 import os
 import signal
 import subprocess
@@ -486,7 +487,7 @@ def _get(url: str, api_key: str | None) -> tuple[int | str, object]:
     except urllib.error.URLError as exc:
         reason = exc.reason
         return f"cannot connect ({getattr(reason, 'strerror', None) or reason})", None
-    except (TimeoutError, OSError) as exc:
+    except (TimeoutError, OSError, http.client.HTTPException) as exc:  # e.g. not HTTP at all
         return f"no answer ({type(exc).__name__})", None
     try:
         return status, orjson.loads(raw)

@@ -7,6 +7,7 @@ import importlib.util
 import re
 import socket
 import sys
+import threading
 from importlib.machinery import SourceFileLoader
 from pathlib import Path
 
@@ -305,3 +306,31 @@ def test_click_options_map_onto_serve_options() -> None:
         _options_of("--tp-size", "2")
     with pytest.raises(UsageError, match="--server-api-key is a server option"):
         _options_of("--server-api-key", "abcd")
+
+
+def test_a_server_key_in_the_environment_is_no_error_without_serve(monkeypatch) -> None:
+    monkeypatch.setenv("JSONLBATCH_SERVER_API_KEY", "from-the-environment")
+    assert _options_of() is None
+    assert _options_of("--serve", "mock").api_key == "from-the-environment"
+
+
+def test_readiness_probe_of_a_port_that_does_not_speak_http_is_no_crash() -> None:
+    """Something else on the port (an SSH banner): the probe says so instead of raising."""
+    from jsonlbatch.launch import _get
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+
+        def answer() -> None:
+            conn, _ = listener.accept()
+            with conn:
+                conn.recv(1024)
+                conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
+
+        thread = threading.Thread(target=answer, daemon=True)
+        thread.start()
+        status, body = _get(f"http://127.0.0.1:{port}/health", None)
+        thread.join(10)
+    assert body is None and status == "no answer (BadStatusLine)"

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
+from click.core import ParameterSource
 
 from jsonlbatch.backends import BACKEND_NAMES, DP_MODES, ServeOptions
 from jsonlbatch.errors import UsageError
@@ -169,7 +170,13 @@ def serve_options_from_kwargs(kwargs: dict[str, Any]) -> ServeOptions | None:
     can go on to the command's own code). None when no server is to be launched."""
     values = {name: kwargs.pop(name, default) for name, default in _DEFAULTS.items()}
     if values["backend"] is None:
-        given = [name for name, value in values.items() if value != _DEFAULTS[name]]
+        ctx = click.get_current_context(silent=True)
+        given = [
+            name
+            for name, value in values.items()
+            if value != _DEFAULTS[name]  # a variable set for `serve` is no mistake of exec's
+            and (ctx is None or ctx.get_parameter_source(name) is not ParameterSource.ENVIRONMENT)
+        ]
         if given:
             raise UsageError(
                 f"{_flag(given[0])} is a server option: it needs --serve mock|vllm|sglang"
