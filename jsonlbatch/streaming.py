@@ -75,10 +75,10 @@ class _ToolCall:
         function = delta.get("function")
         if isinstance(function, dict):
             name = function.get("name")
-            if name and name != self.name:
+            if name.__class__ is str and name and name != self.name:
                 self.name += name  # a name sent in pieces; a repeated whole name is kept once
             arguments = function.get("arguments")
-            if arguments:
+            if arguments.__class__ is str and arguments:
                 self.arguments.append(arguments)
 
     def as_dict(self) -> dict[str, Any]:
@@ -329,7 +329,7 @@ class StreamReader:
             usage = chunk.get("usage")
             if usage:
                 self.usage = usage
-            if choices and merge(choices):
+            if choices.__class__ is list and merge(choices):
                 carried += 1
         if self._head is None and chunks:
             self._head = chunks[0]
@@ -355,13 +355,14 @@ class StreamReader:
             if raw.__class__ is not dict:
                 continue
             index = raw.get("index", 0)
+            if not isinstance(index, int):
+                index = 0  # a malformed index (a list, a string): the first choice
             choice = states.get(index)
             if choice is None:
-                index = index if isinstance(index, int) else 0
-                choice = states[index] = states.get(index) or _Choice(index)
+                choice = states[index] = _Choice(index)
             if chat:
                 delta = raw.get("delta")
-                if delta:
+                if delta.__class__ is dict:
                     for key, value in delta.items():
                         if value.__class__ is str:
                             if key == "role":
@@ -375,7 +376,7 @@ class StreamReader:
                                 parts.append(value)
                             if value:
                                 carried = True
-                        elif value and key == "tool_calls":
+                        elif value and key == "tool_calls" and value.__class__ is list:
                             choice.add_tool_calls(value)
                             carried = True
                         elif key == "function_call" and isinstance(value, dict):
@@ -426,7 +427,7 @@ class StreamReader:
         if self.first is not None:
             ttft = self.first - start
             out["ttft_s"] = round(ttft, 6)
-            if completion is not None and completion > 1:
+            if isinstance(completion, (int, float)) and completion > 1:
                 out["tpot_s"] = round((end - start - ttft) / (completion - 1), 6)
         gaps = self.gaps
         if gaps:

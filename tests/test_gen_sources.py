@@ -6,6 +6,7 @@ import csv
 import io
 import json
 import random
+import sys
 
 import pytest
 
@@ -37,6 +38,19 @@ def test_jsonl_bad_line_and_non_object_are_located(tmp_path):
     with pytest.raises(InputError) as exc:
         rows_of(p)
     assert f"{p}:2: row 1: must be a JSON object, got list" in str(exc.value)
+
+
+def test_jsonl_rows_skip_a_leading_bom_in_files_and_stdin(tmp_path, monkeypatch):
+    """A BOM (files saved by Windows editors) is dropped on line 1, as .json/.csv and exec do."""
+    data = b'\xef\xbb\xbf{"a": 1}\n{"a": 2}\n'
+    p = tmp_path / "d.jsonl"
+    p.write_bytes(data)
+    rows = rows_of(p)
+    assert [(r.data, r.line) for r in rows] == [({"a": 1}, 1), ({"a": 2}, 2)]
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
+    assert [r.data for r in rows_of("-")] == [{"a": 1}, {"a": 2}]
+    p.write_bytes(b'\xef\xbb\xbf\n{"a": 1}\n')  # a BOM alone on a blank first line
+    assert [(r.data, r.line) for r in rows_of(p)] == [({"a": 1}, 2)]
 
 
 def test_json_list_rows_with_lines(tmp_path):

@@ -101,6 +101,18 @@ def test_torn_last_line_is_skipped_and_said(tmp_path: Path) -> None:
     assert "torn last line" in result.stdout
 
 
+@pytest.mark.parametrize("choices", [5, "stop", {"finish_reason": "stop"}])
+def test_ok_line_with_choices_not_a_list_is_read(tmp_path: Path, choices: object) -> None:
+    line = ok_line("a", start=0.0, latency=1.0)
+    line["response"]["body"]["choices"] = choices
+    path = write_lines(tmp_path / "r.jsonl", [line, ok_line("b", start=0.0, latency=2.0)])
+    run = build_report([str(path)]).runs[0]
+    assert run.lines == 2
+    result = cli("report", str(path))
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_cli_errors_are_clean_messages(tmp_path: Path) -> None:
     requests = _requests(tmp_path / "requests.jsonl", [("a", 0.0, "x")])
     cases = [

@@ -250,6 +250,41 @@ def test_completions_stream_becomes_a_text_completion():
 @pytest.mark.parametrize(
     "bad",
     [
+        {"index": [0], "delta": {"content": "x"}},  # an unhashable index
+        {"index": "1", "delta": {"content": "x"}},
+        {"index": 0, "delta": [1]},
+        {"index": 0, "delta": "x"},
+        {"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"name": 5}}]}},
+        {"index": 0, "delta": {"tool_calls": [{"function": {"arguments": [1]}}]}},
+        {"index": 0, "delta": {"function_call": {"name": ["f"], "arguments": {"a": 1}}}},
+        {"index": 0, "delta": {"tool_calls": 5}},
+    ],
+)
+def test_malformed_chunk_fields_are_ignored_not_a_crash(bad):
+    """A chunk with fields of the wrong type must not crash the run (only StreamError is
+    caught by exec): what is well-formed is kept, the rest ignored."""
+    stream = event([delta(0, role="assistant", content="a")]) + event([bad])
+    reader = assemble([stream + event([delta(0, "stop", content="b")]) + b"data: [DONE]\n\n"])
+    choices = reader.body()["choices"]
+    assert [c["index"] for c in choices] == [0]
+    assert choices[0]["message"]["content"] in ("ab", "axb")
+    assert choices[0]["finish_reason"] == "stop"
+    for call in choices[0]["message"].get("tool_calls", []):
+        assert call["function"] == {"name": "", "arguments": ""}
+    assert choices[0]["message"].get("function_call", {"name": ""})["name"] == ""
+
+
+def test_choices_or_usage_of_the_wrong_type_are_not_a_crash():
+    stream = event([delta(0, content="a")]) + b'data: {"choices": 5}\n\n'
+    stream += event([delta(0, "stop")], usage={"completion_tokens": "many"}) + b"data: [DONE]\n\n"
+    reader = assemble([stream])
+    assert reader.body()["choices"][0]["message"]["content"] == "a"
+    assert "tpot_s" not in reader.metrics(start=0.0, end=1.0)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
         b'data: {"error": {"message": "engine died", "type": "InternalServerError", "code": 500}}\n\n',
         b'data: {"object": "error", "message": "engine died", "code": 500}\n\n',
         b'event: error\ndata: {"message": "engine died"}\n\n',

@@ -285,7 +285,8 @@ def _parse(obj: Any, path: str, number: int, problems: list[Problem]) -> _Line |
     error = obj.get("error")
     reasons = []
     if ok:
-        for choice in body.get("choices") or ():
+        choices = body.get("choices")
+        for choice in choices if isinstance(choices, list) else ():
             if isinstance(choice, dict):
                 reasons.append(str(choice.get("finish_reason") or "(none)"))
     return _Line(
