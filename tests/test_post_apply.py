@@ -165,3 +165,14 @@ def test_repo_reads_never_leave_the_root_or_follow_symlinks(tmp_path: Path) -> N
     # read-only use: the user's checkout and the outside file are untouched
     assert (repo / "pkg" / "a.py").read_text() == "x = 1\n"
     assert (tmp_path / "secret.txt").read_text() == "token\n"
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_repo_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    os.mkfifo(repo / "pipe.py")  # nobody ever writes to it: a blocking open would hang
+    result = apply_edits([Edit("pipe.py", "x\n", "y\n")], RepoFiles(str(repo)))
+    [r] = result.results
+    assert not r.ok and r.reason == "pipe.py is not a regular file"

@@ -269,3 +269,61 @@ def _limits(**fields: float):
     from jsonlbatch.post import RunLimits
 
     return RunLimits(**fields)  # type: ignore[arg-type]
+
+
+def test_refused_named_script_is_not_replaced_by_an_unnamed_block(tmp_path: Path) -> None:
+    big = "```python title=main.py\n" + "# padding\n" * 20 + "open('named.txt', 'w')\n```"
+    unnamed = "```python\nopen('unnamed.txt', 'w').write('ran')\n```"
+    responses = write_jsonl(tmp_path / "r.jsonl", [chat_line("s", big + "\n" + unnamed)])
+    out = tmp_path / "out"
+    summary = extract_files(str(responses), str(out), limits=Limits(max_file_bytes=100), run=True)
+    records = [(m["path"], m["source"], m["status"]) for m in read_jsonl(out / "manifest.jsonl")]
+    assert records == [("main.py", "fence:info", "refused"), ("main.py", "run", "failed")]
+    [run] = [m for m in read_jsonl(out / "manifest.jsonl") if m["source"] == "run"]
+    assert run["reason"] == "the script file was refused"
+    assert summary.runs == 0 and not (out / "s" / "unnamed.txt").exists()
+
+
+def test_script_of_uses_the_unnamed_block_only_without_named_scripts() -> None:
+    from jsonlbatch.post.files import script_of
+
+    unnamed = "```python\nprint(1)\n```"
+    assert script_of(unnamed, find_files(unnamed)) == ("main.py", "print(1)\n")
+    named = "```python title=main.py\nprint(2)\n```\n" + unnamed
+    assert script_of(named, find_files(named)) == ("main.py", None)
+    assert script_of("no code", []) == (None, None)
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_planted_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    (out / "fifo").mkdir(parents=True)
+    os.mkfifo(out / "fifo" / "report.txt")  # nobody reads it: a blocking open would hang
+    answer = '```text title="report.txt"\nhello\n```\n```text title="ok.txt"\nfine\n```'
+    responses = write_jsonl(tmp_path / "r.jsonl", [chat_line("fifo", answer)])
+    summary = extract_files(str(responses), str(out))
+    reasons = {m["path"]: (m["status"], m["reason"]) for m in read_jsonl(out / "manifest.jsonl")}
+    assert reasons == {
+        "report.txt": ("refused", "fifo/report.txt is not a regular file"),
+        "ok.txt": ("written", ""),
+    }
+    assert summary.written == 1
+
+
+def test_run_collection_shares_the_per_sample_caps(tmp_path: Path) -> None:
+    named = "".join(f'```text title="given{i}.txt"\n{"g" * 9}\n```\n' for i in range(2))
+    make = "```python\nfor i in range(5):\n    open(f'made{i}.txt', 'w').write('m' * 9)\n```"
+    responses = write_jsonl(tmp_path / "r.jsonl", [chat_line("cap", named + make)])
+    out = tmp_path / "count"
+    extract_files(str(responses), str(out), limits=Limits(max_files=3), run=True)
+    written = [m["path"] for m in read_jsonl(out / "manifest.jsonl") if m["status"] == "written"]
+    assert written == ["given0.txt", "given1.txt", "made0.txt"]
+    reasons = {m["path"]: m["reason"] for m in read_jsonl(out / "manifest.jsonl")}
+    assert reasons["made1.txt"] == "over the limit of 3 files"
+    out = tmp_path / "bytes"
+    extract_files(str(responses), str(out), limits=Limits(max_total_bytes=45), run=True)
+    written = [m["path"] for m in read_jsonl(out / "manifest.jsonl") if m["status"] == "written"]
+    assert written == ["given0.txt", "given1.txt", "made0.txt", "made1.txt"]
+    reasons = {m["path"]: m["reason"] for m in read_jsonl(out / "manifest.jsonl")}
+    assert reasons["made2.txt"] == "over 45 bytes in all"

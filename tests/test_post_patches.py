@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -311,3 +312,46 @@ def test_partial_keeps_the_edits_that_apply() -> None:
     assert strict[0].status == "edit did not apply"
     assert partial[0].usable and "str(value).strip()" in partial[0].patch
     assert "text to replace not found" in partial[0].reasons[0]
+
+
+def test_same_output_for_predictions_and_samples_is_sane(tmp_path: Path, repos: Path) -> None:
+    responses = write_jsonl(tmp_path / "r.jsonl", [chat_line("proj__proj-1|0", FIX)])
+    out = tmp_path / "out"
+    same = out / "both.jsonl"
+    result = post("patches", responses, "--repo-root", repos, "-o", same, "--samples-out", same)
+    assert result.returncode == 0, result.stderr
+    [pred] = read_jsonl(same)  # the predictions, complete: they are closed last
+    assert pred["instance_id"] == "proj__proj-1" and "str(value)" in pred["model_patch"]
+    assert [p.name for p in out.iterdir()] == ["both.jsonl"]  # no temporary file left
+
+
+def test_writers_to_one_folder_use_their_own_temporary_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from jsonlbatch.post.outputs import JsonlWriter
+
+    synced: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd) or real_fsync(fd))
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    with JsonlWriter(str(a)) as wa, JsonlWriter(str(b)) as wb:
+        for i in range(3):
+            wa.write({"a": i})
+            wb.write({"b": i})
+        assert len(list(tmp_path.iterdir())) == 2  # two temporary files, nothing final yet
+    assert read_jsonl(a) == [{"a": i} for i in range(3)]
+    assert read_jsonl(b) == [{"b": i} for i in range(3)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl", "b.jsonl"]
+    assert len(synced) == 2  # each output reached the disk before its rename
+    with JsonlWriter(str(b)) as outer, JsonlWriter(str(b)) as inner:  # one path twice
+        outer.write({"outer": 1})
+        inner.write({"inner": 1})
+    assert read_jsonl(b) == [{"outer": 1}]  # the last closed wins, whole
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert a.stat().st_mode & 0o777 == 0o666 & ~umask
+    with pytest.raises(RuntimeError), JsonlWriter(str(a)) as again:
+        again.write({"new": 1})
+        raise RuntimeError("midway")
+    assert read_jsonl(a) == [{"a": i} for i in range(3)]  # the previous output is kept
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl", "b.jsonl"]

@@ -148,3 +148,34 @@ def test_group_field_missing_is_located(tmp_path: Path) -> None:
     requests = write_jsonl(tmp_path / "requests.jsonl", [{"custom_id": "r0", "body": {}}])
     with pytest.raises(InputError, match=r"requests.jsonl:1: body.metadata.problem: missing"):
         request_field_key(str(requests), "body.metadata.problem")
+
+
+def test_tool_call_only_message_without_content(tmp_path: Path) -> None:
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    line = chat_line("t", "", tool_calls=[call])
+    del line["response"]["body"]["choices"][0]["message"]["content"]
+    [sample] = read_responses(str(write_jsonl(tmp_path / "r.jsonl", [line])))
+    assert sample.tool_calls == [call]
+    assert sample.text == "" and not sample.failed
+
+
+def test_utf8_bom_at_the_start_is_ignored(tmp_path: Path) -> None:
+    path = tmp_path / "r.jsonl"
+    lines = [chat_line("a|0", "x"), chat_line("a|1", "y")]
+    path.write_bytes(b"\xef\xbb\xbf" + b"".join(orjson.dumps(x) + b"\n" for x in lines))
+    assert [s.text for s in read_responses(str(path))] == ["x", "y"]
+    [group] = iter_groups(str(path))
+    assert [s.custom_id for s in group.samples] == ["a|0", "a|1"]
+
+
+def test_only_a_last_line_without_newline_is_torn(tmp_path: Path) -> None:
+    path = tmp_path / "r.jsonl"
+    whole = orjson.dumps(chat_line("a|0", "x")).decode() + "\n"
+    path.write_text(whole + orjson.dumps(chat_line("a|1", "y")).decode()[:40] + "\n\n")
+    with pytest.raises(InputError) as info:
+        list(iter_groups(str(path)))
+    assert f"{path}:2: bad JSON" in str(info.value)
+    path.write_text("\ufeff" + orjson.dumps(chat_line("a|1", "y")).decode()[:40])
+    unused = Unused()
+    assert list(iter_groups(str(path), unused=unused)) == []
+    assert unused.counts == {"torn last line (file still being written?)": 1}

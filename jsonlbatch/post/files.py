@@ -130,20 +130,26 @@ def _rel(name: str) -> str | None:
         return None
 
 
-def script_of(text: str, specs: Sequence[FileSpec], script: str | None = None) -> str | None:
-    """Which file `--run` executes: `script`, else the only .py file, else `main.py`.
+def script_of(
+    text: str, specs: Sequence[FileSpec], script: str | None = None
+) -> tuple[str | None, str | None]:
+    """Which file `--run` executes, and the code of an unnamed block when that is what runs:
+    `script`, else the only .py file, else `main.py`, else (no .py file at all) the last unnamed
+    python block, run as `main.py`. (None, None) when there is nothing to run.
 
-    An answer whose code is in an unnamed python block gets that block as `main.py`.
+    The unnamed block is only a fallback for answers without named .py files: a named script
+    that is then refused (too large, a planted symlink...) is never replaced by it.
     """
     names = {_rel(s.path) for s in specs if not s.problem} - {None}
     if script:
-        return script if script in names else None
+        return (script if script in names else None), None
     python = [n for n in names if n.endswith(".py")]
     if len(python) == 1:
-        return python[0]
+        return python[0], None
     if "main.py" in names or python:
-        return "main.py" if "main.py" in names else None
-    return "main.py" if _unnamed_python(text) else None
+        return ("main.py" if "main.py" in names else None), None
+    code = _unnamed_python(text)
+    return ("main.py", code) if code is not None else (None, None)
 
 
 def _unnamed_python(text: str) -> str | None:
@@ -161,14 +167,24 @@ def sample_dir(sample: Sample) -> str:
 
 
 def save_files(
-    specs: Sequence[FileSpec], out_dir: str, folder: str, ids: tuple[str, int], limits: Limits
+    specs: Sequence[FileSpec],
+    out_dir: str,
+    folder: str,
+    ids: tuple[str, int],
+    limits: Limits,
+    *,
+    written: int = 0,
+    total: int = 0,
 ) -> list[FileRecord]:
-    """Write `specs` under `out_dir/folder`; one record per spec, refused ones with a reason."""
+    """Write `specs` under `out_dir/folder`; one record per spec, refused ones with a reason.
+
+    `written` and `total` are the files and bytes this sample has already written (the caps
+    are per sample, whatever the number of calls).
+    """
     os.makedirs(out_dir, exist_ok=True)
     records: list[FileRecord] = []
     clean = [_rel(spec.path) for spec in specs]
     last = {rel: n for n, rel in enumerate(clean) if rel is not None}
-    written = total = 0
     for n, (spec, rel) in enumerate(zip(specs, clean, strict=True)):
         record = FileRecord(
             ids[0], ids[1], rel or spec.path, spec.source, "refused", len(spec.content),
@@ -280,14 +296,14 @@ class _Job:
             unused.add(TRUNCATED, sample.sample_id)
             return []
         specs = find_files(sample.text)
-        to_run = script_of(sample.text, specs, self.script) if self.run else None
+        to_run, fallback = script_of(sample.text, specs, self.script) if self.run else (None, None)
         if not specs and not to_run:
             unused.add(NO_FILES, sample.sample_id)
             return []
         folder, ids = sample_dir(sample), (sample.custom_id, sample.index)
         records = save_files(specs, self.out_dir, folder, ids, self.limits)
         if to_run:
-            records += self._run(sample, specs, records, to_run, folder, ids)
+            records += self._run(sample, specs, records, to_run, fallback, folder, ids)
         elif self.run:
             unused.add(
                 NO_SCRIPT, sample.sample_id, "several or no .py files; pick one with --script"
@@ -304,14 +320,16 @@ class _Job:
         specs: Sequence[FileSpec],
         records: Sequence[FileRecord],
         to_run: str,
+        fallback: str | None,
         folder: str,
         ids: tuple[str, int],
     ) -> list[FileRecord]:
         written = {
             r.path: s.content for r, s in zip(records, specs, strict=True) if r.status == "written"
         }
-        if to_run not in written and _unnamed_python(sample.text) is not None:
-            written[to_run] = (_unnamed_python(sample.text) or "").encode()
+        used = (len(written), sum(len(data) for data in written.values()))  # this sample's so far
+        if fallback is not None:  # an unnamed block, chosen because no .py file was named
+            written[to_run] = fallback.encode()
         code = written.get(to_run, b"")
         record = FileRecord(
             ids[0], ids[1], to_run, "run", "failed", len(code), hashlib.sha256(code).hexdigest()
@@ -332,4 +350,7 @@ class _Job:
             FileRecord(ids[0], ids[1], path, "run", "refused", reason=why)
             for path, why in result.refused
         ]
-        return [record, *save_files(made, self.out_dir, folder, ids, self.limits), *refused]
+        collected = save_files(
+            made, self.out_dir, folder, ids, self.limits, written=used[0], total=used[1]
+        )
+        return [record, *collected, *refused]

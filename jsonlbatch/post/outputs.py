@@ -6,8 +6,10 @@ the previous output or the new one, never a half-written file that looks complet
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+import tempfile
 from types import TracebackType
 from typing import IO, Any
 
@@ -16,12 +18,22 @@ import orjson
 from jsonlbatch.errors import OutputError
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 class JsonlWriter:
-    """Write JSON lines to `path` (or stdout for `-`) via a temporary file renamed on success."""
+    """Write JSON lines to `path` (or stdout for `-`) via a temporary file renamed on success.
+
+    The temporary file has a unique name beside `path`, so two writers never share one (two
+    writers to one path: the last to finish wins, whole), and is fsynced before the rename.
+    """
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._tmp = f"{path}.tmp-{os.getpid()}"
+        self._tmp = ""
         self._fh: IO[bytes] | None = None
         self.count = 0
 
@@ -32,7 +44,10 @@ class JsonlWriter:
         folder = os.path.dirname(os.path.abspath(self.path))
         try:
             os.makedirs(folder, exist_ok=True)
-            self._fh = open(self._tmp, "wb")
+            fd, self._tmp = tempfile.mkstemp(
+                prefix=f".{os.path.basename(self.path)}.", suffix=".tmp", dir=folder
+            )
+            self._fh = os.fdopen(fd, "wb")
         except OSError as exc:
             raise OutputError(f"cannot write {self.path}: {exc.strerror or exc}") from None
         return self
@@ -52,8 +67,22 @@ class JsonlWriter:
             if self._fh is not None:
                 self._fh.flush()
             return
-        self._fh.close()
-        if exc_type is None:
+        fh, self._fh = self._fh, None
+        if exc_type is not None:  # keep the previous output
+            with contextlib.suppress(OSError):
+                fh.close()
+            with contextlib.suppress(OSError):
+                os.unlink(self._tmp)
+            return
+        try:
+            fh.flush()
+            os.fsync(fh.fileno())
+            fh.close()
+            os.chmod(self._tmp, 0o666 & ~_umask())  # mkstemp makes 0600; open() would not
             os.replace(self._tmp, self.path)
-        else:
-            os.unlink(self._tmp)
+        except OSError as error:
+            with contextlib.suppress(OSError):
+                fh.close()
+            with contextlib.suppress(OSError):
+                os.unlink(self._tmp)
+            raise OutputError(f"cannot write {self.path}: {error.strerror or error}") from None

@@ -108,7 +108,8 @@ def read_inside(root: str, relpath: str, *, max_bytes: int) -> bytes | None:
         return None
     try:
         try:
-            file_fd = os.open(name, os.O_RDONLY | _NOFOLLOW, dir_fd=fd)
+            # O_NONBLOCK: a FIFO must not block the open; the regular-file check refuses it
+            file_fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | _NOFOLLOW, dir_fd=fd)
         except FileNotFoundError:
             return None
         except OSError as exc:
@@ -136,16 +137,24 @@ def write_inside(root: str, relpath: str, data: bytes) -> None:
     assert fd is not None
     try:
         try:
+            # O_NONBLOCK: a planted FIFO fails (ENXIO) instead of blocking until it has a reader
             file_fd = os.open(
-                name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _NOFOLLOW, 0o644, dir_fd=fd
+                name,
+                os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NONBLOCK | _NOFOLLOW,
+                0o644,
+                dir_fd=fd,
             )
         except OSError as exc:
             if exc.errno in (errno.ELOOP, errno.EMLINK):
                 raise UnsafePathError(f"{relpath} is a symlink") from None
             if exc.errno == errno.EISDIR:
                 raise UnsafePathError(f"{relpath} is a directory") from None
+            if exc.errno == errno.ENXIO:
+                raise UnsafePathError(f"{relpath} is not a regular file") from None
             raise
     finally:
         os.close(fd)
     with os.fdopen(file_fd, "wb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):  # e.g. a FIFO someone is reading
+            raise UnsafePathError(f"{relpath} is not a regular file")
         fh.write(data)

@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 
 from jsonlbatch.errors import InputError, Problem, UsageError
-from jsonlbatch.jsonl import iter_lines
+from jsonlbatch.jsonl import iter_lines, iter_lines_at, read_lines_at
 from jsonlbatch.post.summary import TORN, Unused
 from jsonlbatch.records import check_response, is_failure
 
@@ -150,7 +150,7 @@ def samples_of(
     for pos, choice in enumerate(choices):
         choice = choice if isinstance(choice, dict) else {}
         message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
-        text = _content_text(message["content"] if message else choice.get("text"))
+        text = _content_text(message.get("content") if message else choice.get("text"))
         reasoning = message.get("reasoning") or message.get("reasoning_content") or ""
         if not isinstance(reasoning, str) or not reasoning:
             reasoning, text = split_think(text)
@@ -198,37 +198,41 @@ def _lines(paths: Sequence[str]) -> Iterator[tuple[int, str, int, dict[str, Any]
     `Problem` with field "torn" so callers can skip it instead of failing.
     """
     for source, path in enumerate(paths):
-        try:
-            fh = open(path, "rb")  # noqa: SIM115 - closed by the with below
-        except OSError as exc:
-            raise InputError(f"cannot read {path}: {exc.strerror or exc}") from None
-        with fh:
-            lineno = 0
-            for raw in fh:
-                lineno += 1
-                if not raw.strip():
-                    continue
-                try:
-                    obj = orjson.loads(raw)
-                except orjson.JSONDecodeError as exc:
-                    torn = not raw.endswith(b"\n")
-                    yield (
-                        source,
-                        path,
-                        lineno,
-                        Problem(path, lineno, "torn" if torn else None, f"bad JSON: {exc}"),
-                    )
-                    continue
-                if isinstance(obj, dict) and _is_answer_line(obj):
-                    ok = isinstance(obj.get("custom_id"), str) and obj["custom_id"]
-                    problems = [] if ok else [("custom_id", "missing or not a non-empty string")]
-                else:
-                    problems = check_response(obj)
-                if problems:
-                    for fld, msg in problems:
-                        yield source, path, lineno, Problem(path, lineno, fld, msg)
-                    continue
-                yield source, path, lineno, obj
+        for lineno, start, raw in iter_lines_at(path):  # shared BOM handling and read errors
+            try:
+                obj = orjson.loads(raw)
+            except orjson.JSONDecodeError as exc:
+                torn = _torn(path, start, raw)
+                yield (
+                    source,
+                    path,
+                    lineno,
+                    Problem(path, lineno, "torn" if torn else None, f"bad JSON: {exc}"),
+                )
+                continue
+            if isinstance(obj, dict) and _is_answer_line(obj):
+                ok = isinstance(obj.get("custom_id"), str) and obj["custom_id"]
+                problems = [] if ok else [("custom_id", "missing or not a non-empty string")]
+            else:
+                problems = check_response(obj)
+            if problems:
+                for fld, msg in problems:
+                    yield source, path, lineno, Problem(path, lineno, fld, msg)
+                continue
+            yield source, path, lineno, obj
+
+
+def _torn(path: str, start: int, raw: bytes) -> bool:
+    """Whether the line read as `raw` at byte `start` was a torn write: it had no newline yet
+    (it is the last line), or it has grown since (a writer was finishing it)."""
+    lines = read_lines_at(path, [start])
+    try:
+        physical = next(lines, b"")
+    except OSError:  # gone since: cannot tell, so it is reported as bad
+        return False
+    finally:
+        lines.close()
+    return not physical.endswith(b"\n") or physical.strip() != raw
 
 
 def read_responses(paths: str | Sequence[str], unused: Unused | None = None) -> Iterator[Sample]:
