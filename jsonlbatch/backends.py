@@ -18,6 +18,8 @@ from jsonlbatch.redact import redact, register_secret
 
 BACKEND_NAMES = ("mock", "vllm", "sglang")
 DP_MODES = ("native", "replicas")
+#: Where the mock server (`python -m jsonlbatch.mock`) reads its API key.
+MOCK_API_KEY_ENV = "JSONLBATCH_MOCK_API_KEY"
 
 
 @dataclass
@@ -81,11 +83,6 @@ class ServeOptions:
             return self.served_model_name
         return (self.model_path,) if self.model_path else ()
 
-    @property
-    def replicas(self) -> int:
-        """How many server processes: DP of them in replicas mode, one otherwise."""
-        return self.dp_size if self.dp_mode == "replicas" else 1
-
 
 @dataclass(frozen=True)
 class Command:
@@ -103,7 +100,6 @@ class Command:
 class Backend:
     """How one kind of server is started."""
 
-    name: str
     program: tuple[str, ...]  # default executable; `ServeOptions.executable` replaces it
     default_port: int
     port_stride: int  # distance between replicas' ports (room for the server's side ports)
@@ -156,7 +152,7 @@ def _sglang(opts: ServeOptions, port: int, dp: int) -> tuple[list[str], dict[str
 
 def _mock(opts: ServeOptions, port: int, dp: int) -> tuple[list[str], dict[str, str]]:
     argv = ["--host", opts.host, "--port", str(port), "--served-model-name", *opts.served_names]
-    return argv, ({"JSONLBATCH_MOCK_API_KEY": opts.api_key} if opts.api_key else {})
+    return argv, ({MOCK_API_KEY_ENV: opts.api_key} if opts.api_key else {})
 
 
 def _flag(name: str, value: object) -> list[str]:
@@ -164,12 +160,10 @@ def _flag(name: str, value: object) -> list[str]:
 
 
 BACKENDS = {
-    "mock": Backend("mock", (sys.executable, "-m", "jsonlbatch.mock"), 8000, 1, False, _mock),
-    "vllm": Backend("vllm", ("vllm",), 8000, 1, True, _vllm),
+    "mock": Backend((sys.executable, "-m", "jsonlbatch.mock"), 8000, 1, False, _mock),
+    "vllm": Backend(("vllm",), 8000, 1, True, _vllm),
     # SGLang puts its NCCL port at a random 100..1000 above --port: keep replicas beyond that.
-    "sglang": Backend(
-        "sglang", (sys.executable, "-m", "sglang.launch_server"), 30000, 1024, True, _sglang
-    ),
+    "sglang": Backend((sys.executable, "-m", "sglang.launch_server"), 30000, 1024, True, _sglang),
 }
 
 

@@ -227,7 +227,7 @@ class EndpointPool:
             if status >= 500:
                 endpoint.down_reason = f"HTTP {status}"
                 continue
-            refusal = self.admit(endpoint, _model_ids(body) if status == 200 else None)
+            refusal = self.admit(endpoint, model_ids(body) if status == 200 else None)
             if refusal:
                 endpoint.down_reason = refusal
             else:
@@ -271,7 +271,7 @@ class EndpointPool:
                     "or OPENAI_API_KEY"
                 )
             if status is not None and status < 500:
-                return _model_ids(body) if status == 200 else None
+                return model_ids(body) if status == 200 else None
             waited = time.monotonic() - started
             reason = body if status is None else f"HTTP {status}"
             self.status = f"waiting for {endpoint.name} ({waited:.0f}s): {reason}"
@@ -320,7 +320,8 @@ class EndpointPool:
         await asyncio.gather(*probes, return_exceptions=True)
 
 
-def _model_ids(body: Any) -> list[str] | None:
+def model_ids(body: Any) -> list[str] | None:
+    """The model ids a `/v1/models` body lists (None when it is not such a body)."""
     if isinstance(body, dict) and isinstance(body.get("data"), list):
         return [m["id"] for m in body["data"] if isinstance(m, dict) and "id" in m]
     return None

@@ -27,6 +27,15 @@ class Problem:
         )
 
 
+#: Stop collecting after this many problems: the user fixes the pattern, not each line.
+MAX_PROBLEMS = 1000
+
+
+def count_problems(n: int) -> str:
+    """`n`, with a `+` when collecting stopped at `MAX_PROBLEMS` (there may be more)."""
+    return f"{n}{'+' if n >= MAX_PROBLEMS else ''}"
+
+
 class JsonlbatchError(Exception):
     """Base class of every error jsonlbatch raises on purpose."""
 
@@ -56,7 +65,8 @@ class InputError(JsonlbatchError):
         lines += [f"  {p}" for p in shown]
         if len(self.problems) > len(shown):
             more = len(self.problems) - len(shown)
-            lines.append(f"  ... and {more}{'+' if len(self.problems) >= 1000 else ''} more")
+            plus = "+" if len(self.problems) >= MAX_PROBLEMS else ""
+            lines.append(f"  ... and {more}{plus} more")
         return "\n".join(lines)
 
 

@@ -56,7 +56,14 @@ from jsonlbatch.progress import Progress
 from jsonlbatch.records import COMPLETIONS_URL, Request, Result
 from jsonlbatch.redact import redact
 from jsonlbatch.retry import Backoff, Verdict, classify, parse_retry_after
-from jsonlbatch.scan import InputScan, OutputScan, scan_input, scan_output, stat_input
+from jsonlbatch.scan import (
+    InputScan,
+    OutputScan,
+    line_custom_id,
+    scan_input,
+    scan_output,
+    stat_input,
+)
 from jsonlbatch.streaming import STREAM_URLS, StreamError, StreamReader, read_stream, stream_body
 from jsonlbatch.summary import RunSummary
 
@@ -360,7 +367,7 @@ class _Run:
             retry = self.scan.retry_ids
 
             def keep(line: bytes) -> bool:
-                return orjson.loads(line).get("custom_id") not in retry
+                return line_custom_id(line) not in retry
 
             rewrite_atomically(self.job.output, filter_lines(self.job.output, keep))
             self.progress.note(f"retrying {len(retry)} failed requests")

@@ -204,11 +204,14 @@ class RequestWriter:
         for cid in ids:
             if cid in self._seen:
                 raise RequestError(cid, [("custom_id", "repeats an earlier request's id")])
+        # Samples differ only in custom_id suffix, seed, temperature and n, none of which the
+        # check looks at: checking the first request checks them all.
+        first_id, first_body = requests[0]
+        problems = check_request({"custom_id": first_id, "url": self.url, "body": first_body})
+        if problems:
+            raise RequestError(first_id, problems)
         lines = []
         for cid, request_body in requests:
-            problems = check_request({"custom_id": cid, "url": self.url, "body": request_body})
-            if problems:
-                raise RequestError(cid, problems)
             try:
                 lines.append(request_line(cid, request_body, self.url))
             except orjson.JSONEncodeError as exc:
@@ -222,8 +225,8 @@ class RequestWriter:
 
     def _payload(self, custom_id: str, prompt: str | list[Any]) -> dict[str, Any]:
         field = PROMPT_FIELDS[self.url]
-        is_chat = isinstance(prompt, list) and any(isinstance(m, dict) for m in prompt)
         if self.url != CHAT_URL:
+            is_chat = isinstance(prompt, list) and any(isinstance(m, dict) for m in prompt)
             if is_chat or not isinstance(prompt, (str, list)):
                 msg = f"{self.url} takes a string or a list of strings, not chat messages"
                 raise RequestError(custom_id, [(f"body.{field}", msg)])

@@ -11,7 +11,7 @@ import os
 import shutil
 import socket
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from jsonlbatch.errors import UsageError
@@ -51,11 +51,10 @@ def visible_gpus(
     """
     env = os.environ if env is None else env
     if explicit:
-        ids = tuple(g.strip() for item in explicit for g in item.split(",") if g.strip())
-        return GpuList(_unique(ids, "--gpus"), "--gpus")
+        return GpuList(_unique(_split_ids(explicit), "--gpus"), "--gpus")
     cvd = env.get("CUDA_VISIBLE_DEVICES")
     if cvd is not None:
-        ids = tuple(g.strip() for g in cvd.split(",") if g.strip())
+        ids = _split_ids((cvd,))
         return GpuList(_unique(ids, "CUDA_VISIBLE_DEVICES"), "CUDA_VISIBLE_DEVICES")
     if detect:
         rows = _nvidia_smi("--query-gpu=index", "--format=csv,noheader")
@@ -158,6 +157,11 @@ def pick_ports(
         else:
             candidate += 1
     return ports
+
+
+def _split_ids(items: Iterable[str]) -> tuple[str, ...]:
+    """GPU ids from "0,1"-style strings, blanks dropped."""
+    return tuple(g.strip() for item in items for g in item.split(",") if g.strip())
 
 
 def _unique(ids: tuple[str, ...], source: str) -> tuple[str, ...]:

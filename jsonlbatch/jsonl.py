@@ -18,7 +18,8 @@ from pathlib import Path
 from jsonlbatch.errors import InputError, OutputError
 
 _READ_BUFFER = 1 << 20
-_BOM = b"\xef\xbb\xbf"
+#: The UTF-8 byte order mark that Windows editors put at the start of a file.
+BOM = b"\xef\xbb\xbf"
 
 
 def iter_lines(path: str | os.PathLike[str]) -> Iterator[tuple[int, bytes]]:
@@ -38,8 +39,8 @@ def iter_lines_at(path: str | os.PathLike[str]) -> Iterator[tuple[int, int, byte
         for number, raw in enumerate(f, 1):
             start = offset
             offset += len(raw)
-            if number == 1 and raw.startswith(_BOM):  # files saved by Windows editors
-                raw, start = raw[len(_BOM) :], start + len(_BOM)
+            if number == 1 and raw.startswith(BOM):  # files saved by Windows editors
+                raw, start = raw[len(BOM) :], start + len(BOM)
             raw = raw.strip()
             if raw:
                 yield number, start, raw
@@ -194,9 +195,7 @@ class OutputLock:
             self._fd = -1
 
 
-def rewrite_atomically(
-    path: str | os.PathLike[str], lines: Iterable[bytes], *, mode: int | None = None
-) -> None:
+def rewrite_atomically(path: str | os.PathLike[str], lines: Iterable[bytes]) -> None:
     """Write `lines` (each ending in a newline) to a temp file beside `path`, fsync, rename.
 
     The target is either the old file or the complete new one, whatever happens meanwhile.
@@ -209,9 +208,7 @@ def rewrite_atomically(
                 f.write(line)
             f.flush()
             os.fsync(f.fileno())
-        if mode is not None:
-            os.chmod(tmp, mode)
-        elif target.exists():
+        if target.exists():
             os.chmod(tmp, target.stat().st_mode & 0o777)
         os.replace(tmp, target)
     except BaseException:

@@ -30,6 +30,7 @@ import orjson
 
 from jsonlbatch import reaper
 from jsonlbatch.backends import BACKENDS, Command, ServeOptions, build_command
+from jsonlbatch.endpoints import model_ids
 from jsonlbatch.errors import Interrupted, LaunchError, UsageError
 from jsonlbatch.gpus import describe_holders, gpu_groups, gpu_holders, pick_ports, visible_gpus
 from jsonlbatch.reaper import SECRETS_ENV, group_pids, wait_group_gone
@@ -38,7 +39,7 @@ from jsonlbatch.redact import redact
 __all__ = ["STOP_GRACE", "ServeOptions", "ServerProcess", "Servers", "plan_servers", "serving"]
 
 #: Seconds a server gets between SIGTERM and SIGKILL (vLLM and SGLang free GPU memory on exit).
-STOP_GRACE = 15.0
+STOP_GRACE = reaper.DEFAULT_GRACE
 LOG_TAIL_LINES = 40
 _PROBE_TIMEOUT = 10.0  # SGLang's /health can be slow under load; a slow answer is not death
 _STATUS_EVERY = 15.0  # seconds between status lines when stderr is not a terminal
@@ -59,6 +60,7 @@ class ServerProcess:
         *,
         served_name: str,
         api_key: str | None = None,
+        gpus: tuple[str, ...] | None = None,
         grace: float = STOP_GRACE,
     ) -> None:
         self.index = index
@@ -67,6 +69,7 @@ class ServerProcess:
         self.log_path = log_path
         self.served_name = served_name
         self.api_key = api_key
+        self.gpus = gpus  # the GPUs it is pinned to (CUDA_VISIBLE_DEVICES); None: not pinned
         self.grace = grace
         self.starts = 0
         self._proc: subprocess.Popen[bytes] | None = None
@@ -146,8 +149,7 @@ class ServerProcess:
             # client's own preflight says whether its key is right
         if status != 200:
             return status if isinstance(status, str) else f"/v1/models answers HTTP {status}"
-        data = body.get("data") if isinstance(body, dict) else None
-        ids = [m.get("id") for m in data if isinstance(m, dict)] if isinstance(data, list) else []
+        ids = model_ids(body) or []
         if self.served_name not in ids:
             return f"/v1/models lists {ids}, not {self.served_name!r}"
         return None
@@ -206,7 +208,6 @@ class Servers:
         self.options = options
         self.processes = list(processes)
         self.quiet = quiet
-        self._restarts = [0] * len(self.processes)
         self._failure: str | None = None  # set by a restart's readiness watcher
         self._closing = threading.Event()
 
@@ -277,19 +278,19 @@ class Servers:
         """
         if self._failure is not None:
             raise LaunchError(self._failure)
-        for i, p in enumerate(self.processes):
+        for p in self.processes:
             code = p.poll()
             if code is None:
                 continue
-            if self._restarts[i] >= self.options.restart:
+            restarts = p.starts - 1  # the first start is no restart
+            if restarts >= self.options.restart:
                 used = f"--restart-server {self.options.restart} used up"
                 raise LaunchError(
                     p.describe_failure(f"exited with status {code} while serving ({used})")
                 )
-            self._restarts[i] += 1
             self.note(
                 f"server {p.index} ({p.url}) exited with status {code}; restarting it "
-                f"({self._restarts[i]} of {self.options.restart}); its log: {p.log_path}"
+                f"({restarts + 1} of {self.options.restart}); its log: {p.log_path}"
             )
             stop_all([p], grace=p.grace)  # leftovers of the dead one must free GPU and port
             p.start()
@@ -316,7 +317,7 @@ class Servers:
         self._closing.set()
         if any(p.poll() is None for p in self.processes):
             self.note("stopping server(s)")
-        stuck = stop_all(self.processes, grace=STOP_GRACE)
+        stuck = stop_all(self.processes)
         if stuck:
             self.note(f"warning: processes {stuck} did not exit after SIGKILL")
 
@@ -335,8 +336,6 @@ def plan_servers(options: ServeOptions, *, log_stem: str | None = None) -> list[
     backend = BACKENDS[options.backend]
     if not options.served_names and options.backend == "mock":
         options = replace(options, served_model_name=("mock",))  # as `python -m jsonlbatch.mock`
-    if not options.served_names:
-        raise UsageError(f"a {options.backend} server needs --model-path (or --served-model-name)")
     replicas = options.dp_mode == "replicas"
     # The mock uses no GPU: only an explicit --gpus pins it (handy to try replicas out).
     gpus = visible_gpus(options.gpus, None if backend.needs_gpus else {}, detect=backend.needs_gpus)
@@ -372,6 +371,7 @@ def plan_servers(options: ServeOptions, *, log_stem: str | None = None) -> list[
                 logs[i],
                 served_name=options.served_names[0],
                 api_key=options.api_key,
+                gpus=group,
             )
         )
     return servers
@@ -403,7 +403,8 @@ def serving(
     """
     servers = Servers(options, plan_servers(options, log_stem=log_stem), quiet=quiet)
     if BACKENDS[options.backend].needs_gpus:
-        holders = gpu_holders(_pinned_gpus(servers.processes))
+        pinned = [gpu for p in servers.processes for gpu in p.gpus or ()]
+        holders = gpu_holders(pinned or None)
         if holders:
             servers.note(describe_holders(holders))
     previous = _set_sigterm(_interrupt, only_replacing=signal.SIG_DFL)
@@ -417,17 +418,6 @@ def serving(
         during = _set_sigterm(signal.SIG_IGN)  # a second SIGTERM must not cut teardown short
         servers.stop()
         _set_sigterm(previous if previous is not None else during)
-
-
-def _pinned_gpus(processes: Sequence[ServerProcess]) -> list[str] | None:
-    pinned = [
-        gpu
-        for p in processes
-        for key, value in p.command.env
-        if key == "CUDA_VISIBLE_DEVICES"
-        for gpu in value.split(",")
-    ]
-    return pinned or None
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -237,3 +237,16 @@ def _kind(value: Any) -> str:
     return {dict: "object", list: "list", str: "string", type(None): "null", bool: "boolean"}.get(
         type(value), type(value).__name__
     )
+
+
+def reasoning_tokens(usage: Any) -> int | None:
+    """The reasoning token count of a body's `usage`, or None where it gives none.
+
+    OpenAI puts it in `completion_tokens_details.reasoning_tokens`, SGLang in `reasoning_tokens`.
+    """
+    if not isinstance(usage, dict):
+        return None
+    details = usage.get("completion_tokens_details")
+    if isinstance(details, dict) and details.get("reasoning_tokens") is not None:
+        return details["reasoning_tokens"]
+    return usage.get("reasoning_tokens")  # SGLang

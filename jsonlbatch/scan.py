@@ -16,13 +16,10 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from jsonlbatch.errors import InputError, OutputError, Problem
+from jsonlbatch.errors import MAX_PROBLEMS, InputError, OutputError, Problem, count_problems
 from jsonlbatch.idset import IdSet, id_key
 from jsonlbatch.jsonl import iter_lines, iter_lines_at
 from jsonlbatch.records import check_request, is_failure
-
-#: Stop collecting after this many problems: the user fixes the pattern, not each line.
-MAX_PROBLEMS = 1000
 
 
 @dataclass
@@ -121,6 +118,14 @@ _OWN_LINE = re.compile(
 _BATCH = 1 << 16
 
 
+def line_custom_id(line: bytes) -> str | None:
+    """The custom_id of one response line: read in place where jsonlbatch wrote the line."""
+    own = _OWN_LINE.match(line)
+    if own is not None:
+        return own[1].decode("utf-8", "replace")
+    return orjson.loads(line).get("custom_id")
+
+
 def _decode_all(ids: list[bytes]) -> list[str]:
     """Decode a batch of raw ids with three C calls instead of one Python call each."""
     return b"\n".join(ids).decode("utf-8", "replace").split("\n") if ids else []
@@ -154,7 +159,6 @@ class InputScan:
     already_done: int = 0  # have a line in the output (a success, or a failure not retried)
     failed_before: int = 0  # of those, failures
     retry_ids: set[str] = field(default_factory=set)
-    outside_shard: int = 0
     foreign: int = 0  # ids in the output with no request in the input (without a shard)
     size: int = 0  # the file's size and mtime when scanned: the sender checks them again
     mtime_ns: int = 0
@@ -209,8 +213,6 @@ def scan_input(
                 scan.total += 1
                 scan.already_done += 1
                 scan.failed_before += at < 0
-            else:
-                scan.outside_shard += 1
             continue
         found = check_request(obj, require_model=require_model)
         if found:
@@ -223,7 +225,6 @@ def scan_input(
             seen.update(ids)
             ids.clear()
         if select is not None and not select(cid):
-            scan.outside_shard += 1
             continue
         scan.total += 1
         model = obj["body"].get("model")
@@ -277,5 +278,4 @@ def find_duplicates(path: str, suspects: set[int]) -> list[Problem]:
 
 def _count(problems: list[Problem]) -> str:
     n = len(problems)
-    more = "+" if n >= MAX_PROBLEMS else ""
-    return f"{n}{more} problem{'s' if n != 1 else ''}"
+    return f"{count_problems(n)} problem{'s' if n != 1 else ''}"

@@ -22,7 +22,7 @@ from typing import IO, Any
 import orjson
 
 from jsonlbatch.errors import InputError, Problem, UsageError
-from jsonlbatch.jsonl import _BOM
+from jsonlbatch.jsonl import BOM
 
 #: The formats `iter_rows` reads, by the name `--format` takes.
 FORMATS = ("jsonl", "json", "csv", "parquet")
@@ -155,8 +155,8 @@ def _text_rows(path: str, fmt: str) -> Iterator[Row]:
 def _jsonl_rows(stream: IO[bytes], path: str) -> Iterator[Row]:
     index = 0
     for number, raw in enumerate(stream, 1):
-        if number == 1 and raw.startswith(_BOM):  # files saved by Windows editors
-            raw = raw[len(_BOM) :]
+        if number == 1 and raw.startswith(BOM):  # files saved by Windows editors
+            raw = raw[len(BOM) :]
         if not raw.strip():
             continue
         try:

@@ -25,8 +25,8 @@ from typing import Any
 import orjson
 
 from jsonlbatch.errors import JsonlbatchError
-from jsonlbatch.records import CHAT_URL, COMPLETIONS_URL
-from jsonlbatch.report.stats import percentile
+from jsonlbatch.records import CHAT_URL, COMPLETIONS_URL, reasoning_tokens
+from jsonlbatch.stats import percentile
 
 #: Endpoints whose requests `exec --stream` sends with `stream: true`.
 STREAM_URLS = frozenset({CHAT_URL, COMPLETIONS_URL})
@@ -437,7 +437,7 @@ class StreamReader:
                 out[key] = round(percentile(gaps, p), 6)
             out["itl_max_s"] = round(gaps[-1], 6)
         out["chunks"] = self.chunks
-        reasoning = _reasoning_tokens(usage)
+        reasoning = reasoning_tokens(usage)
         if reasoning is not None:
             out["reasoning_tokens"] = reasoning
         return out
@@ -458,15 +458,6 @@ async def read_stream(
         reader.feed(data, clock())
     reader.close(clock())
     return reader
-
-
-def _reasoning_tokens(usage: Any) -> int | None:
-    if not isinstance(usage, dict):
-        return None
-    details = usage.get("completion_tokens_details")
-    if isinstance(details, dict) and details.get("reasoning_tokens") is not None:
-        return details["reasoning_tokens"]
-    return usage.get("reasoning_tokens")  # SGLang
 
 
 def _error_text(chunk: dict[str, Any]) -> str:

@@ -141,7 +141,7 @@ class Prompt:
     def build(self, row: Row) -> str | list[dict[str, Any]]:
         """The user text alone (a plain prompt), or a list of chat messages."""
         if self.messages is not None:
-            return self._messages(row, self.messages)
+            return self._messages(row)
         assert self.user is not None
         text = self.user.render(row)
         if self.system is None:
@@ -151,8 +151,9 @@ class Prompt:
             {"role": "user", "content": text},
         ]
 
-    @staticmethod
-    def _messages(row: Row, template: RowTemplate) -> list[dict[str, Any]]:
+    def _messages(self, row: Row) -> list[dict[str, Any]]:
+        template = self.messages
+        assert template is not None
         rendered = template.render(row)
         what = f"{template.name} did not render a list of messages"
         try:

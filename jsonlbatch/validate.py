@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from jsonlbatch.errors import InputError, Problem, UsageError
+from jsonlbatch.errors import MAX_PROBLEMS, InputError, Problem, UsageError
 from jsonlbatch.idset import IdSet
 from jsonlbatch.jsonl import iter_lines
 from jsonlbatch.records import check_response
-from jsonlbatch.scan import MAX_PROBLEMS, find_duplicates, scan_input
+from jsonlbatch.scan import find_duplicates, scan_input
 
 
 @dataclass

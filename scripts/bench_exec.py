@@ -26,6 +26,8 @@ from pathlib import Path
 
 import orjson
 
+from jsonlbatch.records import request_line
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -52,13 +54,51 @@ def write_requests(path: Path, n: int) -> None:
                 "max_tokens": 16,
                 "temperature": 0.7,
             }
-            line = {
-                "custom_id": f"r{i}",
-                "method": "POST",
-                "url": "/v1/chat/completions",
-                "body": body,
-            }
-            f.write(orjson.dumps(line) + b"\n")
+            f.write(request_line(f"r{i}", body))
+
+
+def exec_command(
+    requests: str | Path, output: str | Path, url: str, concurrency: int, *extra: str
+) -> list[str]:
+    """The `jsonlbatch exec` command line that sends `requests` to `url`, writing `output`."""
+    return [
+        sys.executable,
+        "-m",
+        "jsonlbatch",
+        "exec",
+        str(requests),
+        "-o",
+        str(output),
+        "--url",
+        url,
+        "-c",
+        str(concurrency),
+        *extra,
+    ]
+
+
+def timed_exec(
+    requests: str | Path, output: str | Path, url: str, concurrency: int, *extra: str
+) -> dict:
+    """Run `jsonlbatch exec` afresh (any old output removed) pinned to core 0, timed as a whole
+    command (start-up, input scan, progress bar, output writes): {"requests", "seconds"}."""
+    output = Path(output)
+    output.unlink(missing_ok=True)
+    cmd = exec_command(requests, output, url, concurrency, *extra)
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, preexec_fn=lambda: pin(0), capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(proc.stderr)
+    with output.open("rb") as f:
+        lines = sum(1 for _ in f)
+    return {"requests": lines, "seconds": seconds}
+
+
+def median(values: list[float]) -> float:
+    """The middle value (the upper middle one of an even count)."""
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
 
 
 def start_server(port: int) -> subprocess.Popen:
@@ -138,43 +178,17 @@ async def openai_sdk(url: str, path: Path, concurrency: int) -> int:
 
 def run_client(name: str, url: str, path: Path, concurrency: int) -> None:
     pin(0)
-    try:
-        import uvloop
+    from jsonlbatch.executor import run_coroutine
 
-        loop = uvloop.new_event_loop()
-    except ImportError:
-        import asyncio
-
-        loop = asyncio.new_event_loop()
     fn = {"aiohttp": bare_aiohttp, "openai": openai_sdk}[name]
     start = time.perf_counter()
-    n = loop.run_until_complete(fn(url, path, concurrency))
+    n = run_coroutine(fn(url, path, concurrency))
     print(json.dumps({"requests": n, "seconds": time.perf_counter() - start}))
 
 
 def measure(name: str, url: str, path: Path, concurrency: int, out: Path) -> dict:
     if name == "jsonlbatch":
-        out.unlink(missing_ok=True)
-        cmd = [
-            sys.executable,
-            "-m",
-            "jsonlbatch",
-            "exec",
-            str(path),
-            "-o",
-            str(out),
-            "--url",
-            url,
-            "-c",
-            str(concurrency),
-        ]
-        start = time.perf_counter()
-        proc = subprocess.run(cmd, preexec_fn=lambda: pin(0), capture_output=True, text=True)
-        seconds = time.perf_counter() - start
-        if proc.returncode != 0:
-            raise SystemExit(proc.stderr)
-        n = sum(1 for _ in out.open("rb"))
-        return {"requests": n, "seconds": seconds}
+        return timed_exec(path, out, url, concurrency)
     cmd = [
         sys.executable,
         __file__,
@@ -227,7 +241,7 @@ def main() -> None:
                         for _ in range(args.runs)
                     )
                 )
-                rates[name] = runs[len(runs) // 2]
+                rates[name] = median(runs)
                 if args.json:
                     continue
                 print(

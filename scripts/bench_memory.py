@@ -17,13 +17,13 @@ import argparse
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-import orjson
-from bench_exec import free_port, pin, start_server
+from bench_exec import exec_command, free_port, pin, start_server
+
+from jsonlbatch.records import request_line
 
 
 def write_requests(path: Path, start: int, n: int, mode: str = "wb") -> None:
@@ -35,17 +35,7 @@ def write_requests(path: Path, start: int, n: int, mode: str = "wb") -> None:
                 "messages": [{"role": "user", "content": f"Question {i}?"}],
                 "max_tokens": 8,
             }
-            chunk.append(
-                orjson.dumps(
-                    {
-                        "custom_id": f"id-{i:08d}",
-                        "method": "POST",
-                        "url": "/v1/chat/completions",
-                        "body": body,
-                    }
-                )
-                + b"\n"
-            )
+            chunk.append(request_line(f"id-{i:08d}", body))
             if len(chunk) == 10_000:
                 f.write(b"".join(chunk))
                 chunk.clear()
@@ -57,20 +47,7 @@ def run_exec(
 ) -> tuple[float, float, float]:
     """Returns (peak RSS of the exec process in MB, wall seconds, seconds until the output grew)."""
     before = output.stat().st_size if output.exists() else 0
-    cmd = [
-        sys.executable,
-        "-m",
-        "jsonlbatch",
-        "exec",
-        str(requests),
-        "-o",
-        str(output),
-        "--url",
-        url,
-        "-c",
-        "256",
-        "--quiet",
-    ]
+    cmd = exec_command(requests, output, url, 256, "--quiet")
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, preexec_fn=lambda: pin(0))
     first_write = float("nan")

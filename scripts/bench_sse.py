@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 import orjson
-from bench_exec import free_port, pin, start_server, write_requests
+from bench_exec import free_port, median, pin, start_server, timed_exec, write_requests
 
 SSE_TARGET = 80_000
 STREAM_RATIO_TARGET = 0.70
@@ -172,11 +172,6 @@ def interleaved(
     return rates
 
 
-def median(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[len(ordered) // 2]
-
-
 def figures(rates: dict[str, list[float]], base: str, other: str, names: tuple[str, ...]) -> dict:
     """Median rates of `base` and `other` and the median of their run-by-run ratios
     (other / base), under the three `names`."""
@@ -226,19 +221,9 @@ def bench_exec_stream(args: argparse.Namespace) -> dict[str, float]:
 
 def run_exec_client(args: argparse.Namespace) -> None:
     """`jsonlbatch exec` as a whole command (start-up, scan, progress bar, writes), pinned."""
-    Path(args.output).unlink(missing_ok=True)
-    command = [sys.executable, "-m", "jsonlbatch", "exec", args.input, "-o", args.output,
-               "--url", args.url, "-c", str(args.concurrency)]  # fmt: skip
-    if args.stream:
-        command.append("--stream")
-    start = time.perf_counter()
-    proc = subprocess.run(command, preexec_fn=lambda: pin(0), capture_output=True, text=True)
-    seconds = time.perf_counter() - start
-    if proc.returncode != 0:
-        raise SystemExit(proc.stderr)
-    with open(args.output, "rb") as f:
-        lines = sum(1 for _ in f)
-    print(json.dumps({"requests": lines, "seconds": seconds, "cpu": cpu_seconds("children")}))
+    extra = ["--stream"] if args.stream else []
+    result = timed_exec(args.input, args.output, args.url, args.concurrency, *extra)
+    print(json.dumps({**result, "cpu": cpu_seconds("children")}))
 
 
 def cpu_seconds(who: str) -> float:

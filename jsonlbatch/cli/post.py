@@ -157,7 +157,7 @@ def votes(responses: tuple[str, ...], output: str, extractors: tuple[str, ...], 
     summary = run_votes(
         responses,
         output,
-        extractors=extractors or DEFAULT_EXTRACTORS,
+        extractors=extractors,
         normalize=normalize,
         weights=weights or None,
         gold=gold,

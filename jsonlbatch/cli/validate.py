@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from jsonlbatch.scan import MAX_PROBLEMS
+from jsonlbatch.errors import count_problems
 from jsonlbatch.validate import validate_file
 
 
@@ -33,6 +33,6 @@ def validate(files: tuple[str, ...], kind: str) -> None:
         bad += 1
         for problem in report.problems:
             click.echo(str(problem))
-        count = f"{len(report.problems)}{'+' if len(report.problems) >= MAX_PROBLEMS else ''}"
+        count = count_problems(len(report.problems))
         click.echo(f"{path}: {count} problem(s) in {report.kind}", err=True)
     sys.exit(1 if bad else 0)

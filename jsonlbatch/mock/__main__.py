@@ -11,11 +11,9 @@ import os
 import signal
 import sys
 
+from jsonlbatch.backends import MOCK_API_KEY_ENV
 from jsonlbatch.errors import JsonlbatchError, UsageError
 from jsonlbatch.mock import MockConfig, serve
-
-API_KEY_ENV = "JSONLBATCH_MOCK_API_KEY"
-
 
 # (flag, MockConfig field, type, metavar, help); defaults come from MockConfig itself.
 _OPTIONS: tuple[tuple[str, str, type, str, str], ...] = (
@@ -34,7 +32,7 @@ _OPTIONS: tuple[tuple[str, str, type, str, str], ...] = (
     ("--stream-error-rate", "stream_error_rate", float, "F",
      "share of streams cut by an error event halfway"),
     ("--api-key", "api_key", str, "KEY",
-     f"require this key on /v1/* (default: ${API_KEY_ENV}, else none)"),
+     f"require this key on /v1/* (default: ${MOCK_API_KEY_ENV}, else none)"),
     ("--max-model-len", "max_model_len", int, "N",
      "refuse prompt + max_tokens above N with a context-length 400"),
     ("--warmup", "warmup", float, "S",
@@ -72,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
 def config_from_args(args: argparse.Namespace) -> MockConfig:
     """The `MockConfig` the parsed flags describe (the key falls back to the environment)."""
     fields = {name: getattr(args, name) for _, name, *_ in (*_OPTIONS, *_SWITCHES)}
-    fields["api_key"] = fields["api_key"] or os.environ.get(API_KEY_ENV) or None
+    fields["api_key"] = fields["api_key"] or os.environ.get(MOCK_API_KEY_ENV) or None
     return MockConfig(served_models=tuple(args.served_model_name), **fields)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import difflib
+import functools
 from collections.abc import Mapping
 
 _NO_NEWLINE = "\\ No newline at end of file\n"
@@ -62,6 +63,7 @@ class _DropDocstrings(ast.NodeTransformer):
     visit_Module = visit_ClassDef = visit_FunctionDef = visit_AsyncFunctionDef = _strip
 
 
+@functools.lru_cache(maxsize=128)  # the same original is normalized again for every sample
 def normalize_code(path: str, text: str | None) -> str | None:
     """Text with comments, docstrings and blank lines removed; Python re-printed."""
     if text is None:

@@ -17,7 +17,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from jsonlbatch.errors import UsageError
-from jsonlbatch.post.markdown import iter_fences
+from jsonlbatch.post.markdown import iter_fences, json_chunks
 from jsonlbatch.post.responses import lookup
 
 INVALID = "[invalid]"
@@ -119,13 +119,7 @@ def json_extractor(path: str) -> Extractor:
 
 
 def _json_candidates(text: str) -> list[Any]:
-    out: list[Any] = []
-    chunks = [text.strip()] + [f.text for f in iter_fences(text) if f.language == "json"]
-    for chunk in chunks:
-        try:
-            out.append(json.loads(chunk))
-        except ValueError:
-            continue
+    out: list[Any] = list(json_chunks(text, iter_fences(text)))
     if out:
         return out[::-1]
     decoder = json.JSONDecoder()

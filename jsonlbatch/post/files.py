@@ -13,13 +13,12 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-import json
 import os
 import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
-from jsonlbatch.post.markdown import Fence, file_name_in, iter_fences
+from jsonlbatch.post.markdown import Fence, file_name_in, iter_fences, json_chunks
 from jsonlbatch.post.outputs import JsonlWriter
 from jsonlbatch.post.paths import UnsafePathError, safe_relpath, write_inside
 from jsonlbatch.post.responses import Sample, check_responses, read_responses
@@ -73,23 +72,21 @@ def _fence_file(fence: Fence) -> FileSpec | None:
     m = _ATTR.search(fence.info)
     if m:
         return FileSpec(m[1] or m[2] or m[3], fence.text.encode(), "fence:info")
-    if fence.lines and file_name_in(fence.lines[0]) and fence.lines[0].lstrip()[:1] in "#/-;<":
-        name = file_name_in(fence.lines[0]) or ""
+    if (
+        fence.lines
+        and (name := file_name_in(fence.lines[0]))
+        and fence.lines[0].lstrip()[:1] in "#/-;<"
+    ):
         return FileSpec(
             name, "".join(x + "\n" for x in fence.lines[1:]).encode(), "fence:first-line"
         )
-    if fence.before and fence.before.lstrip()[:1] in "#*`" and file_name_in(fence.before):
-        return FileSpec(file_name_in(fence.before) or "", fence.text.encode(), "fence:heading")
+    if fence.before and fence.before.lstrip()[:1] in "#*`" and (name := file_name_in(fence.before)):
+        return FileSpec(name, fence.text.encode(), "fence:heading")
     return None
 
 
 def _json_files(text: str, fences: list[Fence]) -> list[FileSpec] | None:
-    chunks = [text.strip()] + [f.text for f in fences if f.language == "json"]
-    for chunk in chunks:
-        try:
-            spec = json.loads(chunk)
-        except ValueError:
-            continue
+    for spec in json_chunks(text, fences):
         if isinstance(spec, dict) and isinstance(spec.get("files"), list):
             return [_json_file(item) for item in spec["files"]]
     return None
@@ -146,7 +143,7 @@ def script_of(
     python = [n for n in names if n.endswith(".py")]
     if len(python) == 1:
         return python[0], None
-    if "main.py" in names or python:
+    if python:  # several .py files ("main.py" among them is one)
         return ("main.py" if "main.py" in names else None), None
     code = _unnamed_python(text)
     return ("main.py", code) if code is not None else (None, None)
@@ -234,7 +231,7 @@ class FilesSummary:
             f"files: {plural(self.written, 'file')} written from {plural(self.samples, 'sample')}"
         )
         head += f", {plural(self.runs, 'script')} run" if self.runs else ""
-        return [head] + (["not used:", *self.unused.lines()] if self.unused.total else [])
+        return [head, *self.unused.section()]
 
 
 def extract_files(

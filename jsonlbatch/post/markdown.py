@@ -7,9 +7,11 @@ files come out whole.
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 _COMMENT = re.compile(r"^(?:#{1,6}|//|--|;|<!--)\s*(.*?)\s*(?:-->)?$")
 _LABEL = re.compile(r"^(?:file|filename|path)\s*:\s*", re.IGNORECASE)
@@ -21,18 +23,17 @@ _OPEN = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>.*)$")
 
 @dataclass(frozen=True)
 class Fence:
-    """One fenced block: its info string, content lines and where it stood."""
+    """One fenced block: its info string, content lines and the line above it."""
 
     info: str
     lines: list[str]
-    start: int  # 0-based index of the opening fence line in the text
     before: str  # the last non-blank line before the opening fence, stripped ("" if none)
-    closed: bool  # False when the text ended inside the block (a truncated answer)
 
     @property
     def language(self) -> str:
         """The first word of the info string, lower-cased (`python`, `diff`, ...)."""
-        word = self.info.split(maxsplit=1)[0] if self.info.split() else ""
+        words = self.info.split(maxsplit=1)
+        word = words[0] if words else ""
         return word.split(":", 1)[0].lower()
 
     @property
@@ -61,9 +62,20 @@ def iter_fences(text: str) -> Iterator[Fence]:
             strip = min(indent, len(line) - len(line.lstrip(" \t")))
             body.append(line[strip:])
             j += 1
-        yield Fence(m["info"].strip(), body, i, before, j < len(lines))
+        yield Fence(m["info"].strip(), body, before)
         before = ""
         i = j + 1
+
+
+def json_chunks(text: str, fences: Iterable[Fence]) -> Iterator[Any]:
+    """The JSON values of the whole `text` (stripped), then of its ```json blocks, in that order;
+    chunks that do not decode are skipped."""
+    for chunk in (text.strip(), *(f.text for f in fences if f.language == "json")):
+        try:
+            value = json.loads(chunk)
+        except ValueError:
+            continue
+        yield value
 
 
 def file_name_in(line: str) -> str | None:

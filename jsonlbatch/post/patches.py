@@ -214,7 +214,7 @@ class PatchesSummary:
             f"patches: {plural(self.samples, 'sample')} of {plural(self.instances, 'instance')},"
             f" {self.usable} usable; {self.predictions} with a patch"
         )
-        return [head] + (["not used:", *self.unused.lines()] if self.unused.total else [])
+        return [head, *self.unused.section()]
 
 
 def run_patches(

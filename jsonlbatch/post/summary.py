@@ -54,6 +54,10 @@ class Unused:
             out.append(f"  {count} {reason}: {', '.join(self.examples[reason])}{more}")
         return out
 
+    def section(self, title: str = "not used:") -> list[str]:
+        """The summary's tail: `title` and one line per reason; nothing when nothing was skipped."""
+        return [title, *self.lines()] if self.total else []
+
     def check(self, strict: bool, what: str) -> None:
         """Raise under `strict` when anything was skipped."""
         if strict and self.counts:

@@ -250,10 +250,10 @@ class VotesSummary:
     unused: Unused = field(default_factory=Unused)
 
     def lines(self) -> list[str]:
-        out = [f"votes: {plural(self.samples, 'sample')} in {plural(self.groups, 'group')}"]
-        if self.unused.total:
-            out += ["not used (samples count as [invalid] in their vote):", *self.unused.lines()]
-        return out
+        return [
+            f"votes: {plural(self.samples, 'sample')} in {plural(self.groups, 'group')}",
+            *self.unused.section("not used (samples count as [invalid] in their vote):"),
+        ]
 
 
 def run_votes(
@@ -275,7 +275,7 @@ def run_votes(
         raise UsageError(f"give one --weight per input ({len(paths)}), got {len(weights)}")
     if tie_break not in TIE_BREAKS:
         raise UsageError(f"unknown tie-break {tie_break!r} (known: {', '.join(TIE_BREAKS)})")
-    extractors = [get_extractor(e) for e in extractors] or [get_extractor(DEFAULT_EXTRACTORS[0])]
+    extractors = [get_extractor(e) for e in extractors or DEFAULT_EXTRACTORS]
     norm = get_normalizer(normalize)
     gold_answers = load_gold(gold, norm) if gold else {}
     summary = VotesSummary()

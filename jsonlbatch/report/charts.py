@@ -41,22 +41,31 @@ def draw_charts(report: Report) -> list[Chart]:
     names = present_latencies(report.runs)
     charts = []
     if names:
-        charts.append(Chart("Latency histograms", _latency(Figure, report, names, cdf=False)))
-        charts.append(Chart("Latency CDFs", _latency(Figure, report, names, cdf=True)))
+        series = {name: _latency_series(report, name) for name in names}
+        charts.append(Chart("Latency histograms", _latency(Figure, series, cdf=False)))
+        charts.append(Chart("Latency CDFs", _latency(Figure, series, cdf=True)))
     if any(run.wall_s for run in report.runs):
         charts.append(Chart("Throughput over time", _throughput(Figure, report)))
     return charts
 
 
-def _latency(figure: Any, report: Report, names: list[str], *, cdf: bool) -> bytes:
+def _latency_series(report: Report, name: str) -> list[tuple[str, list[float]]]:
+    """(run label, sorted latencies in ms) of the runs that measured `name`."""
+    series = [
+        (data.label, sorted(v * 1000 for v in data.columns[name] if not math.isnan(v)))
+        for data in report.data
+    ]
+    return [(label, values) for label, values in series if values]
+
+
+def _latency(
+    figure: Any, series_by_name: dict[str, list[tuple[str, list[float]]]], *, cdf: bool
+) -> bytes:
+    names = list(series_by_name)
     fig = figure(figsize=(4.2 * len(names), 3.4), layout="constrained")
     axes = fig.subplots(1, len(names), squeeze=False)[0]
     for ax, name in zip(axes, names, strict=True):
-        series = [
-            (data.label, sorted(v * 1000 for v in data.columns[name] if not math.isnan(v)))
-            for data in report.data
-        ]
-        series = [(label, values) for label, values in series if values]
+        series = series_by_name[name]
         # One set of bin edges for every run, so bars of a comparison line up.
         span = (min(v[0] for _, v in series), max(v[-1] for _, v in series))
         bins = min(40, max(5, max(len(v) for _, v in series) // 5))

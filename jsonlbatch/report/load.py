@@ -24,7 +24,7 @@ import orjson
 
 from jsonlbatch.errors import InputError, Problem, UsageError
 from jsonlbatch.jsonl import iter_lines
-from jsonlbatch.records import check_response, is_failure
+from jsonlbatch.records import check_response, is_failure, reasoning_tokens
 
 #: Per-request columns, each an `array('d')` aligned with the successful requests.
 COLUMNS = ("e2e", "ttft", "tpot", "itl", "prompt", "completion", "reasoning", "end")
@@ -306,7 +306,7 @@ def _parse(obj: Any, path: str, number: int, problems: list[Problem]) -> _Line |
         chunks=0 if math.isnan(chunks) else int(chunks),
         prompt=_usage_number(num("prompt_tokens"), usage.get("prompt_tokens")),
         completion=completion,
-        reasoning=_reasoning_tokens(num("reasoning_tokens"), usage),
+        reasoning=_usage_number(num("reasoning_tokens"), reasoning_tokens(usage)),
         finish_reasons=reasons,
     )
 
@@ -317,14 +317,6 @@ def _usage_number(from_metrics: float, from_usage: Any) -> float:
     if isinstance(from_usage, (int, float)) and not isinstance(from_usage, bool):
         return float(from_usage)
     return _NAN
-
-
-def _reasoning_tokens(from_metrics: float, usage: dict[str, Any]) -> float:
-    details = usage.get("completion_tokens_details")
-    value = details.get("reasoning_tokens") if isinstance(details, dict) else None
-    if value is None:
-        value = usage.get("reasoning_tokens")  # SGLang
-    return _usage_number(from_metrics, value)
 
 
 def _group_value(

@@ -45,7 +45,7 @@ def render_json(report: Report) -> str:
 
 
 def _run(run: RunStats) -> dict[str, Any]:
-    out = dataclasses.asdict(run)
+    out = dataclasses.asdict(dataclasses.replace(run, breakdown={}))  # rebuilt below
     out["truncated_share"] = run.truncated_share
     out["breakdown"] = {
         key: {value: _run(group) for value, group in groups.items()}

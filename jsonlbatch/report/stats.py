@@ -16,25 +16,11 @@ from dataclasses import dataclass, field
 
 from jsonlbatch.report.load import RunData
 from jsonlbatch.report.options import Price, Sla
+from jsonlbatch.stats import percentile
 
 PERCENTILES: tuple[int, ...] = (10, 25, 50, 90, 95, 99)
 LATENCIES: tuple[str, ...] = ("e2e", "ttft", "tpot", "itl")
 TOKENS: tuple[str, ...] = ("prompt", "completion", "reasoning")
-
-
-def percentile(ordered: Sequence[float], p: float) -> float:
-    """The p-th percentile of sorted values, interpolating linearly between closest ranks.
-
-    Same as `numpy.percentile(values, p)` (method "linear"): rank `p/100 * (n - 1)`.
-    """
-    if not ordered:
-        raise ValueError("percentile of no values")
-    if not 0 <= p <= 100:
-        raise ValueError(f"percentile must be within 0..100, got {p}")
-    rank = p / 100 * (len(ordered) - 1)
-    low = math.floor(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
 @dataclass
