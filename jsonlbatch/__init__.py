@@ -7,10 +7,12 @@
     summary = jsonlbatch.execute("requests.jsonl", "responses.jsonl",
                                  urls=["http://localhost:8000/v1"], concurrency=256)
 
-Post-processing lives in `jsonlbatch.post`, reports in `jsonlbatch.report`.
+The stages are subpackages (`jsonlbatch.gen`, `.exec`, `.serve`, `.post`, `.report`, `.mock`)
+over a small shared core (`records`, `jsonl`, `errors`, `redact`, `stats`); docs/architecture.md
+draws the map. `jsonlbatch.post` and `jsonlbatch.report` are reachable after `import jsonlbatch`.
 """
 
-from jsonlbatch.backends import ServeOptions
+from jsonlbatch import post, report
 from jsonlbatch.errors import (
     AuthenticationError,
     InputError,
@@ -24,11 +26,17 @@ from jsonlbatch.errors import (
     ServerUnavailableError,
     UsageError,
 )
-from jsonlbatch.executor import ExecOptions, Job, aexecute, execute
+from jsonlbatch.exec import (
+    ExecOptions,
+    Job,
+    RunSummary,
+    ValidationReport,
+    aexecute,
+    execute,
+    validate_file,
+)
 from jsonlbatch.gen import GenSummary, RequestWriter
-from jsonlbatch.launch import serving
-from jsonlbatch.summary import RunSummary
-from jsonlbatch.validate import ValidationReport, validate_file
+from jsonlbatch.serve import ServeOptions, serving
 
 __all__ = [
     "AuthenticationError",
@@ -51,6 +59,8 @@ __all__ = [
     "ValidationReport",
     "aexecute",
     "execute",
+    "post",
+    "report",
     "serving",
     "validate_file",
 ]

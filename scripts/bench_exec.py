@@ -178,7 +178,7 @@ async def openai_sdk(url: str, path: Path, concurrency: int) -> int:
 
 def run_client(name: str, url: str, path: Path, concurrency: int) -> None:
     pin(0)
-    from jsonlbatch.executor import run_coroutine
+    from jsonlbatch.exec.job import run_coroutine
 
     fn = {"aiohttp": bare_aiohttp, "openai": openai_sdk}[name]
     start = time.perf_counter()

@@ -22,8 +22,8 @@ from collections.abc import Sequence
 
 from process_batch_requests import base_url, build_parser, process, report_errors
 
-from jsonlbatch.backends import BACKEND_NAMES, DP_MODES, ServeOptions
-from jsonlbatch.launch import serving
+from jsonlbatch.serve.backends import BACKEND_NAMES, DP_MODES, ServeOptions
+from jsonlbatch.serve.launch import serving
 
 
 def server_parser() -> argparse.ArgumentParser:

@@ -6,13 +6,13 @@ import random
 
 import pytest
 
-from jsonlbatch import scan
-from jsonlbatch.endpoints import auth_headers, parse_endpoint
 from jsonlbatch.errors import UsageError
-from jsonlbatch.idset import IdSet
+from jsonlbatch.exec import scan
+from jsonlbatch.exec.endpoints import auth_headers, parse_endpoint
+from jsonlbatch.exec.idset import IdSet
+from jsonlbatch.exec.retry import Backoff, Verdict, classify, parse_retry_after
 from jsonlbatch.records import Result
 from jsonlbatch.redact import redact
-from jsonlbatch.retry import Backoff, Verdict, classify, parse_retry_after
 
 
 @pytest.mark.parametrize(

@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from jsonlbatch import sources
 from jsonlbatch.errors import InputError, UsageError
-from jsonlbatch.sources import Row, iter_rows, reservoir_sample, select
+from jsonlbatch.gen import sources
+from jsonlbatch.gen.sources import Row, iter_rows, reservoir_sample, select
 
 
 def rows_of(path, fmt=None):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from jsonlbatch.errors import InputError, UsageError
-from jsonlbatch.sources import Row
-from jsonlbatch.templates import Prompt, RowTemplate, compile_condition
+from jsonlbatch.gen.sources import Row
+from jsonlbatch.gen.templates import Prompt, RowTemplate, compile_condition
 
 ROW = Row("tasks.jsonl", 4, 5, {"id": "t4", "q": '1 < 2 & "x"?', "image": "http://h/i.png"})
 

@@ -10,10 +10,16 @@ import pytest
 
 import jsonlbatch
 from jsonlbatch.errors import InputError, OutputError, UsageError
-from jsonlbatch.gen import RequestError, RequestWriter, merge_patch, parse_param, write_requests
+from jsonlbatch.gen.sources import Row
+from jsonlbatch.gen.templates import Prompt, RowTemplate
+from jsonlbatch.gen.writer import (
+    RequestError,
+    RequestWriter,
+    merge_patch,
+    parse_param,
+    write_requests,
+)
 from jsonlbatch.records import check_request, parse_request
-from jsonlbatch.sources import Row
-from jsonlbatch.templates import Prompt, RowTemplate
 
 MSG = [{"role": "user", "content": "hi"}]
 

@@ -15,11 +15,11 @@ import click
 import pytest
 from standins.harness import SERVERS_MD, STANDINS
 
-from jsonlbatch.backends import ServeOptions, build_command
 from jsonlbatch.cli.serve_options import serve_options, serve_options_from_kwargs
 from jsonlbatch.errors import UsageError
-from jsonlbatch.gpus import gpu_groups, gpu_holders, pick_ports, port_is_free, visible_gpus
-from jsonlbatch.launch import log_paths, plan_servers
+from jsonlbatch.serve.backends import ServeOptions, build_command
+from jsonlbatch.serve.gpus import gpu_groups, gpu_holders, pick_ports, port_is_free, visible_gpus
+from jsonlbatch.serve.launch import log_paths, plan_servers
 
 FULL = {
     "model_path": "/ckpt/model",
@@ -316,7 +316,7 @@ def test_a_server_key_in_the_environment_is_no_error_without_serve(monkeypatch) 
 
 def test_readiness_probe_of_a_port_that_does_not_speak_http_is_no_crash() -> None:
     """Something else on the port (an SSH banner): the probe says so instead of raising."""
-    from jsonlbatch.launch import _get
+    from jsonlbatch.serve.launch import _get
 
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))

@@ -16,7 +16,7 @@ from standins.harness import Standins, alive, standin_session, tagged_pids, wait
 
 import jsonlbatch
 from jsonlbatch.errors import LaunchError
-from jsonlbatch.launch import ServeOptions, plan_servers, serving, stop_all
+from jsonlbatch.serve.launch import ServeOptions, plan_servers, serving, stop_all
 
 SECRET = "sk-launch-test-secret-42"
 

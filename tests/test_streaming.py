@@ -1,4 +1,4 @@
-"""SSE reassembly and stream timing (`jsonlbatch.streaming`), on hand-written streams."""
+"""SSE reassembly and stream timing (`jsonlbatch.exec.streaming`), on hand-written streams."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 import orjson
 import pytest
 
-from jsonlbatch.streaming import StreamError, StreamReader, read_stream, stream_body
+from jsonlbatch.exec.streaming import StreamError, StreamReader, read_stream, stream_body
 
 HEAD = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1700000000, "model": "m"}
 

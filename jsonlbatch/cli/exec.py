@@ -1,4 +1,4 @@
-"""`jsonlbatch exec`: the command-line face of `jsonlbatch.executor`."""
+"""`jsonlbatch exec`: the command-line face of `jsonlbatch.exec.job`."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import click
 
 from jsonlbatch.cli.serve_options import serve_options, serve_options_from_kwargs
 from jsonlbatch.errors import Interrupted, UsageError
-from jsonlbatch.executor import ExecOptions, Job, run_coroutine
-from jsonlbatch.launch import serving
+from jsonlbatch.exec.job import ExecOptions, Job, run_coroutine
+from jsonlbatch.exec.shard import parse_shard
+from jsonlbatch.exec.summary import RunSummary
 from jsonlbatch.redact import register_secret
-from jsonlbatch.shard import parse_shard
-from jsonlbatch.summary import RunSummary
+from jsonlbatch.serve.launch import serving
 
 #: Exit status of a run that finished but recorded failed requests.
 EXIT_SOME_FAILED = 3

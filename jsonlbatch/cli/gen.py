@@ -5,7 +5,9 @@ from __future__ import annotations
 import click
 
 from jsonlbatch.errors import UsageError
-from jsonlbatch.gen import (
+from jsonlbatch.gen.sources import FORMATS, iter_rows, select
+from jsonlbatch.gen.templates import Prompt, RowTemplate, compile_condition
+from jsonlbatch.gen.writer import (
     CHARS_PER_TOKEN,
     PROMPT_FIELDS,
     RequestWriter,
@@ -15,8 +17,6 @@ from jsonlbatch.gen import (
     write_requests,
 )
 from jsonlbatch.records import CHAT_URL
-from jsonlbatch.sources import FORMATS, iter_rows, select
-from jsonlbatch.templates import Prompt, RowTemplate, compile_condition
 
 
 @click.command("gen")

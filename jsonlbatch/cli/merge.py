@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from jsonlbatch.shard import merge
+from jsonlbatch.exec.shard import merge
 
 
 @click.command("merge")

@@ -13,7 +13,7 @@ import click
 
 from jsonlbatch.cli.serve_options import serve_options, serve_options_from_kwargs
 from jsonlbatch.errors import Interrupted, UsageError
-from jsonlbatch.launch import serving
+from jsonlbatch.serve.launch import serving
 
 _CHECK_EVERY = 1.0
 

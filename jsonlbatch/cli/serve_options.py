@@ -16,8 +16,8 @@ from typing import Any, TypeVar
 import click
 from click.core import ParameterSource
 
-from jsonlbatch.backends import BACKEND_NAMES, DP_MODES, ServeOptions
 from jsonlbatch.errors import UsageError
+from jsonlbatch.serve.backends import BACKEND_NAMES, DP_MODES, ServeOptions
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 

@@ -7,7 +7,7 @@ import sys
 import click
 
 from jsonlbatch.errors import count_problems
-from jsonlbatch.validate import validate_file
+from jsonlbatch.exec.validate import validate_file
 
 
 @click.command()

@@ -11,9 +11,9 @@ import os
 import signal
 import sys
 
-from jsonlbatch.backends import MOCK_API_KEY_ENV
 from jsonlbatch.errors import JsonlbatchError, UsageError
 from jsonlbatch.mock import MockConfig, serve
+from jsonlbatch.mock.app import MOCK_API_KEY_ENV
 
 # (flag, MockConfig field, type, metavar, help); defaults come from MockConfig itself.
 _OPTIONS: tuple[tuple[str, str, type, str, str], ...] = (

@@ -25,6 +25,9 @@ from jsonlbatch.errors import UsageError
 from jsonlbatch.mock import content
 from jsonlbatch.records import check_messages
 
+#: Where the mock server (`python -m jsonlbatch.mock`) reads its API key.
+MOCK_API_KEY_ENV = "JSONLBATCH_MOCK_API_KEY"
+
 _RATES = ("fail_rate", "rate_limit_rate", "drop_rate", "stream_error_rate")
 _DURATIONS = ("latency", "latency_jitter", "retry_after", "warmup")
 _UNAUTHORIZED = orjson.dumps({"error": "Unauthorized"})

@@ -8,8 +8,9 @@ write_report(report, "report.html")
 
 from __future__ import annotations
 
-from jsonlbatch.report.build import FORMATS, Report, build_report, format_for, render, write_report
+from jsonlbatch.report.build import FORMATS, build_report, format_for, render, write_report
 from jsonlbatch.report.load import RunData, load_request_fields, load_run
+from jsonlbatch.report.model import Report
 from jsonlbatch.report.options import Price, Sla, parse_duration, parse_price, parse_sla
 from jsonlbatch.report.stats import (
     Cost,

@@ -9,35 +9,20 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 from jsonlbatch.errors import OutputError, UsageError
-from jsonlbatch.report.load import RunData, load_request_fields, load_run, request_fields_for
+from jsonlbatch.report.load import load_request_fields, load_run, request_fields_for
+from jsonlbatch.report.model import Report
 from jsonlbatch.report.options import Price, Sla
 from jsonlbatch.report.render_html import render_html
 from jsonlbatch.report.render_json import render_json
 from jsonlbatch.report.render_md import render_markdown
 from jsonlbatch.report.render_text import render_text
-from jsonlbatch.report.stats import RunStats, summarize
+from jsonlbatch.report.stats import summarize
 
 FORMATS = ("text", "md", "json", "html")
 _SUFFIXES = {".txt": "text", ".md": "md", ".markdown": "md", ".json": "json", ".html": "html"}
 _SUFFIXES[".htm"] = "html"
-
-
-@dataclass
-class Report:
-    """Stats of each run (first = baseline), with the columns the charts are drawn from."""
-
-    runs: list[RunStats]
-    data: list[RunData] = field(repr=False)
-    sla: list[Sla] = field(default_factory=list)
-    price: Price | None = None
-    by: list[str] = field(default_factory=list)
-
-    @property
-    def title(self) -> str:
-        return "jsonlbatch report: " + " vs ".join(run.label for run in self.runs)
 
 
 def build_report(

@@ -9,12 +9,10 @@ from __future__ import annotations
 import io
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from jsonlbatch.report.model import Report
 from jsonlbatch.report.tables import LATENCY_NAMES, present_latencies
-
-if TYPE_CHECKING:
-    from jsonlbatch.report.build import Report
 
 INSTALL_HINT = "pip install 'jsonlbatch[report]'"
 _MAX_BINS = 60

@@ -9,13 +9,10 @@ from __future__ import annotations
 
 import base64
 from html import escape
-from typing import TYPE_CHECKING
 
 from jsonlbatch.report.charts import INSTALL_HINT, charts_available, draw_charts
+from jsonlbatch.report.model import Report
 from jsonlbatch.report.tables import Cell, Table, build_tables, format_delta, format_value
-
-if TYPE_CHECKING:
-    from jsonlbatch.report.build import Report
 
 _CSS = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em auto;

@@ -4,15 +4,13 @@ as fractions), and in a comparison the change of each number against the baselin
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 
+from jsonlbatch.report.model import Report
 from jsonlbatch.report.stats import RunStats
 from jsonlbatch.report.tables import NOTE_FAILED, NOTE_PERCENTILES
-
-if TYPE_CHECKING:
-    from jsonlbatch.report.build import Report
 
 SCHEMA_VERSION = 1
 

@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from jsonlbatch.report.model import Report
 from jsonlbatch.report.tables import Table, build_tables, format_cell
-
-if TYPE_CHECKING:
-    from jsonlbatch.report.build import Report
 
 
 def render_text(report: Report) -> str:

@@ -10,13 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from jsonlbatch.report.model import Report
 from jsonlbatch.report.options import format_duration
 from jsonlbatch.report.stats import LATENCIES, PERCENTILES, TOKENS, Distribution, RunStats
-
-if TYPE_CHECKING:
-    from jsonlbatch.report.build import Report
 
 LATENCY_NAMES = {
     "e2e": "E2E latency",

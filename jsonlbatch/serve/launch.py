@@ -5,7 +5,7 @@
         jsonlbatch.execute("in.jsonl", "out.jsonl", urls=servers.urls, watchdog=servers.check)
 
 Everything that can be checked before a server spends minutes loading (options, GPU fit, free
-ports) is checked first. Each server runs under `jsonlbatch.reaper` in its own process group, so
+ports) is checked first. Each server runs under `jsonlbatch.serve.reaper` in its own process group, so
 nothing survives us: not on an error, not on Ctrl-C or SIGTERM, not even on SIGKILL.
 """
 
@@ -28,13 +28,19 @@ from typing import Any
 
 import orjson
 
-from jsonlbatch import reaper
-from jsonlbatch.backends import BACKENDS, Command, ServeOptions, build_command
-from jsonlbatch.endpoints import model_ids
 from jsonlbatch.errors import Interrupted, LaunchError, UsageError
-from jsonlbatch.gpus import describe_holders, gpu_groups, gpu_holders, pick_ports, visible_gpus
-from jsonlbatch.reaper import SECRETS_ENV, group_pids, wait_group_gone
+from jsonlbatch.exec.endpoints import model_ids
 from jsonlbatch.redact import redact
+from jsonlbatch.serve import reaper
+from jsonlbatch.serve.backends import BACKENDS, Command, ServeOptions, build_command
+from jsonlbatch.serve.gpus import (
+    describe_holders,
+    gpu_groups,
+    gpu_holders,
+    pick_ports,
+    visible_gpus,
+)
+from jsonlbatch.serve.reaper import SECRETS_ENV, group_pids, wait_group_gone
 
 __all__ = ["STOP_GRACE", "ServeOptions", "ServerProcess", "Servers", "plan_servers", "serving"]
 

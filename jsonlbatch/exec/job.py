@@ -27,13 +27,6 @@ from typing import Any, TypeVar
 import aiohttp
 import orjson
 
-from jsonlbatch.endpoints import (
-    Endpoint,
-    EndpointPool,
-    auth_headers,
-    describe_exception,
-    parse_endpoint,
-)
 from jsonlbatch.errors import (
     AuthenticationError,
     InputError,
@@ -43,6 +36,31 @@ from jsonlbatch.errors import (
     OutputError,
     UsageError,
 )
+from jsonlbatch.exec.endpoints import (
+    Endpoint,
+    EndpointPool,
+    auth_headers,
+    describe_exception,
+    parse_endpoint,
+)
+from jsonlbatch.exec.progress import Progress
+from jsonlbatch.exec.retry import Backoff, Verdict, classify, parse_retry_after
+from jsonlbatch.exec.scan import (
+    InputScan,
+    OutputScan,
+    line_custom_id,
+    scan_input,
+    scan_output,
+    stat_input,
+)
+from jsonlbatch.exec.streaming import (
+    STREAM_URLS,
+    StreamError,
+    StreamReader,
+    read_stream,
+    stream_body,
+)
+from jsonlbatch.exec.summary import RunSummary
 from jsonlbatch.jsonl import (
     AppendWriter,
     OutputLock,
@@ -52,20 +70,8 @@ from jsonlbatch.jsonl import (
     repair_tail,
     rewrite_atomically,
 )
-from jsonlbatch.progress import Progress
 from jsonlbatch.records import COMPLETIONS_URL, Request, Result
 from jsonlbatch.redact import redact
-from jsonlbatch.retry import Backoff, Verdict, classify, parse_retry_after
-from jsonlbatch.scan import (
-    InputScan,
-    OutputScan,
-    line_custom_id,
-    scan_input,
-    scan_output,
-    stat_input,
-)
-from jsonlbatch.streaming import STREAM_URLS, StreamError, StreamReader, read_stream, stream_body
-from jsonlbatch.summary import RunSummary
 
 _T = TypeVar("_T")
 
@@ -130,7 +136,7 @@ class Job:
             parse_endpoint(url)
         select = None
         if opts.shard is not None:
-            from jsonlbatch.shard import in_shard
+            from jsonlbatch.exec.shard import in_shard
 
             k, n = opts.shard
             select = lambda cid: in_shard(cid, k, n)  # noqa: E731

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from tqdm import tqdm
 
-from jsonlbatch.summary import RunSummary
+from jsonlbatch.exec.summary import RunSummary
 
 _STATUS_EVERY = 10.0  # seconds between repeats of the same "waiting for server" line
 _TTFT_WINDOW = 1000  # the running TTFT median is over this many latest streamed requests

@@ -1,4 +1,4 @@
-"""`python -m jsonlbatch.reaper [--grace S] -- CMD...`: run a server so it cannot outlive us.
+"""`python -m jsonlbatch.serve.reaper [--grace S] -- CMD...`: run a server so it cannot outlive us.
 
 (Standard library only: jsonlbatch runs this file as `python -I .../reaper.py`, without
 importing the package.)
@@ -32,7 +32,7 @@ from collections.abc import Sequence
 
 SECRETS_ENV = "JSONLBATCH_REAPER_SECRETS"
 DEFAULT_GRACE = 15.0
-_TAG = b"[jsonlbatch.reaper] "
+_TAG = b"[jsonlbatch.serve.reaper] "
 
 
 def group_pids(pgid: int) -> list[int]:
@@ -155,7 +155,7 @@ def _parse(args: list[str]) -> tuple[float, list[str]]:
         grace = float(args[1])
         args = args[2:]
     if args[:1] != ["--"] or len(args) < 2:
-        sys.stderr.write("usage: python -m jsonlbatch.reaper [--grace S] -- CMD [ARGS...]\n")
+        sys.stderr.write("usage: python -m jsonlbatch.serve.reaper [--grace S] -- CMD [ARGS...]\n")
         raise SystemExit(2)
     return grace, args[1:]
 

@@ -22,8 +22,8 @@ from jinja2 import StrictUndefined, TemplateSyntaxError, UndefinedError
 from jinja2.sandbox import SandboxedEnvironment
 
 from jsonlbatch.errors import InputError, Problem, UsageError
+from jsonlbatch.gen.sources import Row
 from jsonlbatch.records import check_messages
-from jsonlbatch.sources import Row
 
 _FILENAME = "<template>"
 _UNDEFINED = re.compile(r"'([^']+)' is undefined|has no attribute '([^']+)'")

@@ -14,12 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from jsonlbatch.errors import UsageError
+from jsonlbatch.mock.app import MOCK_API_KEY_ENV
 from jsonlbatch.redact import redact, register_secret
 
 BACKEND_NAMES = ("mock", "vllm", "sglang")
 DP_MODES = ("native", "replicas")
-#: Where the mock server (`python -m jsonlbatch.mock`) reads its API key.
-MOCK_API_KEY_ENV = "JSONLBATCH_MOCK_API_KEY"
 
 
 @dataclass

@@ -22,6 +22,8 @@ from typing import IO, Any
 import orjson
 
 from jsonlbatch.errors import InputError, OutputError, UsageError
+from jsonlbatch.gen.sources import Row
+from jsonlbatch.gen.templates import Prompt, RowTemplate
 from jsonlbatch.records import (
     CHAT_URL,
     COMPLETIONS_URL,
@@ -29,8 +31,6 @@ from jsonlbatch.records import (
     check_request,
     request_line,
 )
-from jsonlbatch.sources import Row
-from jsonlbatch.templates import Prompt, RowTemplate
 
 #: The endpoints the generator writes bodies for, and the body field each one's prompt goes in.
 PROMPT_FIELDS = {CHAT_URL: "messages", COMPLETIONS_URL: "prompt", EMBEDDINGS_URL: "input"}

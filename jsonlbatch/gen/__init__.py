@@ -1,0 +1,16 @@
+"""The gen stage: rows of data and a prompt template in, an OpenAI Batch request file out.
+
+`sources` streams rows from JSONL, JSON, CSV, Parquet or stdin (filtered and sampled);
+`templates` renders each row into messages with sandboxed Jinja2; `writer` turns messages and
+sampling options into request lines (`RequestWriter`), the same machinery `jsonlbatch gen` uses.
+
+    from jsonlbatch.gen import RequestWriter
+    with RequestWriter("requests.jsonl", model="Qwen/Qwen3-8B") as w:
+        w.add("q1", [{"role": "user", "content": "2+2?"}], n=3)
+"""
+
+from __future__ import annotations
+
+from jsonlbatch.gen.writer import GenSummary, RequestError, RequestWriter, write_requests
+
+__all__ = ["GenSummary", "RequestError", "RequestWriter", "write_requests"]

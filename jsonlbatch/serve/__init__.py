@@ -1,0 +1,26 @@
+"""The serve stage: launch vLLM, SGLang or the built-in mock, and always tear them down.
+
+`backends` maps one set of options (`ServeOptions`) onto each server's own command line; `gpus`
+plans tensor x data parallel groups and ports; `launch` starts each server under a `reaper` in its
+own process group, waits until it is ready and stops the whole group on exit, Ctrl-C or SIGKILL
+of jsonlbatch itself.
+
+    from jsonlbatch.serve import ServeOptions, serving
+    with serving(ServeOptions("vllm", model_path="Qwen/Qwen3-8B", dp_size=2)) as servers:
+        print(servers.urls)
+"""
+
+from __future__ import annotations
+
+from jsonlbatch.serve.backends import BACKEND_NAMES, DP_MODES, ServeOptions, build_command
+from jsonlbatch.serve.launch import Servers, plan_servers, serving
+
+__all__ = [
+    "BACKEND_NAMES",
+    "DP_MODES",
+    "ServeOptions",
+    "Servers",
+    "build_command",
+    "plan_servers",
+    "serving",
+]

@@ -1,0 +1,164 @@
+"""The package's layout is its architecture: imports flow cli -> stages -> shared core.
+
+Read from the source (ast), so that a lazy import inside a function counts as much as one at the
+top of a module. See docs/architecture.md.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import jsonlbatch
+
+ROOT = Path(jsonlbatch.__file__).parent
+CORE = {"errors", "jsonl", "records", "redact", "stats"}
+STAGES = {"gen", "exec", "serve", "post", "report", "mock"}
+#: For each stage, the other stages it may import. Everything else between stages is a mistake.
+ALLOWED = {
+    "gen": set(),
+    "exec": set(),
+    "serve": {"exec", "mock"},  # exec's endpoint probe; the mock is a backend it launches
+    "post": set(),
+    "report": set(),
+    "mock": set(),
+}
+
+
+def _modules() -> list[tuple[str, Path]]:
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = path.relative_to(ROOT).with_suffix("")
+        parts = [p for p in rel.parts if p != "__init__"]
+        found.append((".".join(parts), path))
+    return found
+
+
+def _imports(path: Path, module: str) -> set[str]:
+    """Top-level names under `jsonlbatch` that `path` imports (absolute or relative)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    names: set[str] = set()
+    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                targets = [".".join(["jsonlbatch", *base, node.module or ""]).rstrip(".")]
+            else:
+                targets = [node.module or ""]
+            if targets == ["jsonlbatch"]:
+                targets = [f"jsonlbatch.{alias.name}" for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            parts = target.split(".")
+            if parts[0] == "jsonlbatch" and len(parts) > 1:
+                names.add(parts[1])
+    return names
+
+
+def _part(module: str) -> str:
+    return module.split(".")[0] if module else ""
+
+
+def test_every_module_belongs_somewhere():
+    for module, _ in _modules():
+        top = _part(module)
+        assert top in CORE | STAGES | {"cli", "", "__main__"}, (
+            f"jsonlbatch.{module} is neither the shared core nor a stage: place it in "
+            "docs/architecture.md's map first"
+        )
+
+
+def test_shared_core_imports_no_stage_and_no_cli():
+    for module, path in _modules():
+        if _part(module) in CORE:
+            wrong = _imports(path, module) - CORE
+            assert not wrong, f"core module jsonlbatch.{module} imports {sorted(wrong)}"
+
+
+def test_stages_import_only_the_core_and_allowed_stages():
+    for module, path in _modules():
+        stage = _part(module)
+        if stage not in STAGES:
+            continue
+        imported = _imports(path, module) - CORE - {stage}
+        assert "cli" not in imported, f"jsonlbatch.{module} imports the CLI"
+        wrong = imported - ALLOWED[stage]
+        assert not wrong, f"stage module jsonlbatch.{module} imports stage(s) {sorted(wrong)}"
+
+
+def test_the_checker_sees_a_wrong_import(tmp_path):
+    """The rules above must be able to fail: a core module importing a stage is caught."""
+    bad = tmp_path / "records.py"
+    bad.write_text("from jsonlbatch.exec.job import Job\nfrom . import cli\n")
+    assert _imports(bad, "records") == {"exec", "cli"}
+
+
+def _module_level_edges() -> dict[str, set[str]]:
+    """module -> the jsonlbatch modules it imports when it is imported (top level only: an
+    import inside a function runs later and cannot make a circle at import time)."""
+    known = {module for module, _ in _modules()}
+    edges: dict[str, set[str]] = {}
+    for module, path in _modules():
+        out: set[str] = set()
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                bases = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                bases = [a.name for a in node.names]
+            else:
+                continue
+            for base in bases:
+                parts = base.split(".")[1:] if base.startswith("jsonlbatch") else []
+                # importing a.b.c imports a, a.b and a.b.c
+                for i in range(1, len(parts) + 1):
+                    name = ".".join(parts[:i])
+                    # a module's own packages are initialised before it: no edge back to them
+                    if name in known and name != module and not module.startswith(name + "."):
+                        out.add(name)
+        edges[module] = out
+    return edges
+
+
+def test_no_import_circle():
+    _assert_no_circle(_module_level_edges())
+
+
+def test_the_circle_check_can_fail():
+    with pytest.raises(pytest.fail.Exception, match=r"report\.build -> report\.render_html"):
+        _assert_no_circle(
+            {"report.build": {"report.render_html"}, "report.render_html": {"report.build"}}
+        )
+
+
+def _assert_no_circle(edges: dict[str, set[str]]) -> None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                pytest.fail("import circle: " + " -> ".join([*stack[stack.index(nxt) :], nxt]))
+            elif nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for module in sorted(edges):
+        if module not in state:
+            visit(module)
+
+
+def test_public_api_and_stage_attributes():
+    assert callable(jsonlbatch.execute) and callable(jsonlbatch.RequestWriter)
+    assert callable(jsonlbatch.post.run_votes)
+    assert callable(jsonlbatch.report.build_report)
+    for name in jsonlbatch.__all__:
+        assert hasattr(jsonlbatch, name), name
