@@ -8,7 +8,7 @@
                                  urls=["http://localhost:8000/v1"], concurrency=256)
 
 The stages are subpackages (`jsonlbatch.gen`, `.exec`, `.serve`, `.post`, `.report`, `.mock`)
-over a small shared core (`records`, `jsonl`, `errors`, `redact`, `stats`); docs/architecture.md
+over a small shared core (`records`, `jsonl`, `errors`, `redact`, `stats`, `idset`); docs/architecture.md
 draws the map. `jsonlbatch.post` and `jsonlbatch.report` are reachable after `import jsonlbatch`.
 """
 

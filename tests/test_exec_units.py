@@ -9,8 +9,8 @@ import pytest
 from jsonlbatch.errors import UsageError
 from jsonlbatch.exec import scan
 from jsonlbatch.exec.endpoints import auth_headers, parse_endpoint
-from jsonlbatch.exec.idset import IdSet
 from jsonlbatch.exec.retry import Backoff, Verdict, classify, parse_retry_after
+from jsonlbatch.idset import IdSet
 from jsonlbatch.records import Result
 from jsonlbatch.redact import redact
 

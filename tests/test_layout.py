@@ -14,7 +14,7 @@ import pytest
 import jsonlbatch
 
 ROOT = Path(jsonlbatch.__file__).parent
-CORE = {"errors", "jsonl", "records", "redact", "stats"}
+CORE = {"errors", "idset", "jsonl", "records", "redact", "stats"}
 STAGES = {"gen", "exec", "serve", "post", "report", "mock"}
 #: For each stage, the other stages it may import. Everything else between stages is a mistake.
 ALLOWED = {

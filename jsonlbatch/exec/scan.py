@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import orjson
 
 from jsonlbatch.errors import MAX_PROBLEMS, InputError, OutputError, Problem, count_problems
-from jsonlbatch.exec.idset import IdSet, id_key
+from jsonlbatch.idset import IdSet, id_key
 from jsonlbatch.jsonl import iter_lines, iter_lines_at
 from jsonlbatch.records import check_request, is_failure
 

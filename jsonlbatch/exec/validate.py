@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 import orjson
 
 from jsonlbatch.errors import MAX_PROBLEMS, InputError, Problem, UsageError
-from jsonlbatch.exec.idset import IdSet
 from jsonlbatch.exec.scan import find_duplicates, scan_input
+from jsonlbatch.idset import IdSet
 from jsonlbatch.jsonl import iter_lines
 from jsonlbatch.records import check_response
 
