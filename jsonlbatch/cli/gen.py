@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from jsonlbatch.errors import UsageError
+from jsonlbatch.gen.responses import looks_like_responses, response_rows
 from jsonlbatch.gen.sources import FORMATS, iter_rows, select
 from jsonlbatch.gen.templates import Prompt, RowTemplate, compile_condition
 from jsonlbatch.gen.writer import (
@@ -23,8 +24,42 @@ from jsonlbatch.records import CHAT_URL
 @click.option(
     "-d",
     "--data",
-    required=True,
-    help="Rows: .jsonl, .json (a list), .csv, .parquet, or - for stdin.",
+    help="Rows: .jsonl, .json (a list), .csv, .parquet, or - for stdin; a response file is "
+    "read as responses (see --responses).",
+)
+@click.option(
+    "--responses",
+    type=click.Path(dir_okay=False),
+    help="Rows from a response file: custom_id, group, sample, answer, reasoning, "
+    "finish_reason, usage, failed, ... (docs/gen.md).",
+)
+@click.option(
+    "--requests",
+    "requests_file",
+    type=click.Path(dir_okay=False),
+    help="With responses: the request file, adding messages, body and conversation.",
+)
+@click.option(
+    "--join",
+    type=click.Path(dir_okay=False),
+    help="With responses: a data file whose row (matched by --on) is added to each response.",
+)
+@click.option(
+    "--on", "join_on", metavar="FIELD", help="The --join file's field equal to the group id."
+)
+@click.option(
+    "--per",
+    type=click.Choice(["request", "choice"]),
+    default="request",
+    show_default=True,
+    help="With responses: one row per response line or per choice.",
+)
+@click.option(
+    "--continue",
+    "continues",
+    is_flag=True,
+    help="The template is a new user turn after the request's messages and the answer "
+    "(needs --requests).",
 )
 @click.option(
     "--format",
@@ -92,6 +127,7 @@ from jsonlbatch.records import CHAT_URL
 )
 @click.option("--no-think", is_flag=True, help="chat_template_kwargs.enable_thinking=false.")
 @click.option("--no-think-suffix", is_flag=True, help="Append /no_think to the last user message.")
+@click.option("--suffix", help="Text appended to the last user message, e.g. ' /no_think'.")
 @click.option(
     "--think-budget",
     type=click.IntRange(min=0),
@@ -102,7 +138,13 @@ from jsonlbatch.records import CHAT_URL
 )
 @click.option("--force", is_flag=True, help="Replace the output file if it exists.")
 def gen(
-    data: str,
+    data: str | None,
+    responses: str | None,
+    requests_file: str | None,
+    join: str | None,
+    join_on: str | None,
+    per: str,
+    continues: bool,
     fmt: str | None,
     template: str | None,
     prompt_text: str | None,
@@ -129,11 +171,24 @@ def gen(
     body_file: str | None,
     no_think: bool,
     no_think_suffix: bool,
+    suffix: str | None,
     think_budget: int | None,
     output: str,
     force: bool,
 ) -> None:
-    """Write an OpenAI Batch request file: one request per data row (or --samples per row)."""
+    """Write an OpenAI Batch request file: one request per data row (or --samples per row).
+
+    The rows may be a response file (--responses, or --data naming one): a second turn, a
+    self-check or a judge prompt over the answers of a run.
+    """
+    if (data is None) == (responses is None):
+        raise UsageError("give exactly one of --data or --responses")
+    if responses is None and data is not None and fmt in (None, "jsonl"):
+        responses = data if looks_like_responses(data) else None
+    if responses is None and (requests_file or join or join_on or continues or per != "request"):
+        raise UsageError("--requests, --join, --on, --per and --continue read a response file")
+    if continues and requests_file is None:
+        raise UsageError("--continue needs --requests (the conversation so far)")
     if sum(x is not None for x in (template, prompt_text, messages)) != 1:
         raise UsageError("give exactly one of --template, --prompt or --messages")
     if template is not None:
@@ -146,6 +201,7 @@ def gen(
         user=user,
         messages=RowTemplate.from_file(messages) if messages else None,
         system=RowTemplate.inline(system, name="--system") if system is not None else None,
+        continues=continues,
     )
     custom_id = RowTemplate.inline(id_template, name="--id") if id_template else None
     condition = compile_condition(" and ".join(f"({w})" for w in where)) if where else None
@@ -157,7 +213,12 @@ def gen(
     for p in param:
         body = merge_patch(body, parse_param(p))
 
-    rows = select(iter_rows(data, fmt), where=condition, limit=limit, sample=sample, seed=seed or 0)
+    source = (
+        response_rows(responses, requests=requests_file, join=join, on=join_on, per=per)
+        if responses is not None
+        else iter_rows(data or "-", fmt)
+    )
+    rows = select(source, where=condition, limit=limit, sample=sample, seed=seed or 0)
     with RequestWriter(
         output,
         model=model,
@@ -170,6 +231,7 @@ def gen(
         no_think_suffix=no_think_suffix,
         think_budget=think_budget,
         body=body,
+        suffix=suffix,
     ) as writer:
         write_requests(rows, writer, prompt, custom_id=custom_id)
     s = writer.summary

@@ -41,14 +41,16 @@ class Row:
     """One record of a data source.
 
     `index` counts every record of the source from 0, before any filter, so it identifies the
-    row stably (it is the default custom_id); `line` is the 1-based line where the record sits,
-    when the format has lines.
+    row stably; `line` is the 1-based line where the record sits, when the format has lines;
+    `key` is a natural id when the source has one (a response's custom_id). The default
+    custom_id of its request is `key`, else `index`.
     """
 
     source: str
     index: int
     line: int | None
     data: dict[str, Any]
+    key: str | None = None
 
     def problem(self, field: str | None, message: str) -> Problem:
         """A `Problem` located at this row, for errors the user fixes in the data or template."""

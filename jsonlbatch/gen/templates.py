@@ -124,11 +124,16 @@ def compile_condition(expression: str) -> Callable[[Row], bool]:
 class Prompt:
     """What one row asks: either `user` text (optionally after a `system` text), giving a
     prompt string or a two-message chat, or `messages`, a template that renders a JSON list of
-    chat messages (multi-turn, multi-part, images): the whole conversation is the template's."""
+    chat messages (multi-turn, multi-part, images): the whole conversation is the template's.
+
+    `continues`: the row is a response read with its request (`gen.responses`), and the `user`
+    text is a new turn after the request's messages and the assistant's answer (a second turn,
+    a self-check, a repair prompt)."""
 
     user: RowTemplate | None = None
     system: RowTemplate | None = None
     messages: RowTemplate | None = None
+    continues: bool = False
 
     def __post_init__(self) -> None:
         if (self.user is None) == (self.messages is None):
@@ -137,6 +142,11 @@ class Prompt:
             raise UsageError(
                 "a messages template writes its own system message; drop the system text"
             )
+        if self.continues and (self.user is None or self.system is not None):
+            raise UsageError(
+                "continuing a conversation takes a user text template only (the conversation "
+                "brings its own system message)"
+            )
 
     def build(self, row: Row) -> str | list[dict[str, Any]]:
         """The user text alone (a plain prompt), or a list of chat messages."""
@@ -144,6 +154,16 @@ class Prompt:
             return self._messages(row)
         assert self.user is not None
         text = self.user.render(row)
+        if self.continues:
+            conversation = row.data.get("conversation")
+            if not isinstance(conversation, list):
+                why = "the request's messages are needed: read responses with their requests"
+                if row.data.get("failed"):
+                    why = (
+                        "the request failed: there is no answer to continue (--where 'not failed')"
+                    )
+                raise InputError("cannot continue the conversation", [row.problem(None, why)])
+            return [*conversation, {"role": "user", "content": text}]
         if self.system is None:
             return text
         return [

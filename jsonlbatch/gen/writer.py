@@ -122,7 +122,7 @@ class RequestWriter:
     (temperature 0, a single choice), and a `seed` becomes seed + k per sample.
     `no_think` / `think_budget` set the chat-template and server switches of reasoning models;
     `no_think_suffix` appends `/no_think` to the last user message for servers that take no
-    `chat_template_kwargs`.
+    `chat_template_kwargs`; `suffix` appends any text there (e.g. an experiment condition's).
 
     Use it as a context manager: the file replaces `path` when the block ends without an
     exception; otherwise nothing is written.
@@ -142,6 +142,7 @@ class RequestWriter:
         no_think_suffix: bool = False,
         think_budget: int | None = None,
         body: Mapping[str, Any] | None = None,
+        suffix: str | None = None,
         **body_defaults: Any,
     ) -> None:
         if url not in PROMPT_FIELDS:
@@ -149,7 +150,13 @@ class RequestWriter:
                 f"cannot write requests for {url!r} (known: {', '.join(PROMPT_FIELDS)})"
             )
         _check_options(
-            url, samples, greedy_first, sample_sep, no_think, no_think_suffix, think_budget
+            url,
+            samples,
+            greedy_first,
+            sample_sep,
+            no_think,
+            no_think_suffix or bool(suffix),
+            think_budget,
         )
         base = merge_patch(body or {}, body_defaults)
         if url == EMBEDDINGS_URL and (pointless := [k for k in GENERATION_FIELDS if k in base]):
@@ -175,7 +182,8 @@ class RequestWriter:
         self.url = url
         self.force = force
         self.samples, self.greedy_first, self.sample_sep = samples, greedy_first, sample_sep
-        self.no_think_suffix = no_think_suffix
+        # appended to the last user message: a prompt suffix such as " /no_think"
+        self.suffix = (suffix or "") + (f" {NO_THINK_SUFFIX}" if no_think_suffix else "")
         self._base = base
         self._seen: set[str] = set()
         self._prompts = self._requests = self._chars = 0
@@ -232,8 +240,8 @@ class RequestWriter:
                 raise RequestError(custom_id, [(f"body.{field}", msg)])
             return {field: prompt}
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-        if self.no_think_suffix:
-            messages = _with_suffix(custom_id, messages)
+        if self.suffix:
+            messages = _with_suffix(custom_id, messages, self.suffix)
         return {field: messages}
 
     def _expand(self, custom_id: str, body: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
@@ -313,9 +321,12 @@ def write_requests(
     custom_id: RowTemplate | None = None,
 ) -> None:
     """One prompt per row into `writer`; errors name the row. The id is the rendered
-    `custom_id` template, or the row's index in its source."""
+    `custom_id` template, else the row's natural key (a response's id), else its index."""
     for row in rows:
-        cid = custom_id.render(row).strip() if custom_id is not None else str(row.index)
+        if custom_id is not None:
+            cid = custom_id.render(row).strip()
+        else:
+            cid = row.key if row.key is not None else str(row.index)
         if not cid:
             raise InputError("empty custom_id", [row.problem("custom_id", "the id rendered empty")])
         content = prompt.build(row)
@@ -345,24 +356,25 @@ def _check_options(
     if think_budget is not None and think_budget < 0:
         raise UsageError(f"think budget must be >= 0, got {think_budget}")
     if url != CHAT_URL and (no_think or no_think_suffix or think_budget is not None):
-        raise UsageError(f"the thinking switches apply to {CHAT_URL} only, not {url}")
+        raise UsageError(f"the thinking switches and suffixes apply to {CHAT_URL} only, not {url}")
     if url == EMBEDDINGS_URL and samples is not None:
         raise UsageError(f"samples make no sense for {url}: embeddings are deterministic")
 
 
-def _with_suffix(custom_id: str, messages: list[Any]) -> list[Any]:
-    """A copy of `messages` whose last user message ends with `/no_think`."""
+def _with_suffix(custom_id: str, messages: list[Any], suffix: str) -> list[Any]:
+    """A copy of `messages` whose last user message ends with `suffix` (a text part of its own,
+    spaces trimmed, for multi-part content)."""
     for i in range(len(messages) - 1, -1, -1):
         message = messages[i]
         if isinstance(message, dict) and message.get("role") == "user":
             content = message.get("content")
             if isinstance(content, str):
-                content = f"{content} {NO_THINK_SUFFIX}"
+                content = f"{content}{suffix}"
             elif isinstance(content, list):
-                content = [*content, {"type": "text", "text": NO_THINK_SUFFIX}]
+                content = [*content, {"type": "text", "text": suffix.strip()}]
             return [*messages[:i], {**message, "content": content}, *messages[i + 1 :]]
     raise RequestError(
-        custom_id, [("body.messages", f"no user message to append {NO_THINK_SUFFIX} to")]
+        custom_id, [("body.messages", f"no user message to append {suffix.strip()!r} to")]
     )
 
 

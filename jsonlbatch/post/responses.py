@@ -7,6 +7,9 @@ response becomes a `Sample`; failed requests become a sample with `error` set so
 counted, never silently lost. Lines `{"custom_id", "answer"}` (answers computed elsewhere, e.g.
 by running a model's code) are read too, so they can be pooled into a vote.
 
+What a line says (its `Sample`s, the id split) is format knowledge in `jsonlbatch.samples`,
+shared with `gen`; this module adds reading whole files and grouping.
+
 Grouping (samples of one question or one SWE-bench instance) streams: a first pass counts the
 lines of each group, a second pass yields a group as soon as its last line has been read. Memory
 is bounded by the largest group in files written in request order (jsonlbatch, vLLM), and stays
@@ -16,7 +19,7 @@ correct for files in any order (the OpenAI Batch API).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,45 +28,36 @@ import orjson
 from jsonlbatch.errors import InputError, Problem, UsageError
 from jsonlbatch.jsonl import iter_lines, iter_lines_at, read_lines_at
 from jsonlbatch.post.summary import TORN, Unused
-from jsonlbatch.records import check_response, is_failure
+from jsonlbatch.records import check_response
+from jsonlbatch.samples import (
+    DEFAULT_SEPARATORS,
+    KeyFunc,
+    Sample,
+    as_text,
+    is_answer_line,
+    lookup,
+    samples_of,
+    split_key,
+    split_think,
+)
 
-#: Separators of `<group><sep><sample>` custom_ids: Agentless `id|3`, `id#3`, `id__pass3`.
-DEFAULT_SEPARATORS: tuple[str, ...] = ("|", "#", "__pass")
-
-KeyFunc = Callable[[str], str]
-
-
-@dataclass(slots=True)
-class Sample:
-    """One choice of one response (or one failed request)."""
-
-    custom_id: str
-    index: int = 0
-    text: str = ""
-    reasoning: str = ""
-    finish_reason: str | None = None
-    tool_calls: list[dict[str, Any]] = field(default_factory=list)
-    usage: dict[str, Any] | None = None
-    model: str | None = None
-    error: str | None = None  # why the request failed; None when it succeeded
-    answer: str | None = None  # given by an answer line, not extracted from text
-    choices: int = 1  # how many choices its response had
-    path: str = ""
-    line: int = 0
-    source: int = 0  # position of its file among the inputs
-
-    @property
-    def failed(self) -> bool:
-        return self.error is not None
-
-    @property
-    def truncated(self) -> bool:
-        return self.finish_reason == "length"
-
-    @property
-    def sample_id(self) -> str:
-        """The custom_id, plus the choice index when the response had several."""
-        return self.custom_id if self.choices == 1 else f"{self.custom_id}[{self.index}]"
+__all__ = [  # the response-line pieces live in the core (`jsonlbatch.samples`); post re-exports
+    "DEFAULT_SEPARATORS",
+    "Group",
+    "KeyFunc",
+    "Sample",
+    "as_text",
+    "check_responses",
+    "iter_groups",
+    "json_lines",
+    "lookup",
+    "make_key",
+    "read_responses",
+    "request_field_key",
+    "samples_of",
+    "split_key",
+    "split_think",
+]
 
 
 @dataclass(slots=True)
@@ -72,107 +66,6 @@ class Group:
 
     key: str
     samples: list[Sample]
-
-
-def split_think(text: str) -> tuple[str, str]:
-    """Split `<think>...</think>` reasoning out of content: (reasoning, answer).
-
-    Also handles templates that put `<think>` in the prompt (only `</think>` in the output) and
-    an unclosed `<think>` (truncated while thinking: all reasoning, no answer).
-    """
-    end = text.find("</think>")
-    if end >= 0:
-        reasoning = text[:end].strip()
-        if reasoning.startswith("<think>"):
-            reasoning = reasoning[len("<think>") :].strip()
-        return reasoning, text[end + len("</think>") :].strip()
-    stripped = text.lstrip()
-    if stripped.startswith("<think>"):
-        return stripped[len("<think>") :].strip(), ""
-    return "", text
-
-
-def _content_text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # content parts
-        return "".join(
-            p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"
-        )
-    return ""
-
-
-def _failure_reason(obj: dict[str, Any]) -> str:
-    error = obj.get("error")
-    response = obj.get("response") if isinstance(obj.get("response"), dict) else {}
-    status = response.get("status_code")
-    message: Any = None
-    if isinstance(error, dict):
-        message = error.get("message") or error.get("code")
-        if isinstance(error.get("code"), str) and error.get("message"):
-            message = f"{error['code']}: {error['message']}"
-    elif error:
-        message = error
-    body = response.get("body")
-    if message is None and isinstance(body, dict):
-        inner = body.get("error", body)
-        message = inner.get("message") if isinstance(inner, dict) else inner
-    parts = [f"HTTP {status}"] if isinstance(status, int) else []
-    if message:
-        parts.append(str(message)[:200])
-    return ": ".join(parts) or "failed"
-
-
-def _is_answer_line(obj: dict[str, Any]) -> bool:
-    return "answer" in obj and "response" not in obj
-
-
-def samples_of(
-    obj: dict[str, Any], *, path: str = "", line: int = 0, source: int = 0
-) -> list[Sample]:
-    """The samples of one decoded response line."""
-    cid = obj["custom_id"]
-    where = {"path": path, "line": line, "source": source}
-    if _is_answer_line(obj):
-        value = obj["answer"]
-        if value is None:
-            return [Sample(cid, error="answer is null", **where)]
-        return [Sample(cid, text=as_text(value), answer=as_text(value), **where)]
-    if is_failure(obj):
-        return [Sample(cid, error=_failure_reason(obj), **where)]
-    body = obj["response"]["body"]
-    choices = body.get("choices") if isinstance(body, dict) else None
-    if not isinstance(choices, list) or not choices:
-        return [Sample(cid, error="response body has no choices", **where)]
-    model = body.get("model") if isinstance(body.get("model"), str) else None
-    usage = body.get("usage") if isinstance(body.get("usage"), dict) else None
-    out = []
-    for pos, choice in enumerate(choices):
-        choice = choice if isinstance(choice, dict) else {}
-        message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
-        text = _content_text(message.get("content") if message else choice.get("text"))
-        reasoning = message.get("reasoning") or message.get("reasoning_content") or ""
-        if not isinstance(reasoning, str) or not reasoning:
-            reasoning, text = split_think(text)
-        calls = message.get("tool_calls")
-        index = choice.get("index")
-        out.append(
-            Sample(
-                cid,
-                index=index if isinstance(index, int) else pos,
-                text=text,
-                reasoning=reasoning,
-                finish_reason=choice.get("finish_reason"),
-                tool_calls=[c for c in calls if isinstance(c, dict)]
-                if isinstance(calls, list)
-                else [],
-                usage=usage,
-                model=model,
-                choices=len(choices),
-                **where,
-            )
-        )
-    return out
 
 
 def json_lines(path: str, problems: list[Problem]) -> Iterator[tuple[int, Any]]:
@@ -184,11 +77,6 @@ def json_lines(path: str, problems: list[Problem]) -> Iterator[tuple[int, Any]]:
             problems.append(Problem(path, lineno, None, f"bad JSON: {exc}"))
             continue
         yield lineno, obj
-
-
-def as_text(value: Any) -> str:
-    """A JSON value as a string: strings as they are, anything else as compact JSON."""
-    return value if isinstance(value, str) else orjson.dumps(value).decode()
 
 
 def _lines(paths: Sequence[str]) -> Iterator[tuple[int, str, int, dict[str, Any] | Problem]]:
@@ -210,7 +98,7 @@ def _lines(paths: Sequence[str]) -> Iterator[tuple[int, str, int, dict[str, Any]
                     Problem(path, lineno, "torn" if torn else None, f"bad JSON: {exc}"),
                 )
                 continue
-            if isinstance(obj, dict) and _is_answer_line(obj):
+            if isinstance(obj, dict) and is_answer_line(obj):
                 ok = isinstance(obj.get("custom_id"), str) and obj["custom_id"]
                 problems = [] if ok else [("custom_id", "missing or not a non-empty string")]
             else:
@@ -252,17 +140,6 @@ def read_responses(paths: str | Sequence[str], unused: Unused | None = None) -> 
         yield from samples_of(item, path=path, line=lineno, source=source)
 
 
-def split_key(separators: Sequence[str] = DEFAULT_SEPARATORS) -> KeyFunc:
-    """Group by the custom_id up to its last separator (`django__django-11099|3` -> the id)."""
-    seps = [s for s in separators if s]
-
-    def key(custom_id: str) -> str:
-        cut = max((custom_id.rfind(s) for s in seps), default=-1)
-        return custom_id[:cut] if cut > 0 else custom_id
-
-    return key
-
-
 def request_field_key(requests_path: str, field_path: str) -> KeyFunc:
     """Group by a field of the request line (dotted, e.g. `body.metadata.instance_id`).
 
@@ -289,22 +166,6 @@ def request_field_key(requests_path: str, field_path: str) -> KeyFunc:
             raise InputError(f"custom_id {custom_id!r} is not in {requests_path}") from None
 
     return key
-
-
-def lookup(obj: Any, dotted: str) -> Any:
-    """`obj["a"]["b"][0]` for `a.b.0`; None when any step is missing."""
-    for part in dotted.split("."):
-        if isinstance(obj, dict):
-            obj = obj.get(part)
-        elif (
-            isinstance(obj, list)
-            and re.fullmatch(r"-?\d+", part)
-            and -len(obj) <= int(part) < len(obj)
-        ):
-            obj = obj[int(part)]
-        else:
-            return None
-    return obj
 
 
 def make_key(

@@ -1,0 +1,207 @@
+"""What one saved response line says, choice by choice: the answer text and reasoning, the
+finish reason, usage, the failure, and the group/sample split of its custom_id.
+
+This is format knowledge shared by every reader of response files: `post` (votes, patches,
+files), `gen` (responses as a data source for a second turn or a judge) and the experiment
+runner. It reads the OpenAI Batch output of `jsonlbatch exec`, of `vllm run-batch` (error in the
+top-level `error`, body null) and of the OpenAI Batch API (error JSON in `response.body`), and
+answer lines `{"custom_id", "answer"}` computed elsewhere.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from jsonlbatch.records import is_failure
+
+#: Separators of `<group><sep><sample>` custom_ids: Agentless `id|3`, `id#3`, `id__pass3`.
+DEFAULT_SEPARATORS: tuple[str, ...] = ("|", "#", "__pass")
+
+KeyFunc = Callable[[str], str]
+
+
+@dataclass(slots=True)
+class Sample:
+    """One choice of one response (or one failed request)."""
+
+    custom_id: str
+    index: int = 0
+    text: str = ""
+    reasoning: str = ""
+    finish_reason: str | None = None
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    usage: dict[str, Any] | None = None
+    model: str | None = None
+    error: str | None = None  # why the request failed; None when it succeeded
+    answer: str | None = None  # given by an answer line, not extracted from text
+    choices: int = 1  # how many choices its response had
+    path: str = ""
+    line: int = 0
+    source: int = 0  # position of its file among the inputs
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None
+
+    @property
+    def truncated(self) -> bool:
+        return self.finish_reason == "length"
+
+    @property
+    def sample_id(self) -> str:
+        """The custom_id, plus the choice index when the response had several."""
+        return self.custom_id if self.choices == 1 else f"{self.custom_id}[{self.index}]"
+
+
+def split_think(text: str) -> tuple[str, str]:
+    """Split `<think>...</think>` reasoning out of content: (reasoning, answer).
+
+    Also handles templates that put `<think>` in the prompt (only `</think>` in the output) and
+    an unclosed `<think>` (truncated while thinking: all reasoning, no answer).
+    """
+    end = text.find("</think>")
+    if end >= 0:
+        reasoning = text[:end].strip()
+        if reasoning.startswith("<think>"):
+            reasoning = reasoning[len("<think>") :].strip()
+        return reasoning, text[end + len("</think>") :].strip()
+    stripped = text.lstrip()
+    if stripped.startswith("<think>"):
+        return stripped[len("<think>") :].strip(), ""
+    return "", text
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # content parts
+        return "".join(
+            p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"
+        )
+    return ""
+
+
+def _failure_reason(obj: dict[str, Any]) -> str:
+    error = obj.get("error")
+    response = obj.get("response") if isinstance(obj.get("response"), dict) else {}
+    status = response.get("status_code")
+    message: Any = None
+    if isinstance(error, dict):
+        message = error.get("message") or error.get("code")
+        if isinstance(error.get("code"), str) and error.get("message"):
+            message = f"{error['code']}: {error['message']}"
+    elif error:
+        message = error
+    body = response.get("body")
+    if message is None and isinstance(body, dict):
+        inner = body.get("error", body)
+        message = inner.get("message") if isinstance(inner, dict) else inner
+    parts = [f"HTTP {status}"] if isinstance(status, int) else []
+    if message:
+        parts.append(str(message)[:200])
+    return ": ".join(parts) or "failed"
+
+
+def is_answer_line(obj: dict[str, Any]) -> bool:
+    return "answer" in obj and "response" not in obj
+
+
+def samples_of(
+    obj: dict[str, Any], *, path: str = "", line: int = 0, source: int = 0
+) -> list[Sample]:
+    """The samples of one decoded response line."""
+    cid = obj["custom_id"]
+    where = {"path": path, "line": line, "source": source}
+    if is_answer_line(obj):
+        value = obj["answer"]
+        if value is None:
+            return [Sample(cid, error="answer is null", **where)]
+        return [Sample(cid, text=as_text(value), answer=as_text(value), **where)]
+    if is_failure(obj):
+        return [Sample(cid, error=_failure_reason(obj), **where)]
+    body = obj["response"]["body"]
+    choices = body.get("choices") if isinstance(body, dict) else None
+    if not isinstance(choices, list) or not choices:
+        return [Sample(cid, error="response body has no choices", **where)]
+    model = body.get("model") if isinstance(body.get("model"), str) else None
+    usage = body.get("usage") if isinstance(body.get("usage"), dict) else None
+    out = []
+    for pos, choice in enumerate(choices):
+        choice = choice if isinstance(choice, dict) else {}
+        message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+        text = _content_text(message.get("content") if message else choice.get("text"))
+        reasoning = message.get("reasoning") or message.get("reasoning_content") or ""
+        if not isinstance(reasoning, str) or not reasoning:
+            reasoning, text = split_think(text)
+        calls = message.get("tool_calls")
+        index = choice.get("index")
+        out.append(
+            Sample(
+                cid,
+                index=index if isinstance(index, int) else pos,
+                text=text,
+                reasoning=reasoning,
+                finish_reason=choice.get("finish_reason"),
+                tool_calls=[c for c in calls if isinstance(c, dict)]
+                if isinstance(calls, list)
+                else [],
+                usage=usage,
+                model=model,
+                choices=len(choices),
+                **where,
+            )
+        )
+    return out
+
+
+def as_text(value: Any) -> str:
+    """A JSON value as a string: strings as they are, anything else as compact JSON."""
+    return value if isinstance(value, str) else orjson.dumps(value).decode()
+
+
+def split_key(separators: Sequence[str] = DEFAULT_SEPARATORS) -> KeyFunc:
+    """Group by the custom_id up to its last separator (`django__django-11099|3` -> the id)."""
+    seps = tuple(separators)
+
+    def key(custom_id: str) -> str:
+        return split_id(custom_id, seps)[0]
+
+    return key
+
+
+def lookup(obj: Any, dotted: str) -> Any:
+    """`obj["a"]["b"][0]` for `a.b.0`; None when any step is missing."""
+    for part in dotted.split("."):
+        if isinstance(obj, dict):
+            obj = obj.get(part)
+        elif (
+            isinstance(obj, list)
+            and re.fullmatch(r"-?\d+", part)
+            and -len(obj) <= int(part) < len(obj)
+        ):
+            obj = obj[int(part)]
+        else:
+            return None
+    return obj
+
+
+def split_id(
+    custom_id: str, separators: Sequence[str] = DEFAULT_SEPARATORS
+) -> tuple[str, str | None]:
+    """(group, sample suffix) of a custom_id: `django-11099|3` -> (`django-11099`, `3`); an id
+    without a separator is its own group with no sample suffix (None). The same cut as
+    `split_key`."""
+    seps = [s for s in separators if s]
+    best, width = -1, 0
+    for sep in seps:
+        at = custom_id.rfind(sep)
+        if at > best:
+            best, width = at, len(sep)
+    if best <= 0:
+        return custom_id, None
+    return custom_id[:best], custom_id[best + width :]
