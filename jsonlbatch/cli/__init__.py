@@ -17,6 +17,7 @@ from jsonlbatch.cli import gen as _gen
 from jsonlbatch.cli import merge as _merge
 from jsonlbatch.cli import post as _post
 from jsonlbatch.cli import report as _report
+from jsonlbatch.cli import run as _run
 from jsonlbatch.cli import serve as _serve
 from jsonlbatch.cli import validate as _validate
 from jsonlbatch.errors import JsonlbatchError
@@ -46,6 +47,7 @@ for _command in (
     _merge.merge_,
     _post.post,
     _report.report,
+    _run.run,
     _serve.serve,
     _validate.validate,
 ):

@@ -33,6 +33,7 @@ import orjson
 from jsonlbatch.errors import UsageError
 from jsonlbatch.exec import execute
 from jsonlbatch.experiment.rules import PassRule, coerce
+from jsonlbatch.experiment.state import file_digest
 from jsonlbatch.gen import RequestWriter
 from jsonlbatch.gen.responses import RequestIndex, response_rows
 from jsonlbatch.gen.sources import Row
@@ -80,7 +81,9 @@ class JudgeConfig:
             raise UsageError(f"judge rounds must be at least 1, got {self.rounds}")
         self.pass_rule = PassRule(self.rule, [*self.extract, "round"])
         names = ("judge template", "judge system", "retry template")
-        for text, name in zip((self.template, self.system, self.retry_template), names, strict=True):
+        for text, name in zip(
+            (self.template, self.system, self.retry_template), names, strict=True
+        ):
             if text is not None:
                 RowTemplate(text, name=name)  # syntax errors now
 
@@ -390,12 +393,3 @@ def _reset_if_changed(out_dir: str, config: JudgeConfig, *inputs: str | None) ->
             shutil.rmtree(os.path.join(out_dir, name))
     with open(state, "wb") as f:
         f.write(orjson.dumps({"hash": want}))
-
-
-def file_digest(path: str) -> str:
-    """sha256 of a file's bytes, streamed."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()

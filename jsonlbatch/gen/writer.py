@@ -323,12 +323,7 @@ def write_requests(
     """One prompt per row into `writer`; errors name the row. The id is the rendered
     `custom_id` template, else the row's natural key (a response's id), else its index."""
     for row in rows:
-        if custom_id is not None:
-            cid = custom_id.render(row).strip()
-        else:
-            cid = row.key if row.key is not None else str(row.index)
-        if not cid:
-            raise InputError("empty custom_id", [row.problem("custom_id", "the id rendered empty")])
+        cid = row_custom_id(row, custom_id)
         content = prompt.build(row)
         try:
             writer.add(cid, content)
@@ -336,6 +331,18 @@ def write_requests(
             raise InputError(
                 "cannot write the request of a row", [row.problem(f, m) for f, m in exc.fields]
             ) from None
+
+
+def row_custom_id(row: Row, custom_id: RowTemplate | None = None) -> str:
+    """A row's custom_id: the rendered `custom_id` template, else the row's natural key (a
+    response's id), else its index in its source."""
+    if custom_id is not None:
+        cid = custom_id.render(row).strip()
+    else:
+        cid = row.key if row.key is not None else str(row.index)
+    if not cid:
+        raise InputError("empty custom_id", [row.problem("custom_id", "the id rendered empty")])
+    return cid
 
 
 def _check_options(

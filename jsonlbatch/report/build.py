@@ -32,15 +32,19 @@ def build_report(
     by: Sequence[str] = (),
     requests: Sequence[str] = (),
     price: Price | None = None,
+    labels: Sequence[str] | None = None,
 ) -> Report:
-    """Load and summarize each response file; `requests` files supply `--by` request fields."""
+    """Load and summarize each response file; `requests` files supply `--by` request fields;
+    `labels` name the runs (default: their file names)."""
     if not paths:
         raise UsageError("give at least one response file")
+    if labels is not None and len(labels) != len(paths):
+        raise UsageError(f"give one label per response file ({len(paths)}), got {len(labels)}")
     fields = request_fields_for(by) if requests else []
     index = load_request_fields(requests, fields) if fields else None
     data = [
         load_run(path, by=by, requests=index, request_fields=fields, label=label)
-        for path, label in zip(paths, _labels(paths), strict=True)
+        for path, label in zip(paths, labels or _labels(paths), strict=True)
     ]
     runs = [summarize(d, sla=sla, price=price) for d in data]
     return Report(runs, data, list(sla), price, list(by))

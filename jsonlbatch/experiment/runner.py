@@ -1,0 +1,352 @@
+"""`jsonlbatch run experiment.yaml`: every condition through gen -> exec -> judge -> post, then
+one report comparing them.
+
+Each condition gets a folder of plain files that the other commands read:
+
+    runs/<experiment id>/<condition>/
+        requests.jsonl     gen: the data rows through the prompt, with the condition's settings
+        responses.jsonl    exec: resumable, crash-safe (the same `execute` as `jsonlbatch exec`)
+        judge/             judge rounds: round-K/..., judge.jsonl, final.jsonl
+        votes.jsonl        post votes over final.jsonl (after a judge) or responses.jsonl
+        steps.json         per step: content hash, running/done, summary
+    runs/<experiment id>/report.md, report.json (+ report.html)
+
+Steps are skipped when their hash (settings + input bytes, see `state`) is unchanged, resumed when
+they were interrupted, and started over when their inputs changed. Servers a condition asks to
+`serve` are launched only when a step of it has something to send, and torn down after it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from jsonlbatch.errors import UsageError
+from jsonlbatch.exec import execute
+from jsonlbatch.experiment.compare import write_comparison
+from jsonlbatch.experiment.judge import JudgeConfig, run_judge
+from jsonlbatch.experiment.spec import Condition, Experiment, Step, load_experiment
+from jsonlbatch.experiment.state import StepState, step_hash
+from jsonlbatch.gen import RequestWriter, write_requests
+from jsonlbatch.gen.sources import Row, iter_rows, select
+from jsonlbatch.gen.templates import Prompt, RowTemplate, compile_condition
+from jsonlbatch.gen.writer import row_custom_id
+from jsonlbatch.post.outputs import JsonlWriter
+from jsonlbatch.post.votes import run_votes
+from jsonlbatch.redact import register_secret
+from jsonlbatch.serve import ServeOptions, serving
+
+#: Condition keys that shape the requests (the rest say where they go).
+_GEN_KEYS = (
+    "model", "system", "suffix", "temperature", "top_p", "top_k", "min_p", "max_tokens", "seed",
+    "stop", "n", "samples", "greedy_first", "no_think", "think_budget", "params",
+)  # fmt: skip
+_EXEC_KEYS = ("concurrency", "timeout", "max_retries", "ready_timeout", "stream")
+#: The field of rows.jsonl holding each data row's custom_id (its group, with samples).
+ROW_ID = "_row_id"
+
+
+@dataclass
+class Outcome:
+    condition: str
+    step: str
+    status: str  # ran, resumed, skipped
+    detail: str = ""
+
+
+@dataclass
+class ExperimentResult:
+    directory: str
+    outcomes: list[Outcome] = field(default_factory=list)
+    reports: list[str] = field(default_factory=list)
+
+    def sent_anything(self) -> bool:
+        return any(o.status != "skipped" and o.step in ("exec", "judge") for o in self.outcomes)
+
+
+def run_experiment(
+    experiment: str | Experiment,
+    *,
+    runs_dir: str = "runs",
+    only: Sequence[str] = (),
+    quiet: bool = False,
+    echo: Callable[[str], None] | None = None,
+) -> ExperimentResult:
+    """Run (or resume, or skip) every step of every condition, then write the comparison."""
+    exp = load_experiment(experiment) if isinstance(experiment, str) else experiment
+    say = echo or (lambda _msg: None)
+    names = [c.name for c in exp.conditions]
+    unknown = [n for n in only if n not in names]
+    if unknown:
+        raise UsageError(f"no condition {unknown[0]!r} in {exp.path} (have: {', '.join(names)})")
+    root = os.path.join(runs_dir, exp.id)
+    result = ExperimentResult(root)
+    for condition in exp.conditions:
+        if only and condition.name not in only:
+            continue
+        runner = _ConditionRun(exp, condition, os.path.join(root, condition.name), quiet, say)
+        result.outcomes += runner.run()
+    report = exp.step("report")
+    if report is not None:
+        compared = report.settings.get("compare") or names
+        result.reports = write_comparison(
+            exp, root, compared, formats=report.settings.get("formats") or ["md", "json"]
+        )
+        say(f"report: {', '.join(result.reports)}")
+    return result
+
+
+class _ConditionRun:
+    def __init__(
+        self,
+        exp: Experiment,
+        condition: Condition,
+        directory: str,
+        quiet: bool,
+        say: Callable[[str], None],
+    ) -> None:
+        self.exp, self.cond, self.dir, self.quiet = exp, condition, directory, quiet
+        self.say = lambda msg: say(f"[{condition.name}] {msg}")
+        os.makedirs(directory, exist_ok=True)
+        self.state = StepState(directory)
+        self.stack = contextlib.ExitStack()
+        self._urls: list[str] | None = None
+        self.requests = os.path.join(directory, "requests.jsonl")
+        self.responses = os.path.join(directory, "responses.jsonl")
+        self.rows = os.path.join(directory, "rows.jsonl")
+        self.api_key = None
+        if condition.settings.get("api_key_env"):
+            self.api_key = os.environ.get(condition.settings["api_key_env"])
+            register_secret(self.api_key)
+
+    def run(self) -> list[Outcome]:
+        outcomes = []
+        with self.stack:
+            outcomes.append(self.gen())
+            for step in self.exp.steps:
+                if step.kind != "report":
+                    outcomes.append(getattr(self, step.kind)(step))
+        return outcomes
+
+    # -- servers -------------------------------------------------------------------------------
+
+    def urls(self) -> list[str]:
+        """The condition's endpoints; a server it asks to `serve` starts on first use."""
+        if self._urls is None:
+            urls = self.cond.settings.get("url") or []
+            self._urls = [urls] if isinstance(urls, str) else list(urls)
+            serve = self.cond.settings.get("serve")
+            if serve is not None:
+                options = {"backend": serve} if isinstance(serve, str) else dict(serve)
+                if options["backend"] == "mock" and not options.get("served_model_name"):
+                    judge = self.exp.step("judge")
+                    names = [self.cond.settings["model"]]
+                    if judge and judge.settings.get("model"):
+                        names.append(judge.settings["model"])
+                    options["served_model_name"] = tuple(dict.fromkeys(names))
+                log_stem = self.responses  # responses.jsonl.server.log, as exec names it
+                servers = self.stack.enter_context(
+                    serving(ServeOptions(**options), quiet=self.quiet, log_stem=log_stem)
+                )
+                self._urls += servers.urls
+        return self._urls
+
+    def exec_options(self) -> dict[str, Any]:
+        step = self.exp.step("exec")
+        options = {k: v for k, v in (step.settings if step else {}).items() if k in _EXEC_KEYS}
+        if self.api_key:
+            options["api_key"] = self.api_key
+        return options
+
+    # -- steps ---------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _step(self, name: str, digest: str, outputs: Sequence[str]) -> Iterator[Outcome | None]:
+        """Yields None when the step must run (after clearing stale outputs), else the skip."""
+        status = self.state.status(name, digest)
+        if status == "done":
+            self.say(f"{name}: unchanged, skipped")
+            yield Outcome(self.cond.name, name, "skipped")
+            return
+        if status == "new":
+            for path in outputs:
+                if os.path.isdir(path):
+                    shutil.rmtree(path)
+                elif os.path.lexists(path):
+                    os.remove(path)
+        self.state.start(name, digest)
+        yield None
+
+    def gen(self) -> Outcome:
+        data, prompt = self.exp.data, self.exp.prompt
+        settings = {
+            "data": {k: v for k, v in data.items() if k != "file"},
+            "prompt": {k: prompt.get(k) for k in ("text", "system")},
+            "condition": {k: self.cond.settings.get(k) for k in _GEN_KEYS},
+        }
+        files = [data["file"], prompt.get("template"), prompt.get("messages")]
+        digest = step_hash("gen", settings, files)
+        with self._step("gen", digest, [self.requests, self.rows]) as skipped:
+            if skipped:
+                return skipped
+            summary = self._write_requests()
+            self.state.finish("gen", digest, summary)
+            self.say(f"gen: {summary['requests']} requests")
+            return Outcome(self.cond.name, "gen", "ran", f"{summary['requests']} requests")
+
+    def _write_requests(self) -> dict[str, Any]:
+        data, spec, c = self.exp.data, self.exp.prompt, self.cond.settings
+        where = compile_condition(data["where"]) if data.get("where") else None
+        rows = select(
+            iter_rows(data["file"], data.get("format")),
+            where=where,
+            limit=data.get("limit"),
+            sample=data.get("sample"),
+            seed=data.get("seed", 0),
+        )
+        system = c.get("system", spec.get("system"))
+        prompt = Prompt(
+            user=RowTemplate.from_file(spec["template"])
+            if spec.get("template")
+            else RowTemplate(spec["text"], name="prompt.text")
+            if spec.get("text") is not None
+            else None,
+            messages=RowTemplate.from_file(spec["messages"]) if spec.get("messages") else None,
+            system=RowTemplate(system, name="system") if system is not None else None,
+        )
+        body = {
+            k: c[k]
+            for k in ("temperature", "top_p", "top_k", "min_p", "max_tokens", "n", "seed")
+            if k in c
+        }
+        if c.get("stop") is not None:
+            body["stop"] = [c["stop"]] if isinstance(c["stop"], str) else c["stop"]
+        custom_id = RowTemplate(data["id"], name="data.id") if data.get("id") else None
+        with (
+            JsonlWriter(self.rows) as kept,
+            RequestWriter(
+                self.requests,
+                model=c["model"],
+                force=True,
+                samples=c.get("samples"),
+                greedy_first=c.get("greedy_first", False),
+                no_think=c.get("no_think", False),
+                think_budget=c.get("think_budget"),
+                suffix=c.get("suffix"),
+                body={**(c.get("params") or {}), **body},
+            ) as writer,
+        ):
+
+            def keep(rows: Iterable[Row]) -> Iterator[Row]:
+                for row in rows:  # the rows asked about, for the judge to join on ROW_ID
+                    kept.write({**row.data, ROW_ID: row_custom_id(row, custom_id)})
+                    yield row
+
+            write_requests(keep(rows), writer, prompt, custom_id=custom_id)
+        s = writer.summary
+        return {"requests": s.requests, "prompts": s.prompts}
+
+    def exec(self, step: Step) -> Outcome:
+        digest = step_hash("exec", {}, [self.requests])
+        with self._step("exec", digest, [self.responses]) as skipped:
+            if skipped:
+                return skipped
+            resuming = os.path.exists(self.responses)
+            self.say("exec: resuming" if resuming else "exec: sending")
+            summary = execute(
+                self.requests,
+                self.responses,
+                urls=self.urls(),
+                quiet=self.quiet,
+                **self.exec_options(),
+            )
+            done = {
+                "requests": summary.requests,
+                "sent": summary.written,
+                "already_done": summary.already_done,
+                "failed": summary.failed + summary.failed_before,
+                "wall_s": round(summary.wall_s, 3),
+            }
+            self.state.finish("exec", digest, done)
+            status = "resumed" if resuming else "ran"
+            return Outcome(self.cond.name, "exec", status, f"{summary.written} sent")
+
+    def judge(self, step: Step) -> Outcome:
+        s = step.settings
+        texts = {k: _read(s[k]) for k in ("template", "retry_template") if s.get(k)}
+        body: dict[str, Any] = {**(s.get("params") or {}), "temperature": s.get("temperature", 0)}
+        if s.get("max_tokens") is not None:
+            body["max_tokens"] = s["max_tokens"]
+        options: dict[str, Any] = {
+            "template": texts.get("template", s.get("text")),
+            "system": s.get("system"),
+            "rule": s.get("pass", "score >= 6"),
+            "rounds": s.get("rounds", 3),
+            "feedback": s.get("feedback", True),
+            "model": s.get("model"),
+            "body": body,
+        }
+        if s.get("extract") is not None:
+            options["extract"] = s["extract"]
+        if "retry_template" in texts:
+            options["retry_template"] = texts["retry_template"]
+        config = JudgeConfig(**options)
+        out = os.path.join(self.dir, "judge")
+        judge_urls = s.get("url")
+        settings = {"config": config.fingerprint(), "judge_url_given": bool(judge_urls)}
+        digest = step_hash("judge", settings, [self.requests, self.responses])
+        with self._step("judge", digest, [out]) as skipped:
+            if skipped:
+                return skipped
+            summary = run_judge(
+                self.requests,
+                self.responses,
+                out,
+                config,
+                urls=self.urls(),
+                judge_urls=[judge_urls] if isinstance(judge_urls, str) else judge_urls,
+                join=self.rows,
+                on=ROW_ID,
+                exec_options=self.exec_options(),
+                quiet=self.quiet,
+                note=lambda msg: self.say(f"judge: {msg}"),
+            )
+            self.state.finish("judge", digest, summary.as_dict())
+            detail = f"{summary.passed}/{summary.items} passed in {summary.rounds_run} rounds"
+            self.say(f"judge: {detail}")
+            return Outcome(self.cond.name, "judge", "ran", detail)
+
+    def post(self, step: Step) -> Outcome:
+        votes = step.settings["votes"]
+        judged = self.exp.step("judge") is not None
+        source = os.path.join(self.dir, "judge", "final.jsonl") if judged else self.responses
+        out = os.path.join(self.dir, "votes.jsonl")
+        settings = {k: v for k, v in votes.items() if k != "gold"}
+        digest = step_hash("post", settings, [source, votes.get("gold")])
+        with self._step("post", digest, [out]) as skipped:
+            if skipped:
+                return skipped
+            extract = votes.get("extract")
+            options: dict[str, Any] = {"gold": votes.get("gold")}
+            if extract:
+                options["extractors"] = [extract] if isinstance(extract, str) else extract
+            if votes.get("normalize"):
+                options["normalize"] = votes["normalize"]
+            if votes.get("tie_break"):
+                options["tie_break"] = votes["tie_break"]
+            summary = run_votes(source, out, **options)
+            accuracy = [
+                {"k": a.k, "maj": a.maj, "pass": a.pass_, "mean": a.mean} for a in summary.accuracy
+            ]
+            done = {"groups": summary.groups, "samples": summary.samples, "scored": summary.scored}
+            self.state.finish("post", digest, done | {"accuracy": accuracy})
+            return Outcome(self.cond.name, "post", "ran", f"{summary.groups} groups voted")
+
+
+def _read(path: str) -> str:
+    with open(path, encoding="utf-8") as f:
+        return f.read()

@@ -1,0 +1,441 @@
+"""The experiment file: read it (YAML), check all of it, and say where each mistake is.
+
+Everything is checked before anything runs: unknown or missing keys, wrong types, files that do
+not exist, templates and `where` conditions that do not compile, extractors and pass rules that
+do not parse, steps out of order. Every problem names the key path and its line in the file
+(`experiment.yaml:12: conditions.b.temperature: must be a number, got 'hot'`), all of them at
+once. YAML nodes carry their line marks; the file is composed with PyYAML's safe loader (no
+Python tags) and walked here, so a duplicated key is an error rather than a silent overwrite.
+
+Paths in the file are relative to the file's own folder.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from jsonlbatch.errors import InputError, JsonlbatchError, Problem, UsageError
+
+STEP_KINDS = ("exec", "judge", "post", "report")
+REPORT_FORMATS = ("md", "html", "json", "text")
+
+# Key -> the kind of value it takes. "path" is a file that must exist (relative to the file).
+_NUM, _INT, _STR, _BOOL, _PATH = "number", "integer", "string", "boolean", "path"
+_MAP, _STRS, _URLS, _ANY = "mapping", "string or list of strings", "urls", "any"
+_EXTRACT = "extractor(s)"
+
+_TOP = {
+    "experiment": _MAP,
+    "data": _MAP,
+    "prompt": _MAP,
+    "defaults": _MAP,
+    "conditions": _MAP,
+    "steps": "list",
+}
+_EXPERIMENT = {"id": _STR, "description": _STR}
+_DATA = {
+    "file": _PATH,
+    "format": _STR,
+    "where": _STR,
+    "sample": _INT,
+    "limit": _INT,
+    "seed": _INT,
+    "id": _STR,
+}
+_PROMPT = {"template": _PATH, "text": _STR, "messages": _PATH, "system": _STR}
+#: What a condition may set: where it runs, and how its requests are written (gen's options).
+_CONDITION = {
+    "model": _STR,
+    "url": _URLS,
+    "serve": _ANY,
+    "api_key_env": _STR,
+    "system": _STR,
+    "suffix": _STR,
+    "temperature": _NUM,
+    "top_p": _NUM,
+    "top_k": _INT,
+    "min_p": _NUM,
+    "max_tokens": _INT,
+    "seed": _INT,
+    "stop": _STRS,
+    "n": _INT,
+    "samples": _INT,
+    "greedy_first": _BOOL,
+    "no_think": _BOOL,
+    "think_budget": _INT,
+    "params": _MAP,
+}
+_STEPS: dict[str, dict[str, str]] = {
+    "exec": {
+        "concurrency": _INT,
+        "timeout": _NUM,
+        "max_retries": _INT,
+        "ready_timeout": _NUM,
+        "stream": _BOOL,
+    },
+    "judge": {
+        "template": _PATH,
+        "text": _STR,
+        "system": _STR,
+        "extract": _EXTRACT,
+        "pass": _STR,
+        "rounds": _INT,
+        "feedback": _BOOL,
+        "retry_template": _PATH,
+        "model": _STR,
+        "url": _URLS,
+        "temperature": _NUM,
+        "max_tokens": _INT,
+        "params": _MAP,
+    },
+    "post": {"votes": _MAP},
+    "report": {"compare": "list", "formats": "list"},
+}
+_VOTES = {"extract": _STRS, "gold": _PATH, "normalize": _STR, "tie_break": _STR}
+
+
+@dataclass
+class Step:
+    kind: str
+    settings: dict[str, Any]
+    line: int | None
+
+
+@dataclass
+class Condition:
+    name: str
+    settings: dict[str, Any]  # the condition's keys, `defaults` merged under them
+
+
+@dataclass
+class Experiment:
+    """A checked experiment file: paths made absolute, defaults merged into conditions."""
+
+    id: str
+    path: str
+    data: dict[str, Any]
+    prompt: dict[str, Any]
+    conditions: list[Condition]
+    steps: list[Step]
+    raw: dict[str, Any] = field(repr=False, default_factory=dict)
+
+    def step(self, kind: str) -> Step | None:
+        return next((s for s in self.steps if s.kind == kind), None)
+
+
+def load_experiment(path: str) -> Experiment:
+    """Read and check an experiment file; `InputError` lists every problem with its line."""
+    try:
+        import yaml
+    except ImportError:
+        raise UsageError(
+            "experiment files are YAML: pip install 'jsonlbatch[experiment]' (PyYAML)"
+        ) from None
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise InputError(f"cannot read {path}: {reason}") from None
+    checker = _Checker(path)
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise InputError("not a YAML file", [Problem(path, line, None, problem)]) from None
+    value = checker.value(node, ()) if node is not None else None
+    if not isinstance(value, dict):
+        raise InputError("bad experiment file", [Problem(path, 1, None, "must be a mapping")])
+    experiment = checker.experiment(value)
+    if checker.problems:
+        raise InputError(
+            f"bad experiment file ({len(checker.problems)} problems)", checker.problems
+        )
+    assert experiment is not None
+    return experiment
+
+
+class _Checker:
+    """Turns YAML nodes into values (remembering each key's line) and collects problems."""
+
+    def __init__(self, path: str) -> None:
+        import yaml
+
+        self.path = path
+        self.base = os.path.dirname(os.path.abspath(path))
+        self.lines: dict[tuple[str, ...], int] = {}
+        self.problems: list[Problem] = []
+        self._yaml = yaml
+        self._loader = yaml.SafeLoader("")
+
+    # -- nodes -> values -----------------------------------------------------------------------
+
+    def value(self, node: Any, where: tuple[str, ...]) -> Any:
+        yaml = self._yaml
+        self.lines.setdefault(where, node.start_mark.line + 1)
+        if isinstance(node, yaml.MappingNode):
+            out: dict[str, Any] = {}
+            for key_node, value_node in node.value:
+                key = str(self._loader.construct_object(key_node))
+                at = (*where, key)
+                if key in out:
+                    self.problem(at, "appears twice", line=key_node.start_mark.line + 1)
+                self.lines[at] = key_node.start_mark.line + 1
+                out[key] = self.value(value_node, at)
+            return out
+        if isinstance(node, yaml.SequenceNode):
+            return [self.value(item, (*where, str(i))) for i, item in enumerate(node.value)]
+        return self._loader.construct_object(node)
+
+    # -- problems ------------------------------------------------------------------------------
+
+    def problem(self, where: tuple[str, ...], message: str, *, line: int | None = None) -> None:
+        if line is None:
+            probe = where
+            while probe and probe not in self.lines:
+                probe = probe[:-1]
+            line = self.lines.get(probe)
+        self.problems.append(Problem(self.path, line, ".".join(where) or None, message))
+
+    def keys(
+        self,
+        value: Any,
+        where: tuple[str, ...],
+        schema: dict[str, str],
+        required: tuple[str, ...] = (),
+    ) -> dict[str, Any]:
+        """Check a mapping against `schema`; return it with paths made absolute."""
+        if value is None:
+            value = {}
+        if not isinstance(value, dict):
+            self.problem(where, f"must be a mapping, got {_kind(value)}")
+            return {}
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            at = (*where, key)
+            if key not in schema:
+                self.problem(at, f"unknown key (known: {', '.join(schema)})")
+                continue
+            out[key] = self.typed(item, at, schema[key])
+        for key in required:
+            if key not in value:
+                self.problem(where, f"missing {key!r}")
+        return out
+
+    def typed(self, item: Any, at: tuple[str, ...], kind: str) -> Any:
+        ok = {
+            _NUM: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+            _INT: lambda v: isinstance(v, int) and not isinstance(v, bool),
+            _STR: lambda v: isinstance(v, str),
+            _BOOL: lambda v: isinstance(v, bool),
+            _PATH: lambda v: isinstance(v, str) and bool(v),
+            _MAP: lambda v: isinstance(v, dict),
+            "list": lambda v: isinstance(v, list),
+            _STRS: lambda v: (
+                isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, str) for x in v))
+            ),
+            _URLS: lambda v: (
+                isinstance(v, str)
+                or (isinstance(v, list) and v and all(isinstance(x, str) for x in v))
+            ),
+            _EXTRACT: lambda v: isinstance(v, (str, list, dict)),
+            _ANY: lambda v: True,
+        }[kind]
+        if not ok(item):
+            self.problem(at, f"must be a {kind}, got {_kind(item)} {item!r}")
+            return None
+        if kind == _PATH:
+            full = os.path.join(self.base, item)
+            if not os.path.isfile(full):
+                self.problem(at, f"no such file: {item} (paths are relative to the file's folder)")
+            return full
+        return item
+
+    def guard(self, where: tuple[str, ...], check: Any, *args: Any, **kwargs: Any) -> Any:
+        """Run a compile-time check of another stage; its error becomes a located problem."""
+        try:
+            return check(*args, **kwargs)
+        except JsonlbatchError as exc:
+            self.problem(where, str(exc).splitlines()[0])
+            return None
+
+    # -- the file ------------------------------------------------------------------------------
+
+    def experiment(self, raw: dict[str, Any]) -> Experiment | None:
+        from jsonlbatch.gen.templates import RowTemplate, compile_condition
+
+        top = self.keys(raw, (), _TOP, required=("experiment", "data", "prompt", "conditions"))
+        head = self.keys(top.get("experiment"), ("experiment",), _EXPERIMENT, required=("id",))
+        exp_id = head.get("id")
+        if isinstance(exp_id, str) and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", exp_id):
+            self.problem(
+                ("experiment", "id"), "use letters, digits, '.', '_' and '-' (a folder name)"
+            )
+        data = self.keys(top.get("data"), ("data",), _DATA, required=("file",))
+        if data.get("where"):
+            self.guard(("data", "where"), compile_condition, data["where"])
+        for key in ("sample", "limit"):
+            if isinstance(data.get(key), int) and data[key] < (1 if key == "sample" else 0):
+                self.problem(
+                    ("data", key), "must be at least 1" if key == "sample" else "must be >= 0"
+                )
+        if data.get("id"):
+            self.guard(("data", "id"), RowTemplate, data["id"], name="data.id")
+        prompt = self.keys(top.get("prompt"), ("prompt",), _PROMPT)
+        given = [k for k in ("template", "text", "messages") if k in prompt]
+        if len(given) != 1:
+            self.problem(("prompt",), "give exactly one of template, text or messages")
+        for key in ("template", "messages"):
+            if prompt.get(key) and os.path.isfile(prompt[key]):
+                self.guard(("prompt", key), RowTemplate.from_file, prompt[key])
+        for key in ("text", "system"):
+            if isinstance(prompt.get(key), str):
+                self.guard(("prompt", key), RowTemplate, prompt[key], name=f"prompt.{key}")
+        conditions = self.conditions(top)
+        steps = self.steps(top.get("steps"), [c.name for c in conditions])
+        if self.problems:
+            return None
+        return Experiment(exp_id, os.path.abspath(self.path), data, prompt, conditions, steps, raw)
+
+    def conditions(self, top: dict[str, Any]) -> list[Condition]:
+        defaults = self.keys(top.get("defaults"), ("defaults",), _CONDITION)
+        raw = top.get("conditions")
+        if not isinstance(raw, dict) or not raw:
+            if "conditions" in top:
+                self.problem(("conditions",), "must name at least one condition")
+            return []
+        out = []
+        for name, settings in raw.items():
+            at = ("conditions", name)
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+                self.problem(at, "a condition name is a folder name: letters, digits, . _ -")
+            merged = {**defaults, **self.keys(settings, at, _CONDITION)}
+            if not merged.get("model"):
+                self.problem(at, "missing 'model' (here or in defaults)")
+            if not merged.get("url") and not merged.get("serve"):
+                self.problem(at, "give 'url' (a running server) or 'serve' (one to launch)")
+            if merged.get("serve") is not None:
+                self.serve(merged["serve"], (*at, "serve"))
+            if merged.get("system") is not None:
+                from jsonlbatch.gen.templates import RowTemplate
+
+                self.guard((*at, "system"), RowTemplate, merged["system"], name="system")
+            for key in ("n", "samples", "max_tokens"):
+                if isinstance(merged.get(key), int) and merged[key] < 1:
+                    self.problem((*at, key), "must be at least 1")
+            out.append(Condition(name, merged))
+        return out
+
+    def serve(self, value: Any, at: tuple[str, ...]) -> None:
+        from dataclasses import fields
+
+        from jsonlbatch.serve import ServeOptions
+
+        if isinstance(value, str):
+            value = {"backend": value}
+        if not isinstance(value, dict) or "backend" not in value:
+            self.problem(at, "a backend name (mock, vllm, sglang) or a mapping with 'backend'")
+            return
+        known = {f.name for f in fields(ServeOptions)}
+        unknown = [k for k in value if k not in known]
+        if unknown:
+            self.problem(
+                (*at, unknown[0]), f"unknown server option (known: {', '.join(sorted(known))})"
+            )
+            return
+        self.guard(at, ServeOptions, **value)
+
+    def steps(self, raw: Any, conditions: list[str]) -> list[Step]:
+        if raw is None:
+            return [Step("exec", {}, None)]
+        out: list[Step] = []
+        for i, item in enumerate(raw):
+            at = ("steps", str(i))
+            if isinstance(item, str):
+                item = {item: None}
+            if not isinstance(item, dict) or len(item) != 1:
+                self.problem(at, f"a step is one of {', '.join(STEP_KINDS)} with its settings")
+                continue
+            kind, settings = next(iter(item.items()))
+            if kind not in _STEPS:
+                self.problem((*at, kind), f"unknown step (known: {', '.join(STEP_KINDS)})")
+                continue
+            if any(s.kind == kind for s in out):
+                self.problem((*at, kind), "appears twice")
+                continue
+            checked = self.keys(settings, (*at, kind), _STEPS[kind])
+            getattr(self, f"step_{kind}")(checked, (*at, kind), conditions)
+            out.append(Step(kind, checked, self.lines.get(at)))
+        kinds = [s.kind for s in out]
+        for kind in ("judge", "post"):
+            if kind in kinds and ("exec" not in kinds or kinds.index("exec") > kinds.index(kind)):
+                self.problem(("steps",), f"{kind} needs an exec step before it")
+        if "judge" in kinds and "post" in kinds and kinds.index("post") < kinds.index("judge"):
+            self.problem(("steps",), "post comes after judge (it reads the judged answers)")
+        return out
+
+    def step_exec(self, settings: dict[str, Any], at: tuple[str, ...], _: list[str]) -> None:
+        if isinstance(settings.get("concurrency"), int) and settings["concurrency"] < 1:
+            self.problem((*at, "concurrency"), "must be at least 1")
+
+    def step_judge(self, settings: dict[str, Any], at: tuple[str, ...], _: list[str]) -> None:
+        from jsonlbatch.experiment.judge import JudgeConfig
+
+        if ("template" in settings) == ("text" in settings):
+            self.problem(at, "give exactly one of template (a file) or text (inline)")
+            return
+        texts = {}
+        for key in ("template", "retry_template"):
+            if settings.get(key) and os.path.isfile(settings[key]):
+                with open(settings[key], encoding="utf-8") as f:
+                    texts[key] = f.read()
+        template = texts.get("template", settings.get("text"))
+        if template is None:
+            return
+        options = {
+            "template": template,
+            "system": settings.get("system"),
+            "rounds": settings.get("rounds", 3),
+            "rule": settings.get("pass", "score >= 6"),
+        }
+        if settings.get("extract") is not None:
+            options["extract"] = settings["extract"]
+        if "retry_template" in texts:
+            options["retry_template"] = texts["retry_template"]
+        self.guard(at, JudgeConfig, **options)
+
+    def step_post(self, settings: dict[str, Any], at: tuple[str, ...], _: list[str]) -> None:
+        from jsonlbatch.post.extract import get_extractor, get_normalizer
+
+        if "votes" not in settings:
+            self.problem(at, "say what to post-process: votes")
+            return
+        votes = self.keys(settings["votes"], (*at, "votes"), _VOTES)
+        extract = votes.get("extract") or []
+        for spec in [extract] if isinstance(extract, str) else extract:
+            self.guard((*at, "votes", "extract"), get_extractor, spec)
+        if isinstance(votes.get("normalize"), str):
+            self.guard((*at, "votes", "normalize"), get_normalizer, votes["normalize"])
+        settings["votes"] = votes
+
+    def step_report(
+        self, settings: dict[str, Any], at: tuple[str, ...], conditions: list[str]
+    ) -> None:
+        for i, name in enumerate(settings.get("compare") or []):
+            if name not in conditions:
+                self.problem(
+                    (*at, "compare", str(i)),
+                    f"no condition {name!r} (have: {', '.join(conditions)})",
+                )
+        for i, fmt in enumerate(settings.get("formats") or []):
+            if fmt not in REPORT_FORMATS:
+                self.problem((*at, "formats", str(i)), f"one of {', '.join(REPORT_FORMATS)}")
+
+
+def _kind(value: Any) -> str:
+    return "null" if value is None else type(value).__name__

@@ -1,0 +1,184 @@
+"""`jsonlbatch run experiment.yaml`: checking, skipping by hash, re-running dependants, resuming.
+
+Request counts come from the mock's own `/mock/stats`, so "sends nothing" is what the server saw.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.request
+from pathlib import Path
+
+import orjson
+import pytest
+from batchutil import cli, read_results, start_cli
+
+from jsonlbatch.errors import InputError
+from jsonlbatch.experiment.runner import run_experiment
+from jsonlbatch.experiment.spec import load_experiment
+
+
+def sent(url: str) -> int:
+    with urllib.request.urlopen(url.removesuffix("/v1") + "/mock/stats", timeout=5) as resp:
+        return orjson.loads(resp.read())["requests"].get("/v1/chat/completions", 0)
+
+
+def write_experiment(folder: Path, url: str, *, rows: int = 6, b_temperature: float = 0.7,
+                     gold: str = "gold.jsonl", concurrency: int = 8, judge: bool = True) -> Path:  # fmt: skip
+    folder.mkdir(exist_ok=True)
+    data = [{"id": f"t{i}", "q": f"question {i}", "answer": str(i)} for i in range(rows)]
+    (folder / "tasks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in data))
+    (folder / "gold.jsonl").write_text("".join(json.dumps(r) + "\n" for r in data))
+    (folder / "gold2.jsonl").write_text(
+        "".join(json.dumps({**r, "answer": "0"}) + "\n" for r in data)
+    )
+    (folder / "prompt.j2").write_text("Q: {{ q }}\n")
+    (folder / "judge.j2").write_text("Grade {{ q }} -> {{ answer }}\n")
+    steps = [{"exec": {"concurrency": concurrency}}]
+    if judge:
+        steps.append(
+            {
+                "judge": {
+                    "template": "judge.j2",
+                    "extract": "regex:mock-[a-f]*(\\d)",
+                    "pass": "score >= 5",
+                    "rounds": 2,
+                }
+            }
+        )
+    steps += [{"post": {"votes": {"extract": ["last-number"], "gold": gold}}},
+              {"report": {"compare": ["a", "b"]}}]  # fmt: skip
+    spec = {
+        "experiment": {"id": "exp1"},
+        "data": {"file": "tasks.jsonl", "id": "{{ id }}"},
+        "prompt": {"template": "prompt.j2", "system": "Be brief."},
+        "defaults": {"model": "mock", "url": url, "max_tokens": 8},
+        "conditions": {
+            "a": {"temperature": 0.0, "seed": 1},
+            "b": {"temperature": b_temperature, "suffix": " /no_think"},
+        },
+        "steps": steps,
+    }
+    path = folder / "experiment.yaml"
+    path.write_text(json.dumps(spec, indent=1))  # JSON is YAML
+    return path
+
+
+def statuses(result) -> dict[tuple[str, str], str]:
+    return {(o.condition, o.step): o.status for o in result.outcomes}
+
+
+def test_rerun_sends_nothing_and_a_changed_setting_reruns_only_its_dependants(
+    tmp_path, mock_server
+):
+    url = mock_server()
+    path = write_experiment(tmp_path / "exp", url)
+    runs = str(tmp_path / "runs")
+    first = run_experiment(str(path), runs_dir=runs, quiet=True)
+    assert set(statuses(first).values()) == {"ran"}
+    after_first = sent(url)
+    assert after_first >= 2 * (6 + 6)  # answers and judge prompts of both conditions, round 1
+    root = tmp_path / "runs" / "exp1"
+    for name in ("a", "b"):
+        assert len(read_results(root / name / "responses.jsonl")) == 6
+        assert len((root / name / "judge" / "final.jsonl").read_bytes().splitlines()) == 6
+        assert len((root / name / "votes.jsonl").read_bytes().splitlines()) == 6
+    report = (root / "report.md").read_text()
+    assert "| a |" in report and "| b |" in report and "judge passed" in report
+    compared = orjson.loads((root / "report.json").read_bytes())["conditions"]
+    assert compared["a"]["requests"] == 6 and compared["b"]["settings"]["temperature"] == 0.7
+
+    # the same file again: every step skipped, not one request sent
+    second = run_experiment(str(path), runs_dir=runs, quiet=True)
+    assert set(statuses(second).values()) == {"skipped"} and sent(url) == after_first
+
+    # b's temperature changes b's requests: b runs again from gen on, a is left alone
+    write_experiment(tmp_path / "exp", url, b_temperature=0.3)
+    a_before = (root / "a" / "responses.jsonl").read_bytes()
+    third = statuses(run_experiment(str(path), runs_dir=runs, quiet=True))
+    assert {k: v for k, v in third.items() if k[0] == "a"} == {
+        ("a", s): "skipped" for s in ("gen", "exec", "judge", "post")
+    }
+    assert {k: v for k, v in third.items() if k[0] == "b"} == {
+        ("b", s): "ran" for s in ("gen", "exec", "judge", "post")
+    }
+    assert (root / "a" / "responses.jsonl").read_bytes() == a_before
+    assert sent(url) > after_first
+    body = orjson.loads((root / "b" / "requests.jsonl").read_bytes().splitlines()[0])["body"]
+    assert body["temperature"] == 0.3
+
+    # a new gold file changes only post's inputs: post runs, nothing is sent
+    before = sent(url)
+    write_experiment(tmp_path / "exp", url, b_temperature=0.3, gold="gold2.jsonl")
+    fourth = statuses(run_experiment(str(path), runs_dir=runs, quiet=True))
+    assert [k for k, v in fourth.items() if v == "ran"] == [("a", "post"), ("b", "post")]
+    assert sent(url) == before
+
+
+def test_kill_9_mid_exec_then_the_same_command_resumes(tmp_path, mock_process):
+    mock = mock_process("--latency", "0.2")
+    path = write_experiment(tmp_path / "exp", mock.url, rows=40, concurrency=4, judge=False)
+    responses = tmp_path / "runs" / "exp1" / "a" / "responses.jsonl"
+    proc = start_cli("run", str(path), "--runs", str(tmp_path / "runs"), "--condition", "a", "-q")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if responses.exists() and len(responses.read_bytes().splitlines()) >= 8:
+            break
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    proc.kill()  # SIGKILL: no cleanup at all
+    proc.wait()
+    # whole lines only: the kill may in principle land mid-write (the resume cuts a torn tail)
+    done_before = responses.read_bytes().count(b"\n")
+    assert 8 <= done_before < 40
+    steps = orjson.loads((responses.parent / "steps.json").read_bytes())
+    assert steps["exec"]["status"] == "running"
+    sent_before = sent(mock.url)
+
+    again = cli("run", str(path), "--runs", str(tmp_path / "runs"), "--condition", "a")
+    assert again.returncode == 0, again.stderr
+    assert "[a] gen: unchanged, skipped" in again.stderr and "exec: resuming" in again.stderr
+    results = read_results(responses)
+    assert sorted(results) == sorted(f"t{i}" for i in range(40))  # exactly one line each
+    # only what had no result was sent again (plus at most the 4 that were in flight)
+    assert sent(mock.url) - sent_before == 40 - done_before
+    assert sent_before <= done_before + 4
+    steps = orjson.loads((responses.parent / "steps.json").read_bytes())
+    assert steps["exec"]["status"] == "done" and steps["post"]["status"] == "done"
+
+
+def test_the_file_is_checked_first_with_key_and_line(tmp_path):
+    (tmp_path / "prompt.j2").write_text("{{ q }}")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "experiment: {id: e1}\n"
+        "data: {file: tasks.jsonl, sample: 0}\n"
+        "prompt: {template: prompt.j2}\n"
+        "conditions:\n"
+        "  a: {model: m, url: http://127.0.0.1:9/v1, temperature: hot, colour: red}\n"
+        "steps:\n"
+        "  - exec: {concurrency: 4}\n"
+        "  - judge: {text: 'x', pass: 'score >= 6 and __import__(\"os\")'}\n"
+    )
+    with pytest.raises(InputError) as err:
+        load_experiment(str(bad))
+    found = {(p.line, p.field) for p in err.value.problems}
+    assert (2, "data.file") in found and (2, "data.sample") in found
+    assert (5, "conditions.a.temperature") in found and (5, "conditions.a.colour") in found
+    assert (8, "steps.1.judge") in found
+    proc = cli("run", str(bad), "--runs", str(tmp_path / "runs"))
+    assert (
+        proc.returncode == 1
+        and "bad.yaml:5: conditions.a.temperature: must be a number" in proc.stderr
+    )
+    assert "Traceback" not in proc.stderr and not os.path.exists(tmp_path / "runs")
+    (tmp_path / "dup.yaml").write_text("experiment: {id: e}\nexperiment: {id: f}\n")
+    proc = cli("run", "--check", str(tmp_path / "dup.yaml"))
+    assert proc.returncode == 1 and "dup.yaml:2: experiment: appears twice" in proc.stderr
+    (tmp_path / "broken.yaml").write_text("experiment: {id: e\n")
+    proc = cli("run", str(tmp_path / "broken.yaml"))
+    assert (
+        proc.returncode == 1 and "broken.yaml:2" in proc.stderr and "Traceback" not in proc.stderr
+    )
