@@ -1,0 +1,36 @@
+"""examples/experiments/ runs as its README says, on the mock the experiment file launches."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+from batchutil import cli
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "experiments" / "experiment.yaml"
+
+
+def test_the_example_runs_its_judge_loop_and_reruns_nothing(tmp_path):
+    runs = tmp_path / "runs"
+    first = cli("run", str(EXAMPLE), "--runs", str(runs), timeout=180)
+    assert first.returncode == 0, first.stderr
+    root = runs / "exp001-baseline"
+    summary = {
+        name: orjson.loads((root / name / "judge" / "judge-summary.json").read_bytes())
+        for name in ("a", "b")
+    }
+    # as the README shows: b has items passing in rounds 1, 2 and 3; a keeps three that never pass
+    assert summary["b"]["passed_by_round"] == [3, 1, 1] and summary["b"]["passed"] == 5
+    assert summary["a"]["passed_by_round"] == [2, 0, 0] and summary["a"]["passed"] == 2
+    judged = [
+        orjson.loads(x) for x in (root / "b" / "judge" / "judge.jsonl").read_bytes().splitlines()
+    ]
+    assert sorted(j["rounds"] for j in judged) == [1, 1, 1, 2, 3]
+    assert all(j["passed"] and j["round"] == j["rounds"] for j in judged)
+    report = (root / "report.md").read_text()
+    assert "| a | 0.0 | 42 | - |" in report and "3 + 1 + 1" in report
+
+    again = cli("run", str(EXAMPLE), "--runs", str(runs), timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert "starting server" not in again.stderr  # nothing to send: no server was even launched
+    assert "0 steps ran, 8 unchanged" in again.stderr
