@@ -33,7 +33,7 @@ from jsonlbatch.experiment.spec import Condition, Experiment, Step, load_experim
 from jsonlbatch.experiment.state import StepState, step_hash
 from jsonlbatch.gen import RequestWriter, write_requests
 from jsonlbatch.gen.sources import Row, iter_rows, select
-from jsonlbatch.gen.templates import Prompt, RowTemplate, compile_condition
+from jsonlbatch.gen.templates import Prompt, RowTemplate, compile_condition, read_text
 from jsonlbatch.gen.writer import row_custom_id
 from jsonlbatch.post.outputs import JsonlWriter
 from jsonlbatch.post.votes import run_votes
@@ -277,7 +277,7 @@ class _ConditionRun:
 
     def judge(self, step: Step) -> Outcome:
         s = step.settings
-        texts = {k: _read(s[k]) for k in ("template", "retry_template") if s.get(k)}
+        texts = {k: read_text(s[k], "template") for k in ("template", "retry_template") if s.get(k)}
         body: dict[str, Any] = {**(s.get("params") or {}), "temperature": s.get("temperature", 0)}
         if s.get("max_tokens") is not None:
             body["max_tokens"] = s["max_tokens"]
@@ -345,8 +345,3 @@ class _ConditionRun:
             done = {"groups": summary.groups, "samples": summary.samples, "scored": summary.scored}
             self.state.finish("post", digest, done | {"accuracy": accuracy})
             return Outcome(self.cond.name, "post", "ran", f"{summary.groups} groups voted")
-
-
-def _read(path: str) -> str:
-    with open(path, encoding="utf-8") as f:
-        return f.read()

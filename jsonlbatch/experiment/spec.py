@@ -134,12 +134,9 @@ def load_experiment(path: str) -> Experiment:
         raise UsageError(
             "experiment files are YAML: pip install 'jsonlbatch[experiment]' (PyYAML)"
         ) from None
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
-        raise InputError(f"cannot read {path}: {reason}") from None
+    from jsonlbatch.gen.templates import read_text
+
+    text = read_text(path, "experiment file")
     checker = _Checker(path)
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
@@ -389,11 +386,12 @@ class _Checker:
         if ("template" in settings) == ("text" in settings):
             self.problem(at, "give exactly one of template (a file) or text (inline)")
             return
+        from jsonlbatch.gen.templates import read_text
+
         texts = {}
         for key in ("template", "retry_template"):
             if settings.get(key) and os.path.isfile(settings[key]):
-                with open(settings[key], encoding="utf-8") as f:
-                    texts[key] = f.read()
+                texts[key] = self.guard((*at, key), read_text, settings[key], "template")
         template = texts.get("template", settings.get("text"))
         if template is None:
             return

@@ -58,13 +58,7 @@ class RowTemplate:
 
     @classmethod
     def from_file(cls, path: str) -> RowTemplate:
-        try:
-            with open(path, encoding="utf-8") as f:
-                source = f.read()
-        except (OSError, UnicodeDecodeError) as exc:
-            reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
-            raise InputError(f"cannot read template {path}: {reason}") from None
-        return cls(source, name=path)
+        return cls(read_text(path, "template"), name=path)
 
     @classmethod
     def inline(cls, text: str, *, name: str) -> RowTemplate:
@@ -76,6 +70,16 @@ class RowTemplate:
             return self._template.render(_context(row))
         except Exception as exc:  # any failure inside a user's template is the user's to fix
             raise render_error(exc, row, f"cannot render {self.name}") from None
+
+
+def read_text(path: str, what: str = "file") -> str:
+    """A UTF-8 text file (a template, an experiment file); `InputError` naming it otherwise."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise InputError(f"cannot read {what} {path}: {reason}") from None
 
 
 def render_error(exc: Exception, row: Row, what: str, *, template_line: bool = True) -> InputError:
