@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -41,6 +41,7 @@ from jsonlbatch.gen.templates import Prompt, RowTemplate
 from jsonlbatch.jsonl import iter_lines_at, read_lines_at
 from jsonlbatch.post.extract import extract_answer, get_extractor
 from jsonlbatch.post.outputs import JsonlWriter
+from jsonlbatch.samples import Sample, samples_of
 
 DEFAULT_RETRY = (
     "A reviewer scored your answer {{ score }}.\n\nTheir feedback:\n{{ feedback }}\n\n"
@@ -94,15 +95,28 @@ class JudgeConfig:
 
 @dataclass
 class Verdict:
-    """The judge's view of one answer."""
+    """The judge's view of one answer. Texts stay in the files (found again by byte offset),
+    so memory grows with the number of items, not with the length of answers."""
 
     round: int
     values: dict[str, Any]
     passed: bool
-    feedback: str
-    answer: str
-    offset: int  # byte offset of the answer's line in its round's response file
-    path: str
+    path: str = ""  # the round's response file holding the answer
+    offset: int = -1  # byte offset of the answer's line there; -1: no answer this round
+    judge_path: str = ""
+    judge_offset: int = -1  # the judge's response line; -1: not judged (the answer failed)
+
+    def answer(self) -> str:
+        return _text_at(self.path, self.offset)[0] if self.offset >= 0 else ""
+
+    def feedback(self) -> str:
+        """What the judge said (or why there is no judgement), for the next round's prompt."""
+        if self.judge_offset >= 0:
+            text, error = _text_at(self.judge_path, self.judge_offset)
+            return text or f"(the judge failed: {error})"
+        if self.offset >= 0:
+            return f"(the answer failed: {_text_at(self.path, self.offset)[1]})"
+        return "(no answer)"
 
 
 @dataclass
@@ -175,7 +189,7 @@ def run_judge(
                 open_ids.discard(cid)
                 newly += 1
         for cid in open_ids - verdicts.keys():  # no answer at all this round (not even failed)
-            history[cid].append(Verdict(r, {}, False, "", "", -1, ""))
+            history[cid].append(Verdict(r, {}, False))
         summary.passed_by_round.append(newly)
         summary.rounds_run = r
         say(f"round {r}: {newly} passed, {len(open_ids)} still failing")
@@ -223,17 +237,15 @@ def _judge_round(
     judge_req = os.path.join(here, "judge-requests.jsonl")
     judge_resp = os.path.join(here, "judge-responses.jsonl")
     verdicts: dict[str, Verdict] = {}
-    answered: dict[str, Row] = {}
+    answered: set[str] = set()
     with RequestWriter(judge_req, force=True, body=config.body) as writer:
         for row in response_rows(answers_resp, requests=answers_req, join=join, on=on):
             cid = row.data["custom_id"]
             if cid not in open_ids or cid in answered:
                 continue
-            answered[cid] = row
+            answered.add(cid)
             if row.data["failed"]:
-                verdicts[cid] = Verdict(
-                    r, {}, False, row.data["error"] or "", "", offsets[cid], answers_resp
-                )
+                verdicts[cid] = Verdict(r, {}, False, answers_resp, offsets[cid])
                 continue
             row = Row(row.source, row.index, row.line, {**row.data, "round": r}, key=cid)
             model = config.model or row.data.get("model") or row.data["body"].get("model")
@@ -242,20 +254,16 @@ def _judge_round(
         run_exec(judge_req, judge_resp)
     else:
         open(judge_resp, "ab").close()
-    for judged in response_rows(judge_resp):
-        cid = judged.data["custom_id"]
+    for cid, start, sample in _first_samples(judge_resp):
         if cid not in answered or cid in verdicts:
             continue
-        text = judged.data["answer"] if not judged.data["failed"] else ""
+        text = "" if sample.failed else sample.text
         values: dict[str, Any] = {
             name: coerce(extract_answer(text, specs)) if text else None
             for name, specs in config.extract.items()
         }
         passed = config.pass_rule({**values, "round": r})
-        feedback = text or f"(the judge failed: {judged.data['error']})"
-        verdicts[cid] = Verdict(
-            r, values, passed, feedback, answered[cid].data["answer"], offsets[cid], answers_resp
-        )
+        verdicts[cid] = Verdict(r, values, passed, answers_resp, offsets[cid], judge_resp, start)
     return verdicts
 
 
@@ -283,12 +291,13 @@ def _write_retries(
             messages = body.pop("messages", None)
             prompt_field = "prompt" if "prompt" in body else "input" if "input" in body else None
             content: Any = body.pop(prompt_field) if prompt_field else messages
-            if config.feedback and isinstance(messages, list) and last and last.answer:
-                fields = {**last.values, "feedback": last.feedback, "answer": last.answer}
+            answer = last.answer() if last else ""
+            if config.feedback and isinstance(messages, list) and last and answer:
+                fields = {**last.values, "feedback": last.feedback(), "answer": answer}
                 row = Row(path, 0, None, fields | {"round": r, "custom_id": cid}, key=cid)
                 content = [
                     *messages,
-                    {"role": "assistant", "content": last.answer},
+                    {"role": "assistant", "content": answer},
                     {"role": "user", "content": retry.render(row)},
                 ]
             writer.add(cid, content, **body)
@@ -341,7 +350,7 @@ def _write_final(
                     "history": [
                         {"round": v.round, "passed": v.passed, **v.values} for v in verdicts
                     ],
-                    "answer": chosen.answer if chosen else None,
+                    "answer": chosen.answer() if chosen else None,
                 }
             )
             if chosen is not None:
@@ -357,19 +366,32 @@ def _write_final(
         f.write(orjson.dumps(summary.as_dict(), option=orjson.OPT_INDENT_2))
 
 
-def _offsets(path: str) -> dict[str, int]:
-    """custom_id -> byte offset of its line (a retried id: the later line, as exec keeps it)."""
-    out: dict[str, int] = {}
-    if not os.path.exists(path):
-        return out
+def _first_samples(path: str) -> Iterator[tuple[str, int, Sample]]:
+    """(custom_id, byte offset, first sample) of each line of a response file exec wrote."""
     for _, start, raw in iter_lines_at(path):
         try:
             obj = orjson.loads(raw)
         except orjson.JSONDecodeError:
-            continue
+            continue  # a torn tail of an interrupted write: exec re-sends it
         if isinstance(obj, dict) and isinstance(obj.get("custom_id"), str):
-            out[obj["custom_id"]] = start
-    return out
+            yield obj["custom_id"], start, samples_of(obj)[0]
+
+
+def _text_at(path: str, offset: int) -> tuple[str, str]:
+    """(answer text, error) of the response line at `offset`."""
+    lines = read_lines_at(path, [offset])
+    try:
+        sample = samples_of(orjson.loads(next(lines)))[0]
+    finally:
+        lines.close()
+    return ("", sample.error or "") if sample.failed else (sample.text, "")
+
+
+def _offsets(path: str) -> dict[str, int]:
+    """custom_id -> byte offset of its line (a retried id: the later line, as exec keeps it)."""
+    if not os.path.exists(path):
+        return {}
+    return {cid: start for cid, start, _ in _first_samples(path)}
 
 
 def _reset_if_changed(out_dir: str, config: JudgeConfig, *inputs: str | None) -> None:
