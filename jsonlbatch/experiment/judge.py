@@ -38,7 +38,7 @@ from jsonlbatch.gen import RequestWriter
 from jsonlbatch.gen.responses import RequestIndex, response_rows
 from jsonlbatch.gen.sources import Row
 from jsonlbatch.gen.templates import Prompt, RowTemplate
-from jsonlbatch.jsonl import iter_lines_at, read_lines_at
+from jsonlbatch.jsonl import iter_lines_at
 from jsonlbatch.post.extract import extract_answer, get_extractor
 from jsonlbatch.post.outputs import JsonlWriter
 from jsonlbatch.samples import Sample, samples_of
@@ -354,11 +354,7 @@ def _write_final(
                 }
             )
             if chosen is not None:
-                lines = read_lines_at(chosen.path, [chosen.offset])
-                try:
-                    final.write(next(lines).rstrip(b"\n") + b"\n")
-                finally:
-                    lines.close()
+                final.write(_line_at(chosen.path, chosen.offset).rstrip(b"\n") + b"\n")
         final.flush()
         os.fsync(final.fileno())
     os.replace(final_tmp, os.path.join(out_dir, "final.jsonl"))
@@ -377,13 +373,15 @@ def _first_samples(path: str) -> Iterator[tuple[str, int, Sample]]:
             yield obj["custom_id"], start, samples_of(obj)[0]
 
 
+def _line_at(path: str, offset: int) -> bytes:
+    with open(path, "rb") as f:  # a small buffer: one line is wanted, not a 1 MiB read
+        f.seek(offset)
+        return f.readline()
+
+
 def _text_at(path: str, offset: int) -> tuple[str, str]:
     """(answer text, error) of the response line at `offset`."""
-    lines = read_lines_at(path, [offset])
-    try:
-        sample = samples_of(orjson.loads(next(lines)))[0]
-    finally:
-        lines.close()
+    sample = samples_of(orjson.loads(_line_at(path, offset)))[0]
     return ("", sample.error or "") if sample.failed else (sample.text, "")
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import IO, Any
 
 import orjson
 
@@ -68,6 +68,7 @@ class RequestIndex:
 
     def __init__(self, path: str) -> None:
         self.path = path
+        self._file: IO[bytes] | None = None
         self._offsets: dict[str, int] = {}
         for lineno, start, raw in iter_lines_at(path):
             try:
@@ -88,11 +89,16 @@ class RequestIndex:
         start = self._offsets.get(custom_id)
         if start is None:
             return None
-        lines = read_lines_at(self.path, [start])
-        try:
-            return orjson.loads(next(lines))  # type: ignore[no-any-return]
-        finally:
-            lines.close()
+        if self._file is None:
+            # one handle, small buffer: a seek + readline per response, not a fresh 1 MiB read
+            self._file = open(self.path, "rb")  # noqa: SIM115 - closed by close()
+        self._file.seek(start)
+        return orjson.loads(self._file.readline())  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
 
 
 class DataIndex:
@@ -132,6 +138,20 @@ def response_rows(
         raise UsageError("--join FILE and --on FIELD go together")
     index = RequestIndex(requests) if requests else None
     data = DataIndex(join, on) if join and on else None
+    try:
+        yield from _rows(path, index, data, per, separators)
+    finally:
+        if index is not None:
+            index.close()
+
+
+def _rows(
+    path: str,
+    index: RequestIndex | None,
+    data: DataIndex | None,
+    per: str,
+    separators: Sequence[str],
+) -> Iterator[Row]:
     count = 0
     for lineno, start, raw in iter_lines_at(path):
         where = Problem(path, lineno, None, "")
@@ -151,8 +171,8 @@ def response_rows(
             joined = data.get(group, obj["custom_id"])
             if joined is None:
                 raise InputError(
-                    f"cannot join {path} with {join}",
-                    [_at(where, "custom_id", f"no row of {join} has {on} == {group!r}")],
+                    f"cannot join {path} with {data.path}",
+                    [_at(where, "custom_id", f"no row of {data.path} has {data.on} == {group!r}")],
                 )
             base = {**joined, "data": joined, **base}
         base |= {"custom_id": obj["custom_id"], "group": group, "sample": _sample(sample)}
