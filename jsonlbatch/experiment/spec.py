@@ -274,6 +274,11 @@ class _Checker:
                 ("experiment", "id"), "use letters, digits, '.', '_' and '-' (a folder name)"
             )
         data = self.keys(top.get("data"), ("data",), _DATA, required=("file",))
+        if data.get("format") is not None:
+            from jsonlbatch.gen.sources import FORMATS
+
+            if data["format"] not in FORMATS:
+                self.problem(("data", "format"), f"one of {', '.join(FORMATS)}")
         if data.get("where"):
             self.guard(("data", "where"), compile_condition, data["where"])
         for key in ("sample", "limit"):
