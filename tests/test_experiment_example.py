@@ -2,17 +2,34 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import orjson
+import pytest
 from batchutil import cli
+from conftest import free_port
+
+pytest.importorskip("yaml", reason="experiment files need PyYAML: pip install -e '.[test]'")
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "experiments" / "experiment.yaml"
 
 
+def copy_on_a_free_port(tmp_path: Path) -> Path:
+    """The example as it is, but its mock on a free port: other test runs on this machine may
+    hold the launcher's default port (8000 on) at the moment it binds."""
+    folder = shutil.copytree(EXAMPLE.parent, tmp_path / "example")
+    path = folder / EXAMPLE.name
+    text = path.read_text()
+    assert text.count("serve: mock") == 1
+    path.write_text(text.replace("serve: mock", f"serve: {{backend: mock, port: {free_port()}}}"))
+    return path
+
+
 def test_the_example_runs_its_judge_loop_and_reruns_nothing(tmp_path):
     runs = tmp_path / "runs"
-    first = cli("run", str(EXAMPLE), "--runs", str(runs), timeout=180)
+    example = copy_on_a_free_port(tmp_path)
+    first = cli("run", str(example), "--runs", str(runs), timeout=180)
     assert first.returncode == 0, first.stderr
     root = runs / "exp001-baseline"
     summary = {
@@ -30,7 +47,7 @@ def test_the_example_runs_its_judge_loop_and_reruns_nothing(tmp_path):
     report = (root / "report.md").read_text()
     assert "| a | 0.0 | 42 | - |" in report and "3 + 1 + 1" in report
 
-    again = cli("run", str(EXAMPLE), "--runs", str(runs), timeout=120)
+    again = cli("run", str(example), "--runs", str(runs), timeout=120)
     assert again.returncode == 0, again.stderr
     assert "starting server" not in again.stderr  # nothing to send: no server was even launched
     assert "0 steps ran, 8 unchanged" in again.stderr

@@ -16,6 +16,8 @@ import pytest
 from batchutil import cli, read_results, start_cli
 
 from jsonlbatch.errors import InputError
+
+pytest.importorskip("yaml", reason="experiment files need PyYAML: pip install -e '.[test]'")
 from jsonlbatch.experiment.runner import run_experiment
 from jsonlbatch.experiment.spec import load_experiment
 
