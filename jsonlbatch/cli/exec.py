@@ -11,6 +11,7 @@ import click
 from jsonlbatch.cli.serve_options import serve_options, serve_options_from_kwargs
 from jsonlbatch.errors import Interrupted, UsageError
 from jsonlbatch.exec.job import ExecOptions, Job, run_coroutine
+from jsonlbatch.exec.router import POLICIES, RouteOptions
 from jsonlbatch.exec.shard import parse_shard
 from jsonlbatch.exec.summary import RunSummary
 from jsonlbatch.redact import register_secret
@@ -102,6 +103,38 @@ def parse_headers(values: tuple[str, ...]) -> dict[str, str]:
     is_flag=True,
     help="Stream chat/completions answers to measure TTFT and inter-token latency; the "
     "written bodies are the same as without.",
+)
+@click.option(
+    "--route",
+    type=click.Choice(POLICIES),
+    default=RouteOptions.policy,
+    show_default=True,
+    help="How requests are spread over several endpoints: 'prefix' sends a prompt to the "
+    "server that already cached most of it (unless that server is much busier), "
+    "'least-busy' to the fewest in flight, 'round-robin' in turn.",
+)
+@click.option(
+    "--order-window",
+    default=RouteOptions.order_window,
+    show_default=True,
+    metavar="N",
+    help="With --route prefix: look this many pending requests ahead to send those sharing a "
+    "prompt prefix together (0: file order).",
+)
+@click.option(
+    "--balance-abs-threshold",
+    default=RouteOptions.balance_abs_threshold,
+    show_default=True,
+    metavar="N",
+    help="With --route prefix: leave the cached server when it has N more requests in flight "
+    "than the least busy one ...",
+)
+@click.option(
+    "--balance-rel-threshold",
+    default=RouteOptions.balance_rel_threshold,
+    show_default=True,
+    metavar="F",
+    help="... and more than F times as many.",
 )
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or notes; errors only.")
 @serve_options

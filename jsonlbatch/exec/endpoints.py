@@ -1,6 +1,7 @@
 """The servers a run talks to: addressing, credentials, health, and which one gets the next request.
 
-A request goes to the healthy endpoint with the fewest requests in flight. An endpoint that
+A request goes to a healthy endpoint chosen by the router (`router`: by prompt prefix, least
+busy or round robin). An endpoint that
 refuses connections, or keeps failing, is set aside and probed in the background until it
 answers again; while no endpoint is up, `acquire` waits (up to the ready timeout) instead of
 letting requests burn their attempts on a dead or cold server.
@@ -21,6 +22,7 @@ import aiohttp
 import orjson
 
 from jsonlbatch.errors import AuthenticationError, ServerUnavailableError, UsageError
+from jsonlbatch.exec.router import PrefixKey, Router
 from jsonlbatch.redact import register_secret
 
 #: An endpoint is set aside and probed after this many server-side failures in a row, lasting
@@ -126,10 +128,12 @@ class EndpointPool:
         *,
         ready_timeout: float,
         watchdog: Callable[[], None] | None = None,
+        router: Router | None = None,
     ) -> None:
         if not endpoints:
             raise UsageError("no endpoint: give --url or --serve")
         self.endpoints = list(endpoints)
+        self.router = router or Router(self.endpoints)
         self.headers = headers
         self._session = session
         self._ready_timeout = ready_timeout
@@ -143,13 +147,13 @@ class EndpointPool:
 
     # -- choosing ------------------------------------------------------------------------------
 
-    async def acquire(self) -> Endpoint:
+    async def acquire(self, key: PrefixKey | None = None) -> Endpoint:
+        """An endpoint for a request with prefix `key` (see `Router.key`); waits while none
+        is up."""
         while True:
-            best: Endpoint | None = None
-            for ep in self.endpoints:
-                if ep.up and (best is None or ep.in_flight < best.in_flight):
-                    best = ep
-            if best is not None:
+            up = [ep for ep in self.endpoints if ep.up]
+            if up:
+                best: Endpoint = self.router.choose(up, key)
                 best.in_flight += 1
                 return best
             await self._wait_for_change()

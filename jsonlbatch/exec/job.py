@@ -45,6 +45,7 @@ from jsonlbatch.exec.endpoints import (
 )
 from jsonlbatch.exec.progress import Progress
 from jsonlbatch.exec.retry import Backoff, Verdict, classify, parse_retry_after
+from jsonlbatch.exec.router import RouteOptions, Router, ordered_lines
 from jsonlbatch.exec.scan import (
     InputScan,
     OutputScan,
@@ -53,6 +54,7 @@ from jsonlbatch.exec.scan import (
     scan_output,
     stat_input,
 )
+from jsonlbatch.exec.server_metrics import compare, keep_servers, scrape_all
 from jsonlbatch.exec.streaming import (
     STREAM_URLS,
     StreamError,
@@ -66,7 +68,6 @@ from jsonlbatch.jsonl import (
     OutputLock,
     filter_lines,
     prefetch,
-    read_lines_at,
     repair_tail,
     rewrite_atomically,
 )
@@ -97,14 +98,25 @@ class ExecOptions:
     grace: float = 10.0  # seconds in-flight requests get after the first Ctrl-C
     backoff_base: float = 1.0
     backoff_cap: float = 60.0
+    route: str = RouteOptions.policy  # prefix | least-busy | round-robin (see exec/router.py)
+    order_window: int = RouteOptions.order_window
+    balance_abs_threshold: int = RouteOptions.balance_abs_threshold
+    balance_rel_threshold: float = RouteOptions.balance_rel_threshold
 
     def __post_init__(self) -> None:
+        self.route_options()  # checks the routing options
         if self.concurrency < 1:
             raise UsageError("--concurrency must be at least 1")
         if self.max_retries < 0:
             raise UsageError("--max-retries must be 0 or more")
         if self.timeout <= 0 or self.ready_timeout < 0:
             raise UsageError("--timeout must be positive and --ready-timeout not negative")
+
+    def route_options(self) -> RouteOptions:
+        return RouteOptions(
+            self.route, self.balance_abs_threshold, self.balance_rel_threshold,
+            order_window=self.order_window,
+        )  # fmt: skip
 
 
 class Job:
@@ -314,6 +326,7 @@ class _Run:
                     headers,
                     ready_timeout=self.opts.ready_timeout,
                     watchdog=self.watchdog,
+                    router=Router(endpoints, self.opts.route_options()),
                 )
                 self.progress.status_source = lambda: pool.status
                 ticker = asyncio.ensure_future(self._tick())
@@ -328,7 +341,13 @@ class _Run:
                         self._prepare_output()  # servers are fine: only now touch the output
                         self.summary.started_at = time.time()
                         self.progress.start()
+                        before = await scrape_all(session, endpoints, headers)
                         await self._send_all(session, pool)
+                        if not self.signals and self.abort is None:
+                            after = await scrape_all(session, endpoints, headers)
+                            self.summary.servers = compare(endpoints, before, after)
+                            if not keep_servers(self.job.output, self.summary):
+                                self.progress.note("cannot keep the servers' metrics")
                 finally:
                     ticker.cancel()
                     await asyncio.gather(ticker, return_exceptions=True)
@@ -460,7 +479,8 @@ class _Run:
             raise InputError(
                 f"{self.job.requests} changed after it was checked; run the command again"
             )
-        for raw in read_lines_at(self.job.requests, self.scan.pending):
+        route = self.opts.route_options()
+        for raw in ordered_lines(self.job.requests, self.scan.pending, route):
             obj = orjson.loads(raw)
             body = obj["body"]
             if override is not None:
@@ -497,10 +517,11 @@ class _Run:
         if self.opts.stream and req.url in STREAM_URLS:
             stream_body(req.body)
         payload = orjson.dumps(req.body)
+        route_key = pool.router.key(req.body)
         attempts = 0
         raced = False
         while True:
-            endpoint = await pool.acquire()
+            endpoint = await pool.acquire(route_key)
             if self.stopping.is_set():
                 pool.release(endpoint)
                 raise _Stop

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from jsonlbatch.exec.server_metrics import ServerStats
 from jsonlbatch.records import Result
 
 
@@ -25,6 +26,8 @@ class RunSummary:
     started_at: float | None = None
     repaired_bytes: int = 0
     interrupted: bool = False
+    endpoints: Counter[str] = field(default_factory=Counter)  # results written, by endpoint
+    servers: list[ServerStats] = field(default_factory=list)  # from their /metrics, if any
 
     @property
     def written(self) -> int:
@@ -49,6 +52,9 @@ class RunSummary:
         else:
             self.failed += 1
             self.failures[(result.error or {}).get("code", "error")] += 1
+        endpoint = result.metrics.get("endpoint")
+        if endpoint:
+            self.endpoints[endpoint] += 1
         self.prompt_tokens += result.metrics.get("prompt_tokens", 0)
         self.completion_tokens += result.metrics.get("completion_tokens", 0)
 
@@ -70,7 +76,30 @@ class RunSummary:
             f"tokens in/out {self.prompt_tokens}/{self.completion_tokens} "
             f"({self.output_tokens_per_s:.0f} out tok/s)"
         )
+        lines += self._endpoint_lines()
         return "\n".join(lines)
+
+    def _endpoint_lines(self) -> list[str]:
+        """How the requests spread over the endpoints, and what each server's own metrics say
+        (prefix cache hit rate, requests it counted); nothing for a lone endpoint without
+        metrics."""
+        servers = {s.endpoint: s for s in self.servers}
+        names = list(self.endpoints) + [n for n in servers if n not in self.endpoints]
+        if len(names) < 2 and not servers:
+            return []
+        total = sum(self.endpoints.values()) or 1
+        lines = ["  endpoints:"]
+        for name in names:
+            sent = self.endpoints.get(name, 0)
+            text = f"    {name}: {sent} requests ({sent / total:.0%})"
+            server = servers.get(name)
+            if server is not None:
+                if server.prefix_cache_hit_rate is not None:
+                    text += f", prefix cache hit rate {server.prefix_cache_hit_rate:.1%}"
+                if server.requests is not None:
+                    text += f", server counted {server.requests} requests"
+            lines.append(text)
+        return lines
 
     @property
     def remaining(self) -> int:
