@@ -111,8 +111,10 @@ class ServerStats:
     @classmethod
     def between(cls, endpoint: str, before: ServerCounters, after: ServerCounters) -> ServerStats:
         def delta(name: str) -> int | None:
+            # A labelled counter has no samples until its first event (vLLM's finished
+            # requests by reason): absent before, present after, it started at 0.
             a, b = getattr(after, name), getattr(before, name)
-            return None if a is None or b is None else max(0, round(a - b))
+            return None if a is None else max(0, round(a - (b or 0.0)))
 
         queries, hits = delta("queries"), delta("hits")
         rate = hits / queries if queries and hits is not None else after.hit_rate

@@ -12,7 +12,7 @@ import signal
 import sys
 
 from jsonlbatch.errors import JsonlbatchError, UsageError
-from jsonlbatch.mock import MockConfig, serve
+from jsonlbatch.mock import MockConfig, gpu, serve
 from jsonlbatch.mock.app import MOCK_API_KEY_ENV
 
 # (flag, MockConfig field, type, metavar, help); defaults come from MockConfig itself.
@@ -64,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(flag, dest=name, action="store_true", help=text)
     p.add_argument("--startup-delay", type=float, default=0.0, metavar="S",
                    help="wait S seconds before binding the port (a cold start)")  # fmt: skip
+    gpu.add_arguments(p)
     return p
 
 
@@ -71,6 +72,7 @@ def config_from_args(args: argparse.Namespace) -> MockConfig:
     """The `MockConfig` the parsed flags describe (the key falls back to the environment)."""
     fields = {name: getattr(args, name) for _, name, *_ in (*_OPTIONS, *_SWITCHES)}
     fields["api_key"] = fields["api_key"] or os.environ.get(MOCK_API_KEY_ENV) or None
+    fields["gpu"] = gpu.from_args(args)
     return MockConfig(served_models=tuple(args.served_model_name), **fields)
 
 

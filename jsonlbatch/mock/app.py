@@ -23,6 +23,7 @@ from aiohttp import web
 
 from jsonlbatch.errors import UsageError
 from jsonlbatch.mock import content
+from jsonlbatch.mock.gpu import GpuEngine, GpuModel
 from jsonlbatch.records import check_messages
 
 #: Where the mock server (`python -m jsonlbatch.mock`) reads its API key.
@@ -56,6 +57,7 @@ class MockConfig:
     warmup: float = 0.0
     reasoning: bool = False
     seed: int = 0
+    gpu: GpuModel | None = None  # behave like a GPU server (mock/gpu.py); None: fixed latency
 
     def __post_init__(self) -> None:
         if isinstance(self.served_models, str):
@@ -196,6 +198,7 @@ class _Mock:
         self.key = config.api_key.encode() if config.api_key else None
         self.served = frozenset(config.served_models)
         self.step_delay = 1.0 / config.tokens_per_second if config.tokens_per_second else 0.0
+        self.gpu = GpuEngine(config.gpu, config.served_models[0]) if config.gpu else None
         self.ready_at = float("inf")  # set when the app starts
         created = int(time.time())
         cards = [
@@ -348,7 +351,7 @@ class _Mock:
              "finish_reason": r.finish_reason}
             for i, r in enumerate(replies)
         ]  # fmt: skip
-        return await self.complete(request, kind, model, choices, replies, prompt)
+        return await self.complete(request, kind, model, choices, replies, prompt, body)
 
     async def answer_embedding(
         self, request: web.Request, body: dict[str, Any], model: str, prompt: int
@@ -370,12 +373,14 @@ class _Mock:
 
     async def complete(self, request: web.Request, kind: _Kind, model: str,
                        choices: list[dict[str, Any]], replies: list[content.Reply],
-                       prompt: int) -> web.StreamResponse:  # fmt: skip
+                       prompt: int, body: dict[str, Any]) -> web.StreamResponse:  # fmt: skip
         """A whole answer, after the latency and the time its tokens take to generate."""
         steps = max(r.completion_tokens for r in replies)
         wait = self.delay() + steps * self.step_delay
         if wait:
             await asyncio.sleep(wait)
+        if self.gpu is not None:
+            await (await self.gpu.generate(body, steps, replies[0].finish_reason)).done
         rid = os.urandom(16).hex()
         usage = content.usage(prompt, replies)
         payload = {"id": kind.prefix + rid, "object": kind.object, "created": int(time.time()),
@@ -412,7 +417,14 @@ class _Mock:
             first = self.delay()
             if first:
                 await asyncio.sleep(first)
-            if not self.step_delay:
+            if self.gpu is not None:  # the first token once prefilled, the rest when done
+                tokens = max(r.completion_tokens for r in replies)
+                seq = await self.gpu.generate(body, tokens, replies[0].finish_reason)
+                await seq.first
+                await resp.write(steps[0])
+                await seq.done
+                await resp.write(b"".join(steps[1:]))
+            elif not self.step_delay:
                 await resp.write(b"".join(steps))
             else:
                 for i, step in enumerate(steps):
@@ -465,6 +477,9 @@ def create_app(config: MockConfig) -> web.Application:
     add.add_get("/ping", mock.health)
     add.add_get("/version", mock.version_info)
     add.add_get("/mock/stats", mock.stats_info)
+    if mock.gpu is not None:
+        add.add_get("/metrics", mock.gpu.metrics)
+        app.on_cleanup.append(mock.gpu.close)
     return app
 
 
