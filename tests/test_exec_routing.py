@@ -1,0 +1,108 @@
+"""`exec --route` against replicas of the GPU-model mock: prefix affinity shows in the servers'
+own hit rates, the summary shows the spread, and grouping never costs exactly-once."""
+
+from __future__ import annotations
+
+import random
+import signal
+import time
+from pathlib import Path
+
+import orjson
+from batchutil import cli, content, failures, read_results, start_cli
+
+from jsonlbatch.mock import reply_text
+from jsonlbatch.mock.gpu import GpuModel
+
+FAST = GpuModel(prefill_tokens_per_s=2e5, decode_step_s=0.002)
+
+
+def write_tasks(path, tasks: int, samples: int, words: int = 300, interleaved: bool = False):
+    rng = random.Random(3)
+    prompts = [" ".join(f"w{rng.randrange(10**6)}" for _ in range(words)) for _ in range(tasks)]
+    order = [(t, s) for s in range(samples) for t in range(tasks)]
+    if not interleaved:
+        order.sort()
+    lines = [
+        {"custom_id": f"t{t}|s{s}", "method": "POST", "url": "/v1/chat/completions",
+         "body": {"model": "mock", "messages": [{"role": "user", "content": prompts[t]}],
+                  "seed": s}}
+        for t, s in order
+    ]  # fmt: skip
+    path.write_bytes(b"".join(orjson.dumps(x) + b"\n" for x in lines))
+    return lines
+
+
+def hit_rate(out) -> float:
+    runs = orjson.loads(Path(str(out) + ".servers.json").read_bytes())["runs"]
+    ends = runs[-1]["endpoints"]
+    return sum(e["prefix_cache_hits"] for e in ends) / sum(e["prefix_cache_queries"] for e in ends)
+
+
+def test_prefix_routing_keeps_samples_together_and_reports_the_servers(tmp_path, mock_server):
+    # 13 tasks: round robin cannot keep samples together by accident
+    write_tasks(tmp_path / "req.jsonl", tasks=13, samples=4, interleaved=True)
+    rates = {}
+    for policy in ("prefix", "round-robin"):
+        urls = [mock_server(gpu=FAST) for _ in range(2)]  # fresh, cold replicas
+        out = tmp_path / f"{policy}.jsonl"
+        args = ["exec", str(tmp_path / "req.jsonl"), "-o", str(out), "--route", policy, "-c", "8"]
+        done = cli(*args, *(a for u in urls for a in ("--url", u)))
+        assert done.returncode == 0, done.stderr
+        assert len(read_results(out)) == 52
+        rates[policy] = hit_rate(out)
+        assert "endpoints:" in done.stderr and "prefix cache hit rate" in done.stderr
+        for url in urls:
+            assert url.removesuffix("/v1") in done.stderr
+        assert "server counted" in done.stderr
+    # the ideal is 3/4 of each task's prompt tokens (whole blocks only)
+    assert rates["prefix"] > 0.65
+    assert rates["prefix"] > rates["round-robin"] + 0.15
+
+
+def test_a_plain_server_leaves_no_servers_file(tmp_path, mock_server):
+    write_tasks(tmp_path / "req.jsonl", tasks=2, samples=2, words=50)
+    out = tmp_path / "out.jsonl"
+    urls = [mock_server(), mock_server()]
+    done = cli("exec", str(tmp_path / "req.jsonl"), "-o", str(out), "--url", urls[0],
+               "--url", urls[1])  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert not (tmp_path / "out.jsonl.servers.json").exists()
+    assert "endpoints:" in done.stderr and "prefix cache" not in done.stderr
+
+
+def test_bad_route_options_are_usage_errors(tmp_path, mock_server):
+    write_tasks(tmp_path / "req.jsonl", tasks=1, samples=1, words=5)
+    base = ["exec", str(tmp_path / "req.jsonl"), "-o", str(tmp_path / "o.jsonl"), "--url",
+            mock_server()]  # fmt: skip
+    for bad in (["--route", "random"], ["--balance-rel-threshold", "0.5"]):
+        done = cli(*base, *bad)
+        assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_kill_9_while_grouping_then_resume_is_exactly_once(tmp_path, mock_server):
+    """The look-ahead window reorders what is sent; a crash at any moment and the same command
+    again must still end with one right answer per request."""
+    lines = write_tasks(tmp_path / "req.jsonl", tasks=40, samples=6, words=80, interleaved=True)
+    urls = [mock_server(latency=0.05, latency_jitter=0.04, gpu=FAST) for _ in range(2)]
+    out = tmp_path / "out.jsonl"
+    args = ["exec", str(tmp_path / "req.jsonl"), "-o", str(out), "-c", "8", "--order-window",
+            "64", *(a for u in urls for a in ("--url", u))]  # fmt: skip
+    rng = random.Random(99)
+    kills = 0
+    for _ in range(3):  # bounded: three crashes at random moments, then a clean finish
+        proc = start_cli(*args)
+        time.sleep(rng.uniform(0.8, 1.6))
+        if proc.poll() is not None:
+            break
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        kills += 1
+    assert kills >= 2, "the run finished before it could be killed; slow the mock down"
+    final = cli(*args)
+    assert final.returncode == 0, final.stderr
+    results = read_results(out)
+    assert set(results) == {x["custom_id"] for x in lines} and not failures(results)
+    for x in lines:
+        assert content(results[x["custom_id"]]) == reply_text(x["body"], 0)
