@@ -106,3 +106,29 @@ def test_kill_9_while_grouping_then_resume_is_exactly_once(tmp_path, mock_server
     assert set(results) == {x["custom_id"] for x in lines} and not failures(results)
     for x in lines:
         assert content(results[x["custom_id"]]) == reply_text(x["body"], 0)
+
+
+def test_report_shows_what_the_servers_counted_over_resumed_runs(tmp_path, mock_server):
+    lines = write_tasks(tmp_path / "req.jsonl", tasks=3, samples=4, words=200)
+    half = tmp_path / "half.jsonl"
+    half.write_bytes(b"".join(orjson.dumps(x) + b"\n" for x in lines[:6]))
+    urls = [mock_server(gpu=FAST) for _ in range(2)]
+    out = tmp_path / "out.jsonl"
+    for requests in (half, tmp_path / "req.jsonl"):  # two runs, the second resumes
+        done = cli("exec", str(requests), "-o", str(out), "--url", urls[0], "--url", urls[1])
+        assert done.returncode == 0, done.stderr
+    runs = orjson.loads(Path(str(out) + ".servers.json").read_bytes())["runs"]
+    assert len(runs) == 2
+    assert sum(e["requests"] for run in runs for e in run["endpoints"]) == 12
+    text = cli("report", str(out))
+    assert text.returncode == 0, text.stderr
+    assert "Servers" in text.stdout and "prefix cache hit rate" in text.stdout
+    assert urls[0].removesuffix("/v1") in text.stdout
+    report = orjson.loads(cli("report", str(out), "--format", "json").stdout)
+    figures = report["servers"][out.name]
+    assert sum(f["requests"] for f in figures) == 12 and all(f["runs"] == 2 for f in figures)
+    assert (
+        sum(f["prefix_cache_hits"] for f in figures)
+        / sum(f["prefix_cache_queries"] for f in figures)
+        > 0.5
+    )

@@ -18,6 +18,7 @@ from jsonlbatch.report.render_html import render_html
 from jsonlbatch.report.render_json import render_json
 from jsonlbatch.report.render_md import render_markdown
 from jsonlbatch.report.render_text import render_text
+from jsonlbatch.report.servers import load_servers
 from jsonlbatch.report.stats import summarize
 
 FORMATS = ("text", "md", "json", "html")
@@ -47,7 +48,8 @@ def build_report(
         for path, label in zip(paths, labels or _labels(paths), strict=True)
     ]
     runs = [summarize(d, sla=sla, price=price) for d in data]
-    return Report(runs, data, list(sla), price, list(by))
+    servers = [load_servers(path) for path in paths]
+    return Report(runs, data, list(sla), price, list(by), servers)
 
 
 def format_for(path: str | None, fmt: str | None) -> str:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from jsonlbatch.report.load import RunData
 from jsonlbatch.report.options import Price, Sla
+from jsonlbatch.report.servers import ServerFigures
 from jsonlbatch.report.stats import RunStats
 
 
@@ -22,6 +23,7 @@ class Report:
     sla: list[Sla] = field(default_factory=list)
     price: Price | None = None
     by: list[str] = field(default_factory=list)
+    servers: list[list[ServerFigures]] = field(default_factory=list)  # per run, from /metrics
 
     @property
     def title(self) -> str:

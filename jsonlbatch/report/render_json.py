@@ -26,6 +26,14 @@ def report_dict(report: Report) -> dict[str, Any]:
         "by": report.by,
         "runs": runs,
     }
+    if any(report.servers):
+        out["servers"] = {
+            run["label"]: [
+                dataclasses.asdict(fig) | {"prefix_cache_hit_rate": fig.prefix_cache_hit_rate}
+                for fig in figures
+            ]
+            for run, figures in zip(runs, report.servers, strict=True)
+        }
     if len(runs) > 1:
         base = _numbers(runs[0])
         out["comparison"] = {

@@ -106,6 +106,7 @@ def build_tables(report: Report) -> list[Table]:
         tables.append(_cost(runs, report.price.input_per_m, report.price.output_per_m))
     for key in report.by:
         tables += [_breakdown(key, run, len(runs) > 1) for run in runs]
+    tables.append(_servers(report))
     return [t for t in tables if t.rows]
 
 
@@ -297,6 +298,22 @@ def _cost(runs: list[RunStats], price_in: float, price_out: float) -> Table:
     ]
     notes = [f"At ${price_in:g} per million input and ${price_out:g} per million output tokens."]
     return Table("Cost", _header(runs), _by_run(runs, rows), notes)
+
+
+def _servers(report: Report) -> Table:
+    """Per endpoint, what the server itself counted (its /metrics, read by exec)."""
+    many = len(report.runs) > 1
+    rows = [
+        [*([Cell(run.label)] if many else []), Cell(fig.endpoint), Cell(fig.kind),
+         Cell(fig.requests, "count"), Cell(fig.prefix_cache_queries, "count"),
+         Cell(fig.prefix_cache_hits, "count"), Cell(fig.prefix_cache_hit_rate, "share")]
+        for run, figures in zip(report.runs, report.servers, strict=False)  # [] when not loaded
+        for fig in figures
+    ]  # fmt: skip
+    header = ["endpoint", "server", "requests", "prompt tok looked up", "found in cache",
+              "prefix cache hit rate"]  # fmt: skip
+    notes = ["From each server's /metrics before and after every exec run on this output."]
+    return Table("Servers", ["run", *header] if many else header, rows, notes)
 
 
 def _breakdown(key: str, run: RunStats, many: bool) -> Table:
