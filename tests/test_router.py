@@ -97,6 +97,7 @@ def test_a_short_common_prefix_is_no_reason_for_affinity():
 def test_least_busy_and_round_robin_ignore_prompts():
     router, eps = make(3, policy="least-busy")
     assert router.key(body(LONG)) is None
+    assert Router([Ep("alone")]).key(body(LONG)) is None  # no choice to make: no hashing
     eps[0].in_flight, eps[1].in_flight, eps[2].in_flight = 5, 1, 3
     assert router.choose(eps) is eps[1]
     router, eps = make(3, policy="round-robin")

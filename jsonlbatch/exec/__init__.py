@@ -2,7 +2,8 @@
 
 `Job` (in `job`) is the run: it scans what the output already holds (`scan`), validates the whole
 input before anything is sent (`validate`), then streams pending lines through a bounded pool of
-workers that pick the least busy endpoint (`endpoints`), retry with backoff (`retry`), read
+workers that pick an endpoint (`endpoints`, by prompt prefix or load: `router`; the servers'
+own cache figures: `server_metrics`), retry with backoff (`retry`), read
 streamed answers (`streaming`) and append one whole line per finished request. `shard` splits a
 file across machines and merges the parts back; `summary` and `progress` say what happened.
 

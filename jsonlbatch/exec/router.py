@@ -18,8 +18,7 @@ not grow with the input.
 
 from __future__ import annotations
 
-import hashlib
-import itertools
+import bisect
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -47,9 +46,9 @@ class PrefixKey:
     """A prompt's prefix hashes, shortest first, as (depth in bytes, hash) pairs."""
 
     length: int  # bytes of prompt text
-    depths: tuple[tuple[int, bytes], ...]
+    depths: tuple[tuple[int, int], ...]
 
-    def group(self, share: float) -> bytes | None:
+    def group(self, share: float) -> int | None:
         """The hash of the shortest kept prefix covering `share` of the prompt: requests with
         equal groups share at least that much of their prompt. None for a prompt too short to
         share a cache block."""
@@ -60,22 +59,15 @@ class PrefixKey:
         return None
 
 
-def _ladder() -> Iterator[int]:
-    yield 1
-    for power in itertools.count(1):
-        yield 1 << power
-        yield 3 << (power - 1)
+#: Depths kept, in blocks: 1, 2, 3, 4, 6, 8, 12, 16, ... (each at most 1.5 times the last).
+_LADDER = (1, *(d for power in range(1, 40) for d in (1 << power, 3 << (power - 1))))
 
 
-def _depths(blocks: int) -> Iterator[int]:
-    """1, 2, 3, 4, 6, 8, 12, 16, ... below `blocks`, then `blocks` itself (none for 0)."""
+def _depths(blocks: int) -> tuple[int, ...]:
+    """The kept depths below `blocks`, then `blocks` itself (none for 0)."""
     if blocks <= 0:
-        return
-    for depth in _ladder():
-        if depth >= blocks:
-            yield blocks
-            return
-        yield depth
+        return ()
+    return (*_LADDER[: bisect.bisect_left(_LADDER, blocks)], blocks)
 
 
 def prompt_bytes(body: dict[str, Any]) -> bytes:
@@ -89,16 +81,18 @@ def prompt_bytes(body: dict[str, Any]) -> bytes:
 
 
 def prefix_key(body: dict[str, Any], block: int = BLOCK_BYTES) -> PrefixKey:
-    """The prefix hashes of a request body. The model is part of every hash: two models never
-    share a cache."""
+    """The prefix hashes of a request body, each chained on the one before, so every byte is
+    hashed once. The model is part of every hash: two models never share a cache. (Python's
+    `hash` is salted per process; the index lives only as long as the run.)"""
     text = prompt_bytes(body)
-    hasher = hashlib.blake2b(str(body.get("model")).encode(), digest_size=8)
+    chained = hash(body.get("model"))
     out = []
     done = 0
     for depth in _depths(len(text) // block):
-        hasher.update(text[done * block : depth * block])
-        done = depth
-        out.append((depth * block, hasher.digest()))
+        end = depth * block
+        chained = hash((chained, text[done:end]))
+        done = end
+        out.append((end, chained))
     return PrefixKey(len(text), tuple(out))
 
 
@@ -137,14 +131,17 @@ class Router:
     def __init__(self, endpoints: Sequence[Hashable], options: RouteOptions | None = None) -> None:
         self.options = options or RouteOptions()
         self._bit = {ep: 1 << i for i, ep in enumerate(endpoints)}
-        self._index: OrderedDict[bytes, tuple[int, int]] = OrderedDict()  # hash -> (mask, last)
+        self._index: OrderedDict[int, tuple[int, int]] = OrderedDict()  # hash -> (mask, last)
         self._turn = 0
         self.affine = 0  # requests sent where their prefix was
         self.guarded = 0  # ... that the load guard sent elsewhere instead
 
     def key(self, body: dict[str, Any]) -> PrefixKey | None:
-        """What `choose` needs of a request (None unless the policy looks at prompts)."""
-        return prefix_key(body) if self.options.policy == "prefix" else None
+        """What `choose` needs of a request: None unless the policy looks at prompts and there
+        is a choice to make."""
+        if self.options.policy != "prefix" or len(self._bit) < 2:
+            return None
+        return prefix_key(body)
 
     def choose(self, up: Sequence[Any], key: PrefixKey | None = None) -> Any:
         """The endpoint for a request among `up` (non-empty, each with `in_flight`)."""
@@ -247,7 +244,7 @@ def ordered_lines(path: str, offsets: Sequence[int], route: RouteOptions) -> Ite
     if route.policy != "prefix" or route.order_window < 2:
         return read_lines_at(path, offsets)
 
-    def group(raw: bytes) -> bytes | None:
+    def group(raw: bytes) -> int | None:
         return prefix_key(orjson.loads(raw)["body"]).group(route.min_match)
 
     keyed = zip(offsets, map(group, read_lines_at(path, offsets)), strict=True)
