@@ -50,7 +50,10 @@ def write_experiment(folder: Path, url: str, *, rows: int = 6, b_temperature: fl
                 }
             }
         )
-    steps += [{"post": {"votes": {"extract": ["last-number"], "gold": gold}}},
+    (folder / "files.json").write_text(json.dumps({r["id"]: {"a.py": "x = 1\n"} for r in data}))
+    post = {"votes": {"extract": ["last-number"], "gold": gold}, "files": None,
+            "patches": {"files_json": "files.json"}}  # fmt: skip
+    steps += [{"post": post},
               {"report": {"compare": ["a", "b"]}}]  # fmt: skip
     spec = {
         "experiment": {"id": "exp1"},
@@ -87,7 +90,10 @@ def test_rerun_sends_nothing_and_a_changed_setting_reruns_only_its_dependants(
         assert len(read_results(root / name / "responses.jsonl")) == 6
         assert len((root / name / "judge" / "final.jsonl").read_bytes().splitlines()) == 6
         assert len((root / name / "votes.jsonl").read_bytes().splitlines()) == 6
+    assert (root / "a" / "files" / "manifest.jsonl").exists()
+    assert len((root / "a" / "predictions.jsonl").read_bytes().splitlines()) == 6
     report = (root / "report.md").read_text()
+    assert "instances with a patch" in report and "files written" in report
     assert "| a |" in report and "| b |" in report and "judge passed" in report
     compared = orjson.loads((root / "report.json").read_bytes())["conditions"]
     assert compared["a"]["requests"] == 6 and compared["b"]["settings"]["temperature"] == 0.7
@@ -101,10 +107,12 @@ def test_rerun_sends_nothing_and_a_changed_setting_reruns_only_its_dependants(
     a_before = (root / "a" / "responses.jsonl").read_bytes()
     third = statuses(run_experiment(str(path), runs_dir=runs, quiet=True))
     assert {k: v for k, v in third.items() if k[0] == "a"} == {
-        ("a", s): "skipped" for s in ("gen", "exec", "judge", "post")
+        ("a", s): "skipped"
+        for s in ("gen", "exec", "judge", "post.votes", "post.files", "post.patches")
     }
     assert {k: v for k, v in third.items() if k[0] == "b"} == {
-        ("b", s): "ran" for s in ("gen", "exec", "judge", "post")
+        ("b", s): "ran"
+        for s in ("gen", "exec", "judge", "post.votes", "post.files", "post.patches")
     }
     assert (root / "a" / "responses.jsonl").read_bytes() == a_before
     assert sent(url) > after_first
@@ -115,7 +123,11 @@ def test_rerun_sends_nothing_and_a_changed_setting_reruns_only_its_dependants(
     before = sent(url)
     write_experiment(tmp_path / "exp", url, b_temperature=0.3, gold="gold2.jsonl")
     fourth = statuses(run_experiment(str(path), runs_dir=runs, quiet=True))
-    assert [k for k, v in fourth.items() if v == "ran"] == [("a", "post"), ("b", "post")]
+    # (and only the votes part of post: the extracted files do not depend on the gold file)
+    assert [k for k, v in fourth.items() if v == "ran"] == [
+        ("a", "post.votes"),
+        ("b", "post.votes"),
+    ]
     assert sent(url) == before
 
 
@@ -148,7 +160,7 @@ def test_kill_9_mid_exec_then_the_same_command_resumes(tmp_path, mock_process):
     assert sent(mock.url) - sent_before == 40 - done_before
     assert sent_before <= done_before + 4
     steps = orjson.loads((responses.parent / "steps.json").read_bytes())
-    assert steps["exec"]["status"] == "done" and steps["post"]["status"] == "done"
+    assert steps["exec"]["status"] == "done" and steps["post.votes"]["status"] == "done"
 
 
 def test_the_file_is_checked_first_with_key_and_line(tmp_path):

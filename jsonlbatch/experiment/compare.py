@@ -64,7 +64,7 @@ def _condition(exp: Experiment, root: str, name: str) -> dict[str, Any]:
     row: dict[str, Any] = {
         "settings": {k: v for k, v in settings.items() if k not in _WHERE_KEYS},
     }
-    for step in ("gen", "exec", "judge", "post"):
+    for step in ("gen", "exec", "judge", "post.votes", "post.files", "post.patches"):
         summary = state.summary(step)
         if summary is not None:
             row[step] = summary
@@ -76,11 +76,17 @@ def _markdown(exp: Experiment, rows: dict[str, dict[str, Any]], exec_report: Any
     varying = _varying([rows[n]["settings"] for n in names])
     head = ["condition", *varying, "requests", "failed", "completion tokens (round 1)"]
     judged = any("judge" in rows[n] for n in names)
-    voted = any(rows[n].get("post", {}).get("accuracy") for n in names)
+    voted = any(rows[n].get("post.votes", {}).get("accuracy") for n in names)
+    filed = any("post.files" in rows[n] for n in names)
+    patched = any("post.patches" in rows[n] for n in names)
     if judged:
         head += ["judge passed", "by round", "mean rounds"]
     if voted:
         head += ["maj@1", "pass@k", "k"]
+    if filed:
+        head += ["files written"]
+    if patched:
+        head += ["instances with a patch"]
     lines = [f"# Experiment {exp.id}", "", f"Conditions compared: {', '.join(names)}.", ""]
     lines += ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for name in names:
@@ -100,12 +106,18 @@ def _markdown(exp: Experiment, rows: dict[str, dict[str, Any]], exec_report: Any
                 else ["-"] * 3
             )
         if voted:
-            acc = row.get("post", {}).get("accuracy") or []
+            acc = row.get("post.votes", {}).get("accuracy") or []
             cells += (
                 [f"{acc[0]['maj']:.3f}", f"{acc[-1]['pass']:.3f}", str(acc[-1]["k"])]
                 if acc
                 else ["-"] * 3
             )
+        if filed:
+            f = row.get("post.files")
+            cells.append(f"{f['written']} from {f['samples']} samples" if f else "-")
+        if patched:
+            p = row.get("post.patches")
+            cells.append(f"{p['predictions']}/{p['instances']}" if p else "-")
         lines.append("| " + " | ".join(cells) + " |")
     if exec_report is not None and fmt == "md":
         rendered = render(exec_report, "md").splitlines()

@@ -7,7 +7,8 @@ Each condition gets a folder of plain files that the other commands read:
         requests.jsonl     gen: the data rows through the prompt, with the condition's settings
         responses.jsonl    exec: resumable, crash-safe (the same `execute` as `jsonlbatch exec`)
         judge/             judge rounds: round-K/..., judge.jsonl, final.jsonl
-        votes.jsonl        post votes over final.jsonl (after a judge) or responses.jsonl
+        votes.jsonl        post votes over final.jsonl (after a judge) or responses.jsonl;
+        files/, predictions.jsonl   post files, post patches (same input)
         steps.json         per step: content hash, running/done, summary
     runs/<experiment id>/report.md, report.json (+ report.html)
 
@@ -29,6 +30,7 @@ from jsonlbatch.errors import UsageError
 from jsonlbatch.exec import execute
 from jsonlbatch.experiment.compare import write_comparison
 from jsonlbatch.experiment.judge import JudgeConfig, run_judge
+from jsonlbatch.experiment.posting import PARTS, input_files
 from jsonlbatch.experiment.spec import Condition, Experiment, Step, load_experiment
 from jsonlbatch.experiment.state import StepState, step_hash
 from jsonlbatch.gen import RequestWriter, write_requests
@@ -36,7 +38,6 @@ from jsonlbatch.gen.sources import Row, iter_rows, select
 from jsonlbatch.gen.templates import Prompt, RowTemplate, compile_condition, read_text
 from jsonlbatch.gen.writer import row_custom_id
 from jsonlbatch.post.outputs import JsonlWriter
-from jsonlbatch.post.votes import run_votes
 from jsonlbatch.redact import register_secret
 from jsonlbatch.serve import ServeOptions, serving
 
@@ -128,7 +129,9 @@ class _ConditionRun:
         with self.stack:
             outcomes.append(self.gen())
             for step in self.exp.steps:
-                if step.kind != "report":
+                if step.kind == "post":
+                    outcomes += self.post(step)
+                elif step.kind != "report":
                     outcomes.append(getattr(self, step.kind)(step))
         return outcomes
 
@@ -320,28 +323,23 @@ class _ConditionRun:
             self.say(f"judge: {detail}")
             return Outcome(self.cond.name, "judge", "ran", detail)
 
-    def post(self, step: Step) -> Outcome:
-        votes = step.settings["votes"]
+    def post(self, step: Step) -> list[Outcome]:
         judged = self.exp.step("judge") is not None
         source = os.path.join(self.dir, "judge", "final.jsonl") if judged else self.responses
-        out = os.path.join(self.dir, "votes.jsonl")
-        settings = {k: v for k, v in votes.items() if k != "gold"}
-        digest = step_hash("post", settings, [source, votes.get("gold")])
-        with self._step("post", digest, [out]) as skipped:
-            if skipped:
-                return skipped
-            extract = votes.get("extract")
-            options: dict[str, Any] = {"gold": votes.get("gold")}
-            if extract:
-                options["extractors"] = [extract] if isinstance(extract, str) else extract
-            if votes.get("normalize"):
-                options["normalize"] = votes["normalize"]
-            if votes.get("tie_break"):
-                options["tie_break"] = votes["tie_break"]
-            summary = run_votes(source, out, **options)
-            accuracy = [
-                {"k": a.k, "maj": a.maj, "pass": a.pass_, "mean": a.mean} for a in summary.accuracy
-            ]
-            done = {"groups": summary.groups, "samples": summary.samples, "scored": summary.scored}
-            self.state.finish("post", digest, done | {"accuracy": accuracy})
-            return Outcome(self.cond.name, "post", "ran", f"{summary.groups} groups voted")
+        outcomes = []
+        for key, part in PARTS.items():
+            settings = step.settings.get(key)
+            if settings is None:
+                continue
+            name = f"post.{key}"
+            out = os.path.join(self.dir, part.output)
+            digest = step_hash(name, settings, [source, *input_files(part, settings)])
+            with self._step(name, digest, [out]) as skipped:
+                if skipped:
+                    outcomes.append(skipped)
+                    continue
+                summary = part.run(source, out, settings)
+                self.state.finish(name, digest, summary)
+                self.say(f"{name}: {summary}")
+                outcomes.append(Outcome(self.cond.name, name, "ran"))
+        return outcomes

@@ -91,10 +91,30 @@ _STEPS: dict[str, dict[str, str]] = {
         "max_tokens": _INT,
         "params": _MAP,
     },
-    "post": {"votes": _MAP},
+    "post": {"votes": _MAP, "files": _MAP, "patches": _MAP},
     "report": {"compare": "list", "formats": "list"},
 }
 _VOTES = {"extract": _STRS, "gold": _PATH, "normalize": _STR, "tie_break": _STR}
+_FILES = {
+    "max_files": _INT,
+    "max_file_mb": _NUM,
+    "max_total_mb": _NUM,
+    "run": _BOOL,
+    "script": _STR,
+    "timeout": _NUM,
+    "memory_mb": _INT,
+    "use_truncated": _BOOL,
+}
+_PATCHES = {
+    "repo_root": "folder",
+    "repo": _STR,
+    "files_json": _STR,
+    "model_name": _STR,
+    "vote": _BOOL,
+    "strip_prefix": _STRS,
+    "partial": _BOOL,
+    "use_truncated": _BOOL,
+}
 
 
 @dataclass
@@ -231,7 +251,7 @@ class _Checker:
             _STR: lambda v: isinstance(v, str),
             _BOOL: lambda v: isinstance(v, bool),
             _PATH: lambda v: isinstance(v, str) and bool(v),
-            _MAP: lambda v: isinstance(v, dict),
+            _MAP: lambda v: v is None or isinstance(v, dict),  # `files:` alone: all defaults
             "list": lambda v: isinstance(v, list),
             _STRS: lambda v: (
                 isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, str) for x in v))
@@ -242,14 +262,18 @@ class _Checker:
             ),
             _EXTRACT: lambda v: isinstance(v, (str, list, dict)),
             _ANY: lambda v: True,
+            "folder": lambda v: isinstance(v, str) and bool(v),
         }[kind]
         if not ok(item):
             self.problem(at, f"must be a {kind}, got {_kind(item)} {item!r}")
             return None
-        if kind == _PATH:
+        if kind in (_PATH, "folder"):
             full = os.path.join(self.base, item)
-            if not os.path.isfile(full):
-                self.problem(at, f"no such file: {item} (paths are relative to the file's folder)")
+            if not (os.path.isfile(full) if kind == _PATH else os.path.isdir(full)):
+                what = "file" if kind == _PATH else "folder"
+                self.problem(
+                    at, f"no such {what}: {item} (paths are relative to the file's folder)"
+                )
             return full
         return item
 
@@ -415,16 +439,26 @@ class _Checker:
     def step_post(self, settings: dict[str, Any], at: tuple[str, ...], _: list[str]) -> None:
         from jsonlbatch.post.extract import get_extractor, get_normalizer
 
-        if "votes" not in settings:
-            self.problem(at, "say what to post-process: votes")
+        if not settings:
+            self.problem(at, "say what to post-process: votes, files and/or patches")
             return
-        votes = self.keys(settings["votes"], (*at, "votes"), _VOTES)
-        extract = votes.get("extract") or []
-        for spec in [extract] if isinstance(extract, str) else extract:
-            self.guard((*at, "votes", "extract"), get_extractor, spec)
-        if isinstance(votes.get("normalize"), str):
-            self.guard((*at, "votes", "normalize"), get_normalizer, votes["normalize"])
-        settings["votes"] = votes
+        if "votes" in settings:
+            votes = self.keys(settings["votes"], (*at, "votes"), _VOTES)
+            extract = votes.get("extract") or []
+            for spec in [extract] if isinstance(extract, str) else extract:
+                self.guard((*at, "votes", "extract"), get_extractor, spec)
+            if isinstance(votes.get("normalize"), str):
+                self.guard((*at, "votes", "normalize"), get_normalizer, votes["normalize"])
+            settings["votes"] = votes
+        if "files" in settings:
+            settings["files"] = self.keys(settings["files"], (*at, "files"), _FILES)
+        if "patches" in settings:
+            patches = self.keys(settings["patches"], (*at, "patches"), _PATCHES)
+            if ("repo_root" in patches) == ("files_json" in patches):
+                self.problem((*at, "patches"), "give either repo_root (with repo) or files_json")
+            if isinstance(patches.get("files_json"), str):  # may be a template: not checked
+                patches["files_json"] = os.path.join(self.base, patches["files_json"])
+            settings["patches"] = patches
 
     def step_report(
         self, settings: dict[str, Any], at: tuple[str, ...], conditions: list[str]
