@@ -32,8 +32,8 @@ from jsonlbatch.experiment.spec import load_experiment
 def run(
     experiment_file: str, runs_dir: str, only: tuple[str, ...], check: bool, quiet: bool
 ) -> None:
-    """Run EXPERIMENT_FILE (YAML): gen, exec, judge rounds, post votes and a comparison report
-    for each condition, into plain files under RUNS/<experiment id>/.
+    """Run EXPERIMENT_FILE (YAML): gen, exec, judge rounds, post (votes, files, patches) for
+    each condition, then one report comparing them; plain files under RUNS/<experiment id>/.
 
     The file is checked before anything runs. Run it again and unchanged steps are skipped (by
     content hash), an interrupted exec resumes, and a changed setting re-runs only the steps

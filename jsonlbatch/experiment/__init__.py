@@ -14,5 +14,17 @@ from __future__ import annotations
 
 from jsonlbatch.experiment.judge import JudgeConfig, JudgeSummary, run_judge
 from jsonlbatch.experiment.rules import PassRule
+from jsonlbatch.experiment.runner import ExperimentResult, Outcome, run_experiment
+from jsonlbatch.experiment.spec import Experiment, load_experiment
 
-__all__ = ["JudgeConfig", "JudgeSummary", "PassRule", "run_judge"]
+__all__ = [
+    "Experiment",
+    "ExperimentResult",
+    "JudgeConfig",
+    "JudgeSummary",
+    "Outcome",
+    "PassRule",
+    "load_experiment",
+    "run_experiment",
+    "run_judge",
+]
