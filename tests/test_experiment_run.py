@@ -132,8 +132,8 @@ def test_rerun_sends_nothing_and_a_changed_setting_reruns_only_its_dependants(
 
 
 def test_kill_9_mid_exec_then_the_same_command_resumes(tmp_path, mock_process):
-    mock = mock_process("--latency", "0.2")
-    path = write_experiment(tmp_path / "exp", mock.url, rows=40, concurrency=4, judge=False)
+    mock = mock_process("--latency", "0.25")  # 4 in flight: about 16 results/s, 4 s in all
+    path = write_experiment(tmp_path / "exp", mock.url, rows=60, concurrency=4, judge=False)
     responses = tmp_path / "runs" / "exp1" / "a" / "responses.jsonl"
     proc = start_cli("run", str(path), "--runs", str(tmp_path / "runs"), "--condition", "a", "-q")
     deadline = time.monotonic() + 60
@@ -146,7 +146,7 @@ def test_kill_9_mid_exec_then_the_same_command_resumes(tmp_path, mock_process):
     proc.wait()
     # whole lines only: the kill may in principle land mid-write (the resume cuts a torn tail)
     done_before = responses.read_bytes().count(b"\n")
-    assert 8 <= done_before < 40
+    assert 8 <= done_before < 60
     steps = orjson.loads((responses.parent / "steps.json").read_bytes())
     assert steps["exec"]["status"] == "running"
     sent_before = sent(mock.url)
@@ -155,9 +155,9 @@ def test_kill_9_mid_exec_then_the_same_command_resumes(tmp_path, mock_process):
     assert again.returncode == 0, again.stderr
     assert "[a] gen: unchanged, skipped" in again.stderr and "exec: resuming" in again.stderr
     results = read_results(responses)
-    assert sorted(results) == sorted(f"t{i}" for i in range(40))  # exactly one line each
+    assert sorted(results) == sorted(f"t{i}" for i in range(60))  # exactly one line each
     # only what had no result was sent again (plus at most the 4 that were in flight)
-    assert sent(mock.url) - sent_before == 40 - done_before
+    assert sent(mock.url) - sent_before == 60 - done_before
     assert sent_before <= done_before + 4
     steps = orjson.loads((responses.parent / "steps.json").read_bytes())
     assert steps["exec"]["status"] == "done" and steps["post.votes"]["status"] == "done"
