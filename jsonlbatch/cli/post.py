@@ -5,6 +5,7 @@ Thin: options are parsed here, the work is done by `jsonlbatch.post`.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -13,6 +14,7 @@ import click
 from jsonlbatch.post.extract import DEFAULT_EXTRACTORS
 from jsonlbatch.post.files import Limits, extract_files
 from jsonlbatch.post.patches import instance_sources, run_patches
+from jsonlbatch.post.render import schema
 from jsonlbatch.post.responses import DEFAULT_SEPARATORS, KeyFunc, make_key
 from jsonlbatch.post.sandbox import RunLimits
 from jsonlbatch.post.summary import Unused
@@ -180,10 +182,16 @@ def votes(responses: tuple[str, ...], output: str, extractors: tuple[str, ...], 
 @click.option("--script", help="Which extracted file --run executes (default: the only .py).")
 @click.option("--timeout", default=60.0, show_default=True, help="Seconds per --run script.")
 @click.option("--memory-mb", default=4096, show_default=True, help="Address space per script.")
+@click.option(
+    "--render",
+    is_flag=True,
+    help="Render JSON file specs ({path, spec}) into xlsx, docx, pdf, pptx, csv or md "
+    "(the render extra; schema: jsonlbatch post render-schema).",
+)
 @_skips
 def files(responses: tuple[str, ...], out_dir: str, max_files: int, max_file_mb: float,
           max_total_mb: float, run: bool, script: str | None, timeout: float, memory_mb: int,
-          use_truncated: bool, strict: bool) -> None:  # fmt: skip
+          render: bool, use_truncated: bool, strict: bool) -> None:  # fmt: skip
     """Extract deliverable files into OUT/<custom_id>/ with a manifest.jsonl."""
     limits = Limits(int(max_file_mb * _MB), max_files, int(max_total_mb * _MB))
     summary = extract_files(
@@ -200,5 +208,12 @@ def files(responses: tuple[str, ...], out_dir: str, max_files: int, max_file_mb:
         ),
         script=script,
         use_truncated=use_truncated,
+        render=render,
     )
     _report(summary.lines(), summary.unused, strict, "samples or files")
+
+
+@post.command("render-schema")
+def render_schema() -> None:
+    """Print the JSON Schema of a render spec (for prompts): one entry of {"files": [...]}."""
+    click.echo(json.dumps(schema(), indent=2))

@@ -21,6 +21,8 @@ from dataclasses import asdict, dataclass, field
 from jsonlbatch.post.markdown import Fence, file_name_in, iter_fences, json_chunks
 from jsonlbatch.post.outputs import JsonlWriter
 from jsonlbatch.post.paths import UnsafePathError, safe_relpath, write_inside
+from jsonlbatch.post.render import SpecError, format_of, require_libraries
+from jsonlbatch.post.render import render as render_spec
 from jsonlbatch.post.responses import Sample, check_responses, read_responses
 from jsonlbatch.post.sandbox import RunLimits, run_script
 from jsonlbatch.post.summary import FAILED, TRUNCATED, Unused, plural
@@ -41,7 +43,7 @@ class FileSpec:
 
     path: str
     content: bytes
-    source: str  # fence:info | fence:first-line | fence:heading | json | run
+    source: str  # fence:info | fence:first-line | fence:heading | json | render:<format> | run
     problem: str = ""
 
 
@@ -85,18 +87,20 @@ def _fence_file(fence: Fence) -> FileSpec | None:
     return None
 
 
-def _json_files(text: str, fences: list[Fence]) -> list[FileSpec] | None:
+def _json_files(text: str, fences: list[Fence], render: bool) -> list[FileSpec] | None:
     for spec in json_chunks(text, fences):
         if isinstance(spec, dict) and isinstance(spec.get("files"), list):
-            return [_json_file(item) for item in spec["files"]]
+            return [_json_file(item, render) for item in spec["files"]]
     return None
 
 
-def _json_file(item: object) -> FileSpec:
+def _json_file(item: object, render: bool = False) -> FileSpec:
     if not isinstance(item, dict):
         return FileSpec("?", b"", "json", "a files entry must be an object")
     name = item.get("path") or item.get("filename") or item.get("name")
     name = name if isinstance(name, str) else "?"
+    if "spec" in item:
+        return _rendered(name, item, render)
     encoded = item.get("content_base64")
     if encoded is None and item.get("encoding") == "base64":
         encoded = item.get("content")
@@ -111,10 +115,22 @@ def _json_file(item: object) -> FileSpec:
     return FileSpec(name, content.encode(), "json")
 
 
-def find_files(text: str) -> list[FileSpec]:
-    """The files an answer names, in order (a JSON spec wins over fenced blocks)."""
+def _rendered(name: str, item: dict[str, object], render: bool) -> FileSpec:
+    """A file described by a render spec (`{"path", "format"?, "spec"}`), drawn to memory."""
+    if not render:
+        return FileSpec(name, b"", "render", "a render spec: pass --render to render it")
+    try:
+        fmt = format_of(name, item.get("format"))
+        return FileSpec(name, render_spec(name, item["spec"], fmt), f"render:{fmt}")
+    except SpecError as exc:
+        return FileSpec(name, b"", "render", str(exc))
+
+
+def find_files(text: str, *, render: bool = False) -> list[FileSpec]:
+    """The files an answer names, in order (a JSON spec wins over fenced blocks). With `render`,
+    entries carrying a `spec` are rendered (see `jsonlbatch.post.render`)."""
     fences = list(iter_fences(text))
-    from_json = _json_files(text, fences)
+    from_json = _json_files(text, fences, render)
     if from_json is not None:
         return from_json
     return [spec for spec in map(_fence_file, fences) if spec is not None]
@@ -244,13 +260,19 @@ def extract_files(
     script: str | None = None,
     use_truncated: bool = False,
     strict: bool = False,
+    render: bool = False,
 ) -> FilesSummary:
     """Write every sample's files under `out_dir` and the manifest `out_dir/manifest.jsonl`.
+
+    With `render`, JSON entries that carry a `spec` are rendered into xlsx, docx, pdf, pptx, csv
+    or md files (`jsonlbatch.post.render`); it needs the `render` extra, checked up front.
 
     Under `strict` the files and manifest are still written, then `UnusableSamplesError` is
     raised if any sample or file was not used.
     """
     check_responses(paths)  # bad input stops the run before anything is written
+    if render:
+        require_libraries()
     limits = limits or Limits()
     job = _Job(
         out_dir,
@@ -264,6 +286,7 @@ def extract_files(
         ),
         script,
         use_truncated,
+        render,
     )
     with JsonlWriter(f"{out_dir}/{MANIFEST}") as manifest:
         for sample in read_responses(paths, job.summary.unused):
@@ -282,6 +305,7 @@ class _Job:
     run_limits: RunLimits
     script: str | None
     use_truncated: bool
+    render: bool
     summary: FilesSummary = field(default_factory=FilesSummary)
 
     def sample(self, sample: Sample) -> list[FileRecord]:
@@ -292,7 +316,7 @@ class _Job:
         if sample.truncated and not self.use_truncated:
             unused.add(TRUNCATED, sample.sample_id)
             return []
-        specs = find_files(sample.text)
+        specs = find_files(sample.text, render=self.render)
         to_run, fallback = script_of(sample.text, specs, self.script) if self.run else (None, None)
         if not specs and not to_run:
             unused.add(NO_FILES, sample.sample_id)
