@@ -40,6 +40,7 @@ class Sample:
     error: str | None = None  # why the request failed; None when it succeeded
     answer: str | None = None  # given by an answer line, not extracted from text
     choices: int = 1  # how many choices its response had
+    metrics: dict[str, Any] | None = None  # jsonlbatch's per-request metrics, when present
     path: str = ""
     line: int = 0
     source: int = 0  # position of its file among the inputs
@@ -116,7 +117,13 @@ def samples_of(
 ) -> list[Sample]:
     """The samples of one decoded response line."""
     cid = obj["custom_id"]
-    where = {"path": path, "line": line, "source": source}
+    metrics = obj.get("metrics")
+    where = {
+        "path": path,
+        "line": line,
+        "source": source,
+        "metrics": metrics if isinstance(metrics, dict) else None,
+    }
     if is_answer_line(obj):
         value = obj["answer"]
         if value is None:

@@ -199,3 +199,10 @@ def test_missing_extra_is_named_up_front(tmp_path: Path) -> None:
     assert "jsonlbatch[render]" in result.stderr and "openpyxl" in result.stderr
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_the_docs_publish_the_schema_the_code_validates_with() -> None:
+    docs = (Path(__file__).parent.parent / "docs" / "post.md").read_text(encoding="utf-8")
+    block = docs.split("<!-- render-schema:begin -->")[1].split("<!-- render-schema:end -->")[0]
+    published = json.loads(block.strip().removeprefix("```json").removesuffix("```"))
+    assert published == schema()

@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from jsonlbatch.cli import exec as _exec
+from jsonlbatch.cli import export as _export
 from jsonlbatch.cli import gen as _gen
 from jsonlbatch.cli import merge as _merge
 from jsonlbatch.cli import post as _post
@@ -43,6 +44,7 @@ def main() -> None:
 
 for _command in (
     _exec.exec_,
+    _export.export_,
     _gen.gen,
     _merge.merge_,
     _post.post,

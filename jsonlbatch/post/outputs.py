@@ -10,6 +10,7 @@ import contextlib
 import os
 import sys
 import tempfile
+from collections.abc import Iterator
 from types import TracebackType
 from typing import IO, Any
 
@@ -22,6 +23,28 @@ def _umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
+
+
+@contextlib.contextmanager
+def replacing(path: str) -> Iterator[str]:
+    """A unique temporary path beside `path`, renamed onto `path` when the block succeeds and
+    removed when it fails: for writers (pyarrow's, say) that want a path rather than a handle."""
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
+        os.close(fd)
+    except OSError as exc:
+        raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from None
+    try:
+        yield tmp
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; open() would not
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from None
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
 
 
 class JsonlWriter:
