@@ -77,7 +77,9 @@ def test_vllm_replicas_serve_a_run_pinned_to_their_gpus(standins: Standins) -> N
 def test_sglang_native_dp_waits_through_warmup_and_masks_the_key_in_its_log(
     standins: Standins, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("STANDIN_WARMUP", "0.5")  # /health answers 503 at first
+    # /health answers 503 at first; longer than the launcher's longest probe interval (1 s), so a
+    # probe sees it even on a loaded machine
+    monkeypatch.setenv("STANDIN_WARMUP", "2.5")
     opts = ServeOptions(
         "sglang", model_path="/ckpt/m", dp_size=2, api_key=SECRET, reasoning_parser="qwen3"
     )
