@@ -161,41 +161,41 @@ def run_judge(
     os.makedirs(out_dir, exist_ok=True)
     _reset_if_changed(out_dir, config, requests, responses, join, on)
     run_exec = _executor(exec_options, quiet)
-    originals = RequestIndex(requests)
-    items = _item_ids(requests)
-    history: dict[str, list[Verdict]] = {cid: [] for cid in items}
-    open_ids = set(items)
-    answers_req, answers_resp = requests, responses
-    summary = JudgeSummary(items=len(items))
-    for r in range(1, config.rounds + 1):
-        here = os.path.join(out_dir, f"round-{r}")
-        os.makedirs(here, exist_ok=True)
-        if r > 1:
-            answers_req = os.path.join(here, "requests.jsonl")
-            answers_resp = os.path.join(here, "responses.jsonl")
-            summary.requests_written += _write_retries(
-                answers_req, [c for c in items if c in open_ids], history, originals, config, r
-            )
-            say(f"round {r}: asking {len(open_ids)} items again")
-            run_exec(answers_req, answers_resp, urls)
-        verdicts = _judge_round(
-            here, r, answers_req, answers_resp, open_ids, config, join, on,
-            lambda q, o: run_exec(q, o, judge_urls or urls),
-        )  # fmt: skip
-        newly = 0
-        for cid, verdict in verdicts.items():
-            history[cid].append(verdict)
-            if verdict.passed:
-                open_ids.discard(cid)
-                newly += 1
-        for cid in open_ids - verdicts.keys():  # no answer at all this round (not even failed)
-            history[cid].append(Verdict(r, {}, False))
-        summary.passed_by_round.append(newly)
-        summary.rounds_run = r
-        say(f"round {r}: {newly} passed, {len(open_ids)} still failing")
-        if not open_ids:
-            break
-    _write_final(out_dir, items, history, config, summary)
+    with RequestIndex(requests) as originals:
+        items = _item_ids(requests)
+        history: dict[str, list[Verdict]] = {cid: [] for cid in items}
+        open_ids = set(items)
+        answers_req, answers_resp = requests, responses
+        summary = JudgeSummary(items=len(items))
+        for r in range(1, config.rounds + 1):
+            here = os.path.join(out_dir, f"round-{r}")
+            os.makedirs(here, exist_ok=True)
+            if r > 1:
+                answers_req = os.path.join(here, "requests.jsonl")
+                answers_resp = os.path.join(here, "responses.jsonl")
+                summary.requests_written += _write_retries(
+                    answers_req, [c for c in items if c in open_ids], history, originals, config, r
+                )
+                say(f"round {r}: asking {len(open_ids)} items again")
+                run_exec(answers_req, answers_resp, urls)
+            verdicts = _judge_round(
+                here, r, answers_req, answers_resp, open_ids, config, join, on,
+                lambda q, o: run_exec(q, o, judge_urls or urls),
+            )  # fmt: skip
+            newly = 0
+            for cid, verdict in verdicts.items():
+                history[cid].append(verdict)
+                if verdict.passed:
+                    open_ids.discard(cid)
+                    newly += 1
+            for cid in open_ids - verdicts.keys():  # no answer at all this round (not even failed)
+                history[cid].append(Verdict(r, {}, False))
+            summary.passed_by_round.append(newly)
+            summary.rounds_run = r
+            say(f"round {r}: {newly} passed, {len(open_ids)} still failing")
+            if not open_ids:
+                break
+        _write_final(out_dir, items, history, config, summary)
     return summary
 
 

@@ -100,6 +100,12 @@ class RequestIndex:
             self._file.close()
             self._file = None
 
+    def __enter__(self) -> RequestIndex:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
 
 class DataIndex:
     """The rows of a data file by the text of one field (`row_index` when the rows lack it)."""
