@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 import urllib.request
 from pathlib import Path
@@ -14,12 +15,14 @@ from pathlib import Path
 import orjson
 import pytest
 from batchutil import cli, read_results, start_cli
+from conftest import free_port
 
 from jsonlbatch.errors import InputError
 
 pytest.importorskip("yaml", reason="experiment files need PyYAML: pip install -e '.[test]'")
 from jsonlbatch.experiment.runner import run_experiment
 from jsonlbatch.experiment.spec import load_experiment
+from jsonlbatch.serve.gpus import port_is_free
 
 
 def sent(url: str) -> int:
@@ -196,3 +199,39 @@ def test_the_file_is_checked_first_with_key_and_line(tmp_path):
     assert (
         proc.returncode == 1 and "broken.yaml:2" in proc.stderr and "Traceback" not in proc.stderr
     )
+
+
+def test_ctrl_c_mid_exec_tears_down_the_launched_server_and_the_rerun_finishes(tmp_path):
+    """SIGINT to `jsonlbatch run`: exit 130, the mock it launched is gone, the run resumes."""
+    port = free_port()
+    path = write_experiment(
+        tmp_path / "exp", "http://unused/v1", rows=60, concurrency=4, judge=False
+    )
+    spec = json.loads(path.read_text())
+    del spec["defaults"]["url"]
+    spec["defaults"]["serve"] = {
+        "backend": "mock",
+        "port": port,
+        "server_args": ["--latency", "0.25"],
+    }
+    path.write_text(json.dumps(spec))
+    runs = str(tmp_path / "runs")
+    responses = tmp_path / "runs" / "exp1" / "a" / "responses.jsonl"
+    proc = start_cli("run", str(path), "--runs", runs, "--condition", "a", "-q")
+    deadline = time.monotonic() + 60
+    while not (responses.exists() and responses.read_bytes().count(b"\n") >= 4):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "run the same command again to resume" in err and "Traceback" not in err
+    assert port_is_free("127.0.0.1", port)  # the launched mock was torn down
+    written = responses.read_bytes().count(b"\n")
+    assert 4 <= written < 60
+
+    again = cli("run", str(path), "--runs", runs, "--condition", "a")
+    assert again.returncode == 0, again.stderr
+    assert "exec: resuming" in again.stderr
+    assert sorted(read_results(responses)) == sorted(f"t{i}" for i in range(60))
+    assert port_is_free("127.0.0.1", port)
