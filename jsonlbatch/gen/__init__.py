@@ -1,6 +1,7 @@
 """The gen stage: rows of data and a prompt template in, an OpenAI Batch request file out.
 
-`sources` streams rows from JSONL, JSON, CSV, Parquet or stdin (filtered and sampled);
+`sources` streams rows from JSONL, JSON, CSV, Parquet or stdin (filtered and sampled), and
+`responses` the rows of a response file (answers, reasoning, usage, the request, a data row);
 `templates` renders each row into messages with sandboxed Jinja2; `writer` turns messages and
 sampling options into request lines (`RequestWriter`), the same machinery `jsonlbatch gen` uses.
 
@@ -11,6 +12,7 @@ sampling options into request lines (`RequestWriter`), the same machinery `jsonl
 
 from __future__ import annotations
 
+from jsonlbatch.gen.responses import response_rows
 from jsonlbatch.gen.writer import GenSummary, RequestError, RequestWriter, write_requests
 
-__all__ = ["GenSummary", "RequestError", "RequestWriter", "write_requests"]
+__all__ = ["GenSummary", "RequestError", "RequestWriter", "response_rows", "write_requests"]
