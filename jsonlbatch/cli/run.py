@@ -50,6 +50,8 @@ def run(
     echo = None if quiet else (lambda message: click.echo(message, err=True))
     result = run_experiment(experiment, runs_dir=runs_dir, only=only, quiet=quiet, echo=echo)
     if not quiet:
+        if result.table:
+            click.echo(result.table, err=True)
         ran = [o for o in result.outcomes if o.status != "skipped"]
         click.echo(
             f"{len(ran)} steps ran, {len(result.outcomes) - len(ran)} unchanged; "

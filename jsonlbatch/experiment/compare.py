@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -21,10 +22,16 @@ from jsonlbatch.report import build_report, render, write_report
 _WHERE_KEYS = ("url", "serve", "api_key_env")
 
 
+@dataclass
+class Comparison:
+    paths: list[str]  # the report files written
+    table: str  # the conditions side by side (Markdown), as the report opens with
+
+
 def write_comparison(
     exp: Experiment, root: str, compared: Sequence[str], *, formats: Sequence[str] = ("md", "json")
-) -> list[str]:
-    """Write `report.<fmt>` under `root` for each format; return the paths written."""
+) -> Comparison:
+    """Write `report.<fmt>` under `root` for each format."""
     rows = {name: _condition(exp, root, name) for name in compared}
     responses = [os.path.join(root, n, "responses.jsonl") for n in compared]
     have = [(n, p) for n, p in zip(compared, responses, strict=True) if os.path.isfile(p)]
@@ -55,7 +62,7 @@ def write_comparison(
             text = _markdown(exp, rows, exec_report, fmt)
         rewrite_atomically(path, [text.encode() + b"\n"])
         written.append(path)
-    return written
+    return Comparison(written, "\n".join(_table(rows)))
 
 
 def _condition(exp: Experiment, root: str, name: str) -> dict[str, Any]:
@@ -72,6 +79,19 @@ def _condition(exp: Experiment, root: str, name: str) -> dict[str, Any]:
 
 
 def _markdown(exp: Experiment, rows: dict[str, dict[str, Any]], exec_report: Any, fmt: str) -> str:
+    lines = [f"# Experiment {exp.id}", "", f"Conditions compared: {', '.join(rows)}.", ""]
+    lines += _table(rows)
+    if exec_report is not None and fmt == "md":
+        rendered = render(exec_report, "md").splitlines()
+        demoted = ["#" + x if x.startswith("#") else x for x in rendered]  # under our title
+        lines += ["", "Requests, tokens and latency of the first-round answers", "", *demoted]
+    elif exec_report is not None:
+        lines += ["", render(exec_report, "text")]
+    return "\n".join(lines)
+
+
+def _table(rows: dict[str, dict[str, Any]]) -> list[str]:
+    """One line per condition: the settings that differ, volume, judge and post outcomes."""
     names = list(rows)
     varying = _varying([rows[n]["settings"] for n in names])
     head = ["condition", *varying, "requests", "failed", "completion tokens (round 1)"]
@@ -87,8 +107,7 @@ def _markdown(exp: Experiment, rows: dict[str, dict[str, Any]], exec_report: Any
         head += ["files written"]
     if patched:
         head += ["instances with a patch"]
-    lines = [f"# Experiment {exp.id}", "", f"Conditions compared: {', '.join(names)}.", ""]
-    lines += ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for name in names:
         row = rows[name]
         cells = [name, *(_cell(row["settings"].get(k)) for k in varying)]
@@ -119,13 +138,7 @@ def _markdown(exp: Experiment, rows: dict[str, dict[str, Any]], exec_report: Any
             p = row.get("post.patches")
             cells.append(f"{p['predictions']}/{p['instances']}" if p else "-")
         lines.append("| " + " | ".join(cells) + " |")
-    if exec_report is not None and fmt == "md":
-        rendered = render(exec_report, "md").splitlines()
-        demoted = ["#" + x if x.startswith("#") else x for x in rendered]  # under our title
-        lines += ["", "Requests, tokens and latency of the first-round answers", "", *demoted]
-    elif exec_report is not None:
-        lines += ["", render(exec_report, "text")]
-    return "\n".join(lines)
+    return lines
 
 
 def _varying(settings: list[dict[str, Any]]) -> list[str]:

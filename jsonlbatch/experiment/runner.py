@@ -64,6 +64,7 @@ class ExperimentResult:
     directory: str
     outcomes: list[Outcome] = field(default_factory=list)
     reports: list[str] = field(default_factory=list)
+    table: str = ""  # the conditions side by side, when the file has a report step
 
     def sent_anything(self) -> bool:
         return any(o.status != "skipped" and o.step in ("exec", "judge") for o in self.outcomes)
@@ -94,9 +95,10 @@ def run_experiment(
     report = exp.step("report")
     if report is not None:
         compared = report.settings.get("compare") or names
-        result.reports = write_comparison(
+        comparison = write_comparison(
             exp, root, compared, formats=report.settings.get("formats") or ["md", "json"]
         )
+        result.reports, result.table = comparison.paths, comparison.table
         say(f"report: {', '.join(result.reports)}")
     return result
 
