@@ -71,8 +71,9 @@ def write_workload(
                 "messages": [{"role": "user", "content": text}],
                 "max_tokens": rng.randint(max(1, max_tokens // 4), max_tokens * 7 // 4),
                 "temperature": 0.8,
-                "seed": s,
             }
+            if model == "mock":  # vLLM's CPU build dies on seeded sampling ("CPU Generator
+                body["seed"] = s  # does not use offset"), so real replicas get no seed
             lines.append((t, s, request_line(f"t{t}|s{s}", body)))
     if order == "interleaved":  # every task's first sample, then every second one, ...
         lines.sort(key=lambda item: (item[1], item[0]))
@@ -188,7 +189,7 @@ def run_vllm(args: argparse.Namespace) -> None:
                 write_workload(requests, args.vllm_tasks, args.samples, True, args.order,
                                seed=seed, words=(150, 250), model="tiny", max_tokens=16)  # fmt: skip
                 cmd = [sys.executable, "-m", "jsonlbatch", "exec", str(requests), "-o", str(out),
-                       "-c", "32", "--route", policy, "-q",
+                       "-c", "32", "--route", policy, "-q", "--ready-timeout", "60",
                        *(a for u in urls for a in ("--url", u))]  # fmt: skip
                 done = subprocess.run(cmd, capture_output=True, text=True)
                 if done.returncode != 0:
