@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -99,3 +100,38 @@ def exec_cli(
 def start_exec(requests: Path, output: Path, *args: str) -> subprocess.Popen:
     """`jsonlbatch exec REQUESTS -o OUTPUT ARGS...`, in the background."""
     return start_cli("exec", str(requests), "-o", str(output), *args)
+
+
+def odd_server(
+    handler: Callable[..., Awaitable[Any]], *paths: str
+) -> tuple[str, Callable[[], None]]:
+    """A tiny real server on 127.0.0.1 for answers the mock does not give: `handler` answers
+    POSTs to `paths` (default: chat completions); `/v1/models` lists `mock`. Returns (base URL
+    ending in /v1, stop)."""
+    import asyncio
+    import threading
+
+    from aiohttp import web
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": "mock"}]})
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    for path in paths or ("/v1/chat/completions",):
+        app.router.add_post(path, handler)
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(app, access_log=None)
+    loop.run_until_complete(runner.setup())
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    loop.run_until_complete(site.start())
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+
+    def stop() -> None:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+
+    return f"http://127.0.0.1:{port}/v1", stop

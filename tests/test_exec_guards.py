@@ -7,7 +7,15 @@ import time
 
 import orjson
 from aiohttp import web
-from batchutil import cli, exec_cli, failures, read_results, start_exec, write_requests
+from batchutil import (
+    cli,
+    exec_cli,
+    failures,
+    odd_server,
+    read_results,
+    start_exec,
+    write_requests,
+)
 
 import jsonlbatch
 from jsonlbatch.errors import OutputError
@@ -87,36 +95,11 @@ def test_a_failed_write_stops_the_run_without_a_half_line(tmp_path, mock_server,
     assert len(read_results(out)) == 100
 
 
-def _odd_server(handler):
-    """A tiny real server on 127.0.0.1 for answers the mock does not give."""
-    import asyncio
-    import threading
-
-    app = web.Application()
-    app.router.add_get("/v1/models", lambda r: web.json_response({"data": [{"id": "mock"}]}))
-    app.router.add_post("/v1/chat/completions", handler)
-    loop = asyncio.new_event_loop()
-    runner = web.AppRunner(app)
-    loop.run_until_complete(runner.setup())
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    loop.run_until_complete(site.start())
-    port = site._server.sockets[0].getsockname()[1]
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-
-    def stop():
-        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
-
-    return f"http://127.0.0.1:{port}/v1", stop
-
-
 def test_a_200_carrying_an_error_is_retried_and_recorded_without_a_2xx(tmp_path):
     async def handler(request):
         return web.json_response({"error": {"message": "upstream overloaded"}})
 
-    url, stop = _odd_server(handler)
+    url, stop = odd_server(handler)
     try:
         write_requests(tmp_path / "req.jsonl", 2)
         out = tmp_path / "out.jsonl"
@@ -144,7 +127,7 @@ def test_redirects_are_not_followed(tmp_path):
     async def handler(request):
         raise web.HTTPFound("http://127.0.0.1:9/elsewhere")
 
-    url, stop = _odd_server(handler)
+    url, stop = odd_server(handler)
     try:
         write_requests(tmp_path / "req.jsonl", 1)
         out = tmp_path / "out.jsonl"

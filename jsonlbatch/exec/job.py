@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 import aiohttp
 import orjson
 
+from jsonlbatch.answers import unusable_reason, usage_metrics
 from jsonlbatch.errors import (
     AuthenticationError,
     InputError,
@@ -64,6 +65,7 @@ from jsonlbatch.exec.streaming import (
 )
 from jsonlbatch.exec.summary import RunSummary
 from jsonlbatch.jsonl import (
+    BOM,
     AppendWriter,
     OutputLock,
     filter_lines,
@@ -578,12 +580,17 @@ class _Run:
                 "latency_s": round(end - start, 6),
             }
             if failure is None and streamed is not None:
-                metrics.update(streamed.metrics(start, end))
-                pool.record_success(endpoint)
                 body = streamed.body()
-                return Result(req.custom_id, status, body, request_id or body["id"], None, metrics)
+                reason = unusable_reason(req.url, body)
+                if reason is None:
+                    metrics.update(streamed.metrics(start, end))
+                    pool.record_success(endpoint)
+                    return Result(
+                        req.custom_id, status, body, request_id or body["id"], None, metrics
+                    )
+                failure = ("invalid_response", f"HTTP {status} stream without an answer ({reason})")
             if failure is None:
-                result, verdict = _http_result(req.custom_id, status, raw, request_id, metrics)
+                result, verdict = _http_result(req, status, raw, request_id, metrics)
                 if verdict is Verdict.OK:
                     pool.record_success(endpoint)
                     return result
@@ -596,7 +603,7 @@ class _Run:
                     return result
                 if status == 503:  # starting or overloaded: probe /health until it is ready
                     pool.set_aside(endpoint, "HTTP 503 (starting or overloaded)")
-                elif status >= 500:
+                elif status >= 500 or result.status_code is None:  # 5xx, or a 2xx that is no answer
                     pool.record_failure(endpoint, f"HTTP {status}")
             else:
                 code, message = failure
@@ -698,39 +705,64 @@ class _Run:
 
 
 def _http_result(
-    custom_id: str, status: int, raw: bytes, request_id: str | None, metrics: dict[str, Any]
+    req: Request, status: int, raw: bytes, request_id: str | None, metrics: dict[str, Any]
 ) -> tuple[Result, Verdict]:
     """Turn a response into a Result and decide what it means for the request.
 
-    A 2xx line always has `error` null (resume relies on it): a 2xx whose body is not a usable
-    object, such as a gateway's `{"error": ...}` sent with 200, is retried, and if it is the
-    last word it is recorded as `invalid_response` with no response.
+    A 2xx line always has `error` null (resume relies on it): a 2xx whose body is no usable
+    answer for its endpoint (`answers.py` says what is), such as `{}` or a gateway's
+    `{"error": ...}` sent with 200, is retried, and if it is the last word it is recorded as
+    `invalid_response` with no response. A usable body is kept as the server's exact bytes.
     """
     verdict = classify(status, raw)
-    try:
-        body: Any = orjson.loads(raw) if raw else None
-    except orjson.JSONDecodeError:
-        body = raw.decode("utf-8", "replace")
+    body = _decode(raw)
     if verdict is Verdict.OK:
-        usable = isinstance(body, dict) and not (
-            body.get("error") and "choices" not in body and "data" not in body
-        )
-        if not usable:
-            message = redact(f"HTTP {status} with an unusable body: {str(body)[:300]}")
-            error = {"code": "invalid_response", "message": message}
-            return Result(custom_id, None, None, request_id, error, metrics), Verdict.RETRY
+        reason = unusable_reason(req.url, body)
+        if reason is not None:
+            return _invalid(req, status, reason, body, request_id, metrics), Verdict.RETRY
         if request_id is None:
             request_id = body.get("id")
-        usage = body.get("usage")
-        if isinstance(usage, dict):
-            metrics["prompt_tokens"] = usage.get("prompt_tokens") or 0
-            metrics["completion_tokens"] = usage.get("completion_tokens") or 0
-        # Keep the server's bytes as they are, unless they would break the line.
-        kept = orjson.Fragment(raw) if b"\n" not in raw and b"\r" not in raw else body
-        return Result(custom_id, status, kept, request_id, None, metrics), verdict
+        metrics.update(usage_metrics(req.url, body))
+        return Result(req.custom_id, status, _exact(raw), request_id, None, metrics), verdict
     message = redact(_error_message(body) or f"HTTP {status}")
     error = {"code": f"http_{status}", "message": message}
-    return Result(custom_id, status, body, request_id, error, metrics), verdict
+    return Result(req.custom_id, status, body, request_id, error, metrics), verdict
+
+
+def _decode(raw: bytes) -> Any:
+    """A body as JSON where it is JSON (a leading BOM allowed), else as text; None if empty."""
+    if raw.startswith(BOM):
+        raw = raw[len(BOM) :]
+    try:
+        return orjson.loads(raw) if raw else None
+    except orjson.JSONDecodeError:
+        return raw.decode("utf-8", "replace")
+
+
+def _exact(raw: bytes) -> orjson.Fragment:
+    """The server's JSON as it sent it, to be written byte for byte (no float for an integer
+    beyond 64 bits, no re-encoding). Only line breaks go: in valid JSON they are whitespace
+    (a string cannot hold a raw one), and a response line must be one line."""
+    if raw.startswith(BOM):
+        raw = raw[len(BOM) :]
+    if b"\n" in raw or b"\r" in raw:
+        raw = raw.translate(None, b"\r\n")
+    return orjson.Fragment(raw.strip())
+
+
+def _invalid(
+    req: Request,
+    status: int,
+    reason: str,
+    body: Any,
+    request_id: str | None,
+    metrics: dict[str, Any],
+) -> Result:
+    """A 2xx that is no answer: a failure without a response (so resume retries it)."""
+    shown = body if isinstance(body, str) else orjson.dumps(body).decode()
+    message = redact(f"HTTP {status} without a usable answer ({reason}): {shown[:300]}")
+    error = {"code": "invalid_response", "message": message}
+    return Result(req.custom_id, None, None, request_id, error, metrics)
 
 
 def _error_message(body: Any) -> str:

@@ -24,8 +24,9 @@ from typing import Any
 
 import orjson
 
+from jsonlbatch.answers import usage_metrics
 from jsonlbatch.errors import JsonlbatchError
-from jsonlbatch.records import CHAT_URL, COMPLETIONS_URL, reasoning_tokens
+from jsonlbatch.records import CHAT_URL, COMPLETIONS_URL
 from jsonlbatch.stats import percentile
 
 #: Endpoints whose requests `exec --stream` sends with `stream: true`.
@@ -418,12 +419,10 @@ class StreamReader:
     def metrics(self, start: float, end: float) -> dict[str, Any]:
         """Token counts and timings for the response line's `metrics` (`latency_s` = end - start
         is the caller's). Times are on the clock `feed` was given."""
-        out: dict[str, Any] = {}
-        completion = None
-        usage = self.usage
-        if isinstance(usage, dict):
-            out["prompt_tokens"] = usage.get("prompt_tokens") or 0
-            completion = out["completion_tokens"] = usage.get("completion_tokens") or 0
+        out: dict[str, Any] = usage_metrics(
+            CHAT_URL if self.chat else COMPLETIONS_URL, {"usage": self.usage}
+        )
+        completion = out.get("completion_tokens")
         if self.first is not None:
             ttft = self.first - start
             out["ttft_s"] = round(ttft, 6)
@@ -437,9 +436,6 @@ class StreamReader:
                 out[key] = round(percentile(gaps, p), 6)
             out["itl_max_s"] = round(gaps[-1], 6)
         out["chunks"] = self.chunks
-        reasoning = reasoning_tokens(usage)
-        if reasoning is not None:
-            out["reasoning_tokens"] = reasoning
         return out
 
 
