@@ -4,7 +4,9 @@ byte for byte."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 
 import orjson
 import pytest
@@ -198,3 +200,49 @@ def test_usage_that_is_not_numbers_and_bodies_kept_byte_for_byte(tmp_path):
     report = cli("report", str(out), "--format", "json")
     assert report.returncode == 0, report.stderr
     assert orjson.loads(report.stdout)
+
+
+def _chunk(**choice) -> bytes:
+    head = {"id": "s1", "object": "chat.completion.chunk", "created": 1, "model": "mock"}
+    return b"data: " + orjson.dumps({**head, "choices": [{"index": 0, **choice}]}) + b"\n\n"
+
+
+def test_done_ends_a_stream_and_the_content_decides_what_an_answer_is(tmp_path):
+    """`[DONE]` on a connection the server keeps open ends the answer (not the timeout); a
+    plain JSON answer labelled text/event-stream is read as JSON; SSE labelled JSON as SSE."""
+
+    async def handler(request):
+        kind = _asked(await request.json())
+        if kind == "json-as-sse":
+            return web.Response(body=orjson.dumps(CHAT_OK), content_type="text/event-stream")
+        resp = web.StreamResponse(
+            headers={
+                "Content-Type": "application/json" if kind == "sse-as-json" else "text/event-stream"
+            }
+        )
+        await resp.prepare(request)
+        await resp.write(_chunk(delta={"role": "assistant", "content": "he"}))
+        await resp.write(_chunk(delta={"content": "llo"}, finish_reason="stop"))
+        await resp.write(b"data: [DONE]\n\n")
+        for _ in range(300 if kind == "kept-open" else 0):  # open after [DONE], up to 30 s
+            if request.transport is None or request.transport.is_closing():
+                return resp  # the client has hung up
+            await asyncio.sleep(0.1)
+        await resp.write_eof()
+        return resp
+
+    url, stop = odd_server(handler)
+    req, out = tmp_path / "req.jsonl", tmp_path / "out.jsonl"
+    _requests(req, ["kept-open", "json-as-sse", "sse-as-json"])
+    started = time.monotonic()
+    try:
+        proc = exec_cli(req, out, "--url", url, "--stream", "--timeout", "8", "--max-retries", "0")
+    finally:
+        stop()
+    assert proc.returncode == 0, proc.stderr
+    assert time.monotonic() - started < 8
+    results = read_results(out)
+    for cid in ("kept-open", "sse-as-json"):
+        assert results[cid]["response"]["body"]["choices"][0]["message"]["content"] == "hello"
+        assert results[cid]["metrics"]["chunks"] == 2
+    assert results["json-as-sse"]["response"]["body"] == CHAT_OK

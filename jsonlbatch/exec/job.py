@@ -60,7 +60,7 @@ from jsonlbatch.exec.streaming import (
     STREAM_URLS,
     StreamError,
     StreamReader,
-    read_stream,
+    read_answer,
     stream_body,
 )
 from jsonlbatch.exec.summary import RunSummary
@@ -520,6 +520,7 @@ class _Run:
             stream_body(req.body)
         payload = orjson.dumps(req.body)
         route_key = pool.router.key(req.body)
+        streaming = req.body.get("stream") is True
         attempts = 0
         raced = False
         while True:
@@ -541,10 +542,10 @@ class _Run:
                     allow_redirects=False,  # a redirect could carry our credentials elsewhere
                 ) as resp:
                     status = resp.status
-                    if status == 200 and resp.content_type == "text/event-stream":
-                        chat = req.url != COMPLETIONS_URL
-                        streamed = await read_stream(resp.content.iter_any(), chat=chat)
-                        raw = b""
+                    if status == 200 and (streaming or resp.content_type == "text/event-stream"):
+                        raw, streamed = await read_answer(
+                            resp.content.iter_any(), chat=req.url != COMPLETIONS_URL
+                        )
                     else:
                         raw = await resp.read()
                     request_id = resp.headers.get("x-request-id")

@@ -17,8 +17,9 @@ that arrive in one network read share its time); TPOT is `(E2EL - TTFT) / (compl
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import AsyncIterable, Callable, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +36,7 @@ STREAM_URLS = frozenset({CHAT_URL, COMPLETIONS_URL})
 _DONE = b"[DONE]"
 _ITL_PERCENTILES = (("itl_p50_s", 50), ("itl_p90_s", 90), ("itl_p99_s", 99))
 _SNIPPET = 200  # bytes of a bad event quoted in an error message
+_DRAIN_S = 0.5  # how long the end of a body is waited for after `[DONE]`
 
 
 class StreamError(JsonlbatchError):
@@ -445,15 +447,65 @@ async def read_stream(
     chat: bool = True,
     clock: Callable[[], float] = time.perf_counter,
 ) -> StreamReader:
-    """Read a whole SSE answer, e.g. `await read_stream(resp.content.iter_any())`.
-
-    Reads on past `[DONE]` to the end, so the connection goes back to the pool for reuse.
-    """
-    reader = StreamReader(chat=chat)
-    async for data in reads:
-        reader.feed(data, clock())
-    reader.close(clock())
+    """Read a whole SSE answer, e.g. `await read_stream(resp.content.iter_any())`."""
+    _, reader = await read_answer(reads, chat=chat, clock=clock, sniff=False)
+    assert reader is not None
     return reader
+
+
+async def read_answer(
+    reads: AsyncIterable[bytes],
+    *,
+    chat: bool = True,
+    clock: Callable[[], float] = time.perf_counter,
+    sniff: bool = True,
+) -> tuple[bytes, StreamReader | None]:
+    """Read the answer to a streamed request: (raw body, None) when it is plain JSON, else
+    (b"", the `StreamReader` of its events).
+
+    Decided by the content, not the Content-Type header, which servers and proxies get wrong
+    both ways: a body whose first byte (after blanks) opens a JSON value is plain JSON
+    (`sniff=False` reads it as SSE whatever it holds). `[DONE]` ends the answer: what follows is
+    waited for only briefly (`_DRAIN_S`), so a server that keeps the connection open after it
+    does not hold the request until its timeout (the connection is then closed, not reused).
+    """
+    it = aiter(reads)
+    head = b""
+    try:
+        while not head.strip():
+            head += await anext(it)
+    except StopAsyncIteration:
+        pass
+    if sniff and head.lstrip()[:1] in (b"{", b"["):
+        parts = [head]
+        async for data in it:
+            parts.append(data)
+        return b"".join(parts), None
+    reader = StreamReader(chat=chat)
+    if head:
+        reader.feed(head, clock())
+    while not reader.done:
+        try:
+            data = await anext(it)
+        except StopAsyncIteration:
+            break
+        reader.feed(data, clock())
+    else:
+        await _drain(it)
+    reader.close(clock())
+    return b"", reader
+
+
+async def _drain(it: AsyncIterator[bytes]) -> None:
+    """Read to the end of a body whose answer is complete, for at most `_DRAIN_S` seconds (the
+    end usually arrives with `[DONE]`; then the connection is reused)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + _DRAIN_S
+    try:
+        while (left := deadline - loop.time()) > 0:
+            await asyncio.wait_for(anext(it), left)
+    except (StopAsyncIteration, asyncio.TimeoutError):
+        pass
 
 
 def _error_text(chunk: dict[str, Any]) -> str:
