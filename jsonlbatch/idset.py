@@ -47,6 +47,15 @@ class IdSet:
         million-line scan fast (a zero hash is mapped to 1 when the table is built)."""
         self._keys.extend(map(hash, custom_ids))
 
+    def add_keys(self, keys: Iterable[int]) -> None:
+        """Add precomputed keys (`id_key` values, or any 64-bit numbers a caller derives from
+        them, such as an id's key combined with a fingerprint)."""
+        self._keys.extend(keys)
+
+    def keys(self) -> array:
+        """The keys added, in order, repeats included (do not modify)."""
+        return self._keys
+
     def __contains__(self, custom_id: object) -> bool:
         return self.slot(custom_id) >= 0
 
@@ -56,9 +65,13 @@ class IdSet:
         Callers may keep a mark per slot (say a `bytearray(capacity)`) to notice an id met
         twice without building a second set.
         """
+        return self.slot_key(hash(custom_id))
+
+    def slot_key(self, key: int) -> int:
+        """`slot` for a key added with `add_keys`."""
         if self._built != len(self._keys):
             self._build()
-        key = hash(custom_id) or 1
+        key = key or 1
         table, mask = self._table, self._mask
         i = key & mask
         while True:

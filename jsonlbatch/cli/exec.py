@@ -94,6 +94,14 @@ def parse_headers(values: tuple[str, ...]) -> dict[str, str]:
     help="Re-send requests whose line in the output records a failure.",
 )
 @click.option(
+    "--changed",
+    type=click.Choice(["refuse", "resend", "keep"]),
+    default="refuse",
+    show_default=True,
+    help="Requests edited since their result was written (their fingerprint differs): refuse "
+    "to run, send them again (replacing their old lines), or keep the old results.",
+)
+@click.option(
     "--shard",
     metavar="K/N",
     help="Only the K-th of N parts of the input (K from 0), split by custom_id.",

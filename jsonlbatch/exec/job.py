@@ -48,6 +48,7 @@ from jsonlbatch.exec.progress import Progress
 from jsonlbatch.exec.retry import Backoff, Verdict, classify, parse_retry_after
 from jsonlbatch.exec.router import RouteOptions, Router, ordered_lines
 from jsonlbatch.exec.scan import (
+    CHANGED_POLICIES,
     InputScan,
     OutputScan,
     line_custom_id,
@@ -73,7 +74,7 @@ from jsonlbatch.jsonl import (
     repair_tail,
     rewrite_atomically,
 )
-from jsonlbatch.records import COMPLETIONS_URL, Request, Result
+from jsonlbatch.records import COMPLETIONS_URL, Request, Result, fingerprint
 from jsonlbatch.redact import redact
 
 _T = TypeVar("_T")
@@ -94,6 +95,7 @@ class ExecOptions:
     max_retries: int = 8
     ready_timeout: float = 1800.0  # how long a refusing or dead server is waited for
     retry_failed: bool = False
+    changed: str = "refuse"  # requests edited since their result: refuse, resend or keep
     stream: bool = False
     shard: tuple[int, int] | None = None  # (k, n), k 0-based
     quiet: bool = False
@@ -113,6 +115,8 @@ class ExecOptions:
             raise UsageError("--max-retries must be 0 or more")
         if self.timeout <= 0 or self.ready_timeout < 0:
             raise UsageError("--timeout must be positive and --ready-timeout not negative")
+        if self.changed not in CHANGED_POLICIES:
+            raise UsageError(f"--changed must be one of: {', '.join(CHANGED_POLICIES)}")
 
     def route_options(self) -> RouteOptions:
         return RouteOptions(
@@ -164,6 +168,7 @@ class Job:
                 require_model=opts.model is None,
                 existing=self.existing,
                 retry_failed=opts.retry_failed,
+                changed=opts.changed,
                 select=select,
             )
         except BaseException:
@@ -390,14 +395,27 @@ class _Run:
                 f"warning: {self.scan.foreign} ids in {self.job.output} have no request in "
                 f"{self.job.requests} (lines of another job?)"
             )
-        if self.scan.retry_ids:
-            retry = self.scan.retry_ids
+        if self.scan.unfingerprinted:
+            self.progress.note(
+                f"note: {self.scan.unfingerprinted} results in {self.job.output} were written "
+                "without a request fingerprint (before jsonlbatch recorded them): accepted as "
+                "they are, unchecked against the requests"
+            )
+        if self.scan.changed:
+            verb = "re-sending" if self.opts.changed == "resend" else "keeping the old results of"
+            self.progress.note(
+                f"{verb} {self.scan.changed} requests changed since their results were written "
+                f"({', '.join(self.scan.changed_ids)}{', ...' if self.scan.changed > 5 else ''})"
+            )
+        if self.scan.replace:
+            replace = self.scan.replace
 
             def keep(line: bytes) -> bool:
-                return line_custom_id(line) not in retry
+                return line_custom_id(line) not in replace
 
             rewrite_atomically(self.job.output, filter_lines(self.job.output, keep))
-            self.progress.note(f"retrying {len(retry)} failed requests")
+            if self.scan.retried:
+                self.progress.note(f"retrying {self.scan.retried} failed requests")
         self.writer = AppendWriter(self.job.output)
 
     def _close_output(self) -> None:
@@ -484,10 +502,11 @@ class _Run:
         route = self.opts.route_options()
         for raw in ordered_lines(self.job.requests, self.scan.pending, route):
             obj = orjson.loads(raw)
-            body = obj["body"]
+            url, body = obj["url"], obj["body"]
+            mark = f"{fingerprint(url, body):016x}"  # of the request as the file asks it
             if override is not None:
                 body["model"] = override
-            await queue.put(Request(obj["custom_id"], obj["url"], body))
+            await queue.put(Request(obj["custom_id"], url, body, fingerprint=mark))
             if self.stopping.is_set():
                 break
         for _ in range(n_workers):
@@ -510,6 +529,8 @@ class _Run:
             except JsonlbatchError as exc:
                 self._stop(exc)
                 return
+            # last in metrics, where a resume reads it without decoding the line
+            result.metrics["fingerprint"] = request.fingerprint
             self._emit(result)
 
     async def _attempts(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from array import array
 from collections import Counter
 from collections.abc import Callable
@@ -18,8 +19,8 @@ import orjson
 
 from jsonlbatch.errors import MAX_PROBLEMS, InputError, OutputError, Problem, count_problems
 from jsonlbatch.idset import IdSet, id_key
-from jsonlbatch.jsonl import iter_lines, iter_lines_at
-from jsonlbatch.records import check_request, is_failure
+from jsonlbatch.jsonl import BOM, iter_lines, iter_lines_at
+from jsonlbatch.records import check_request, check_response, fingerprint, is_failure
 
 
 @dataclass
@@ -29,7 +30,10 @@ class OutputScan:
     path: str
     lines: int = 0
     ok: IdSet = field(default_factory=IdSet)  # ids with a successful line
-    failed: set[str] = field(default_factory=set)  # ids whose only lines record failures
+    failed: IdSet = field(default_factory=IdSet)  # ids whose only lines record failures
+    #: `fingerprint_key(id, fingerprint)` of every line; NO_FINGERPRINT for lines without one
+    fingerprints: IdSet = field(default_factory=IdSet)
+    fingerprinted: int = 0  # lines that carry a request fingerprint
     keep_bytes: int = 0
     cut_bytes: int = 0
 
@@ -38,63 +42,110 @@ class OutputScan:
         return self.cut_bytes > 0
 
 
-def scan_output(path: str | os.PathLike[str]) -> OutputScan:
-    """Read a response file: which ids succeeded, which only failed, and where the last
-    complete, readable line ends.
+#: Stands for "no fingerprint" in `fingerprint_key` (lines written before fingerprints).
+NO_FINGERPRINT = 0x5A17_0F1E_5EED_0001
 
-    A bad line followed by good ones is not a crash artefact, and two successful lines for one
-    id mean two runs wrote the file at once: both are errors, not something to repair.
+
+def fingerprint_key(id_hash: int, fp: int) -> int:
+    """One 64-bit key for (an id's hash, a request fingerprint), kept in an `IdSet`."""
+    if fp >= 1 << 63:  # to a signed 64-bit value, so the XOR stays one
+        fp -= 1 << 64
+    return id_hash ^ fp
+
+
+# How `Result.to_line` ends a line that has a fingerprint: metrics hold it last.
+_FP_TAIL = b',"fingerprint":"'
+_FP_START, _FP_END = -(len(_FP_TAIL) + 20), -20
+
+
+def _line_fingerprint(raw: bytes) -> int | None:
+    if raw[_FP_START:_FP_END] == _FP_TAIL:
+        try:
+            return int(raw[_FP_END:-4], 16)
+        except ValueError:
+            return None
+    return None
+
+
+def scan_output(path: str | os.PathLike[str]) -> OutputScan:
+    """Read a response file: which ids succeeded, which only failed, the request fingerprint
+    of every line, and where the last complete line ends.
+
+    Only a final fragment without its newline is torn (a crash can leave nothing else): it is
+    measured here and cut before anything is appended. Any complete line that is not a
+    response line (bad JSON, `NaN`, wrong fields) is an error naming its line, as `validate`
+    reports it; so are two successful lines for one id (two runs wrote the file at once).
+    Nothing is modified here.
     """
     scan = OutputScan(os.fspath(path))
-    if not os.path.exists(path):
+    if not check_output_file(path):
         return scan
     offset = lines = 0
-    bad_since: tuple[int, int] | None = None  # (line number, byte offset) of a trailing bad run
-    failed: set[str] = set()
+    torn_at: int | None = None  # byte offset of a final fragment without its newline
+    problems: list[Problem] = []
+    fps = scan.fingerprints
     done: list[bytes] = []  # ids of successful own lines, hashed into `scan.ok` in batches
+    done_fps: list[int] = []
+    failed: list[str] = []  # ids of failed lines, hashed in batches
+    failed_keys = array("q")
     with open(path, "rb", buffering=1 << 20) as f:
         for number, raw in enumerate(f, 1):
             offset += len(raw)
             own = _OWN_LINE.match(raw)
-            if own is not None and bad_since is None and raw.endswith(b"}\n"):
+            if own is not None and raw.endswith(b"}\n"):
                 lines += 1
                 cid, status = own.groups()
+                fp = _line_fingerprint(raw)
                 if status == b"2":
                     done.append(cid)
+                    done_fps.append(NO_FINGERPRINT if fp is None else fp)
                     if len(done) == _BATCH:
-                        scan.ok.update(_decode_all(done))
-                        done.clear()
+                        _add_done(scan, done, done_fps)
                 else:
-                    failed.add(cid.decode("utf-8", "replace"))
+                    text = cid.decode("utf-8", "replace")
+                    failed.append(text)
+                    fps.add_keys((fingerprint_key(id_key(text), fp or NO_FINGERPRINT),))
+                    scan.fingerprinted += fp is not None
+                    if len(failed) == _BATCH:
+                        failed_keys.extend(map(hash, failed))
+                        failed.clear()
+                continue
+            if number == 1 and raw.startswith(BOM):
+                raw = raw[len(BOM) :]
+            if not raw.endswith(b"\n"):  # only the last line can lack it
+                if raw.strip():
+                    torn_at = offset - len(raw)
                 continue
             stripped = raw.strip()
             if not stripped:
                 continue
-            found = _response_id(stripped) if raw.endswith(b"\n") else None
+            found = _response_line(stripped, scan.path, number, problems)
             if found is None:
-                if bad_since is None:
-                    bad_since = (number, offset - len(raw))
+                if len(problems) >= MAX_PROBLEMS:
+                    break
                 continue
-            if bad_since is not None:
-                raise OutputError(
-                    f"{scan.path}:{bad_since[0]}: unreadable line inside the response file (not a "
-                    "torn last line, so it is not cut automatically); check it with "
-                    f"`jsonlbatch validate {scan.path}`"
-                )
-            cid_str, is_failed = found
-            if cid_str is None:
-                raise OutputError(
-                    f"{scan.path}:{number}: not a response line (it has no `response` or "
-                    "`error`); is -o pointing at a request file?"
-                )
             lines += 1
+            cid_str, is_failed, fp = found
             if is_failed:
-                failed.add(cid_str)
+                failed.append(cid_str)
             else:
                 scan.ok.add(cid_str)
-    scan.ok.update(_decode_all(done))
+            fps.add_keys((fingerprint_key(id_key(cid_str), fp or NO_FINGERPRINT),))
+            scan.fingerprinted += fp is not None
+    if problems:
+        shown = "".join(f"\n  {p}" for p in problems[:20])
+        more = (
+            f"\n  ... and {count_problems(len(problems) - 20)} more" if len(problems) > 20 else ""
+        )
+        raise OutputError(
+            f"{scan.path}: {_count(problems)} in the existing results (not a torn last line, so "
+            f"nothing is cut or changed); fix or remove these lines, or choose another -o:"
+            f"{shown}{more}"
+        )
+    _add_done(scan, done, done_fps)
+    failed_keys.extend(map(hash, failed))
     scan.lines = lines
-    scan.keep_bytes = bad_since[1] if bad_since else offset
+    scan.keep_bytes = offset if torn_at is None else torn_at
     scan.cut_bytes = offset - scan.keep_bytes
     repeated = find_duplicates(scan.path, scan.ok.colliding_hashes())
     if repeated:
@@ -103,8 +154,61 @@ def scan_output(path: str | os.PathLike[str]) -> OutputScan:
             f"{scan.path}: some requests have more than one successful line, as when two runs "
             f"write one file at once; keep one line per custom_id and run again:{shown}"
         )
-    scan.failed = {cid for cid in failed if cid not in scan.ok}  # a success wins
+    scan.failed = _only_failed(failed_keys, scan.ok)
     return scan
+
+
+def check_output_file(path: str | os.PathLike[str]) -> bool:
+    """Whether an output exists; raises if it is anything but a regular file (a FIFO would
+    block the scan and the writer forever, a device or directory cannot hold results)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise OutputError(f"cannot read {os.fspath(path)}: {exc.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise OutputError(
+            f"{os.fspath(path)} is not a regular file ({_file_kind(st.st_mode)}); exec writes "
+            "its results to a regular file: choose another -o"
+        )
+    return True
+
+
+def _file_kind(mode: int) -> str:
+    kinds = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a directory"), (stat.S_ISSOCK, "a socket"))
+    kinds += ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+    return next((name for test, name in kinds if test(mode)), "not a regular file")
+
+
+def _add_done(scan: OutputScan, ids: list[bytes], fps: list[int]) -> None:
+    """Hash a batch of successful own lines' ids into `scan.ok` and their fingerprints."""
+    hashes = list(map(hash, _decode_all(ids)))
+    scan.ok.add_keys(hashes)
+    scan.fingerprints.add_keys(map(fingerprint_key, hashes, fps))
+    scan.fingerprinted += len(fps) - fps.count(NO_FINGERPRINT)
+    ids.clear()
+    fps.clear()
+
+
+def _only_failed(keys: array, ok: IdSet) -> IdSet:
+    """The ids among `keys` without a successful line, each once (a success wins)."""
+    out = IdSet()
+    if not keys:
+        return out
+    everything = IdSet()
+    everything.add_keys(keys)
+    met = bytearray(everything.capacity)
+    slot, ok_slot, any_ok = everything.slot_key, ok.slot_key, len(ok) > 0
+    kept = array("q")
+    for key in keys:
+        at = slot(key)
+        if met[at] or (any_ok and ok_slot(key) >= 0):
+            continue
+        met[at] = 1
+        kept.append(key)
+    out.add_keys(kept)
+    return out
 
 
 # How `Result.to_line` starts a line: `{"id":"batch_req_<24 hex>","custom_id":"<id>",...`. The
@@ -131,21 +235,43 @@ def _decode_all(ids: list[bytes]) -> list[str]:
     return b"\n".join(ids).decode("utf-8", "replace").split("\n") if ids else []
 
 
-def _response_id(line: bytes) -> tuple[str | None, bool] | None:
-    """(custom_id, whether the line records a failure) of a response line; None for an
-    unreadable line; (None, False) for a readable line that is no response."""
+def _response_line(
+    line: bytes, path: str, number: int, problems: list[Problem]
+) -> tuple[str, bool, int | None] | None:
+    """(custom_id, whether the line records a failure, its request fingerprint or None) of a
+    complete response line; None (and its problems appended) when it is not one. The checks
+    are `validate`'s, so both give one verdict on one file."""
     try:
         obj = orjson.loads(line)
-    except orjson.JSONDecodeError:
+    except orjson.JSONDecodeError as exc:
+        problems.append(Problem(path, number, None, f"bad JSON: {exc}"))
         return None
-    if not isinstance(obj, dict):
+    if isinstance(obj, dict) and "response" not in obj and "error" not in obj:
+        problems.append(
+            Problem(
+                path,
+                number,
+                None,
+                "not a response line (it has no `response` or `error`); "
+                "is -o pointing at a request file?",
+            )
+        )
         return None
-    cid = obj.get("custom_id")
-    if not isinstance(cid, str) or not cid:
+    found = check_response(obj)
+    if found:
+        problems.extend(Problem(path, number, f, m) for f, m in found)
         return None
-    if "response" not in obj and "error" not in obj:
-        return None, False
-    return cid, is_failure(obj)
+    metrics = obj.get("metrics")
+    fp = metrics.get("fingerprint") if isinstance(metrics, dict) else None
+    try:
+        fp_int = int(fp, 16) if isinstance(fp, str) and len(fp) == 16 else None
+    except ValueError:
+        fp_int = None
+    return obj["custom_id"], is_failure(obj), fp_int
+
+
+#: What to do with requests whose fingerprint differs from the one their result was written for.
+CHANGED_POLICIES = ("refuse", "resend", "keep")
 
 
 @dataclass
@@ -158,7 +284,11 @@ class InputScan:
     models: Counter[str] = field(default_factory=Counter)
     already_done: int = 0  # have a line in the output (a success, or a failure not retried)
     failed_before: int = 0  # of those, failures
-    retry_ids: set[str] = field(default_factory=set)
+    replace: IdSet = field(default_factory=IdSet)  # ids whose old lines go before sending
+    retried: int = 0  # failures sent again (--retry-failed)
+    changed: int = 0  # requests edited since their result was written
+    changed_ids: list[str] = field(default_factory=list)  # the first few of them
+    unfingerprinted: int = 0  # done requests whose result predates fingerprints
     foreign: int = 0  # ids in the output with no request in the input (without a shard)
     size: int = 0  # the file's size and mtime when scanned: the sender checks them again
     mtime_ns: int = 0
@@ -170,25 +300,34 @@ def scan_input(
     require_model: bool = True,
     existing: OutputScan | None = None,
     retry_failed: bool = False,
+    changed: str = "refuse",
     select: Callable[[str], bool] | None = None,
 ) -> InputScan:
     """Validate the request file and work out what still has to be sent.
 
     Raises `InputError` listing every problem (up to `MAX_PROBLEMS`) with file, line and field:
     bad JSON, missing custom_ids, duplicates, and for every line still to be sent, malformed
-    fields. A line that already has a result in `existing` is skipped, and only its JSON and id
-    are checked: it will not be sent, and a million of them must not slow a resume down (one
-    probe of `existing.ok` both skips it and notices an id the input repeats). With
-    `retry_failed`, ids whose result is a failure are sent again (and listed in `retry_ids` so
-    their old lines can be dropped). `select` picks a shard.
+    fields. A line that already has a result in `existing` is skipped, and only its JSON, id
+    and fingerprint are checked: it will not be sent, and a million of them must not slow a
+    resume down (one probe of `existing.ok` both skips it and notices an id the input repeats).
+    With `retry_failed`, ids whose result is a failure are sent again. A request whose
+    fingerprint differs from its result's was edited since: `changed` says whether to refuse
+    the run (the default), send it again, or keep the old result. Ids sent again are listed in
+    `replace`, so their old lines can be dropped. `select` picks a shard.
     """
+    if changed not in CHANGED_POLICIES:
+        raise ValueError(f"changed must be one of {CHANGED_POLICIES}")
     scan = InputScan(os.fspath(path))
-    stat = stat_input(path)
-    scan.size, scan.mtime_ns = stat.st_size, stat.st_mtime_ns
+    st = stat_input(path)
+    scan.size, scan.mtime_ns = st.st_size, st.st_mtime_ns
     ok = existing.ok if existing is not None else IdSet()
-    failed = existing.failed if existing is not None else set()
+    failed = existing.failed if existing is not None else IdSet()
+    fps = existing.fingerprints if existing is not None else IdSet()
+    check_fps = existing is not None and existing.fingerprinted > 0
     problems: list[Problem] = []
     done_slot, done_met, any_done = ok.slot, bytearray(ok.capacity), len(ok) > 0
+    failed_slot, any_failed = failed.slot, len(failed) > 0
+    fp_slot = fps.slot_key
     repeated: set[int] = set()  # keys of done ids the input names more than once
     seen = IdSet()  # every other id
     ids: list[str] = []  # hashed into `seen` in batches
@@ -202,36 +341,57 @@ def scan_input(
             continue
         cid = obj.get("custom_id") if type(obj) is dict else None
         at = done_slot(cid) if any_done and type(cid) is str else -1
-        if at >= 0 or (type(cid) is str and cid in failed and not retry_failed):
-            if at < 0:
-                seen.add(cid)  # a failure kept as it is: rare
-            elif done_met[at]:
-                repeated.add(id_key(cid))
-            else:
+        kept_failure = at < 0 and any_failed and type(cid) is str and failed_slot(cid) >= 0
+        if at >= 0 or (kept_failure and not retry_failed):
+            resend = False
+            if check_fps and (select is None or select(cid)):
+                h = hash(cid)
+                fp = fingerprint(obj.get("url"), obj.get("body"))
+                if fp_slot(fingerprint_key(h, fp)) >= 0:
+                    pass
+                elif fp_slot(fingerprint_key(h, NO_FINGERPRINT)) >= 0:
+                    scan.unfingerprinted += 1
+                else:
+                    scan.changed += 1
+                    if len(scan.changed_ids) < 5:
+                        scan.changed_ids.append(cid)
+                    resend = changed == "resend"
+            elif not check_fps and existing is not None and existing.lines:
+                scan.unfingerprinted += select is None or select(cid)
+            if not resend:
+                if at < 0:
+                    seen.add(cid)  # a failure kept as it is: rare
+                elif done_met[at]:
+                    repeated.add(id_key(cid))
+                else:
+                    done_met[at] = 1
+                if select is None or select(cid):
+                    scan.total += 1
+                    scan.already_done += 1
+                    scan.failed_before += at < 0
+                continue
+            if at >= 0:
                 done_met[at] = 1
-            if select is None or select(cid):
-                scan.total += 1
-                scan.already_done += 1
-                scan.failed_before += at < 0
-            continue
         found = check_request(obj, require_model=require_model)
         if found:
             problems += [Problem(scan.path, number, f, m) for f, m in found]
             if len(problems) >= MAX_PROBLEMS:
                 break
             continue
-        ids.append(cid)
-        if len(ids) == _BATCH:
-            seen.update(ids)
-            ids.clear()
+        if at < 0:
+            ids.append(cid)
+            if len(ids) == _BATCH:
+                seen.update(ids)
+                ids.clear()
         if select is not None and not select(cid):
             continue
         scan.total += 1
         model = obj["body"].get("model")
         if model is not None:
             scan.models[model] += 1
-        if cid in failed:
-            scan.retry_ids.add(cid)
+        if at >= 0 or kept_failure:
+            scan.replace.add(cid)
+            scan.retried += kept_failure and at < 0 and retry_failed
         scan.pending.append(offset)
     seen.update(ids)
     if len(problems) < MAX_PROBLEMS:
@@ -239,8 +399,16 @@ def scan_input(
         problems.sort(key=lambda p: p.line or 0)
     if problems:
         raise InputError(f"{scan.path}: {_count(problems)}; nothing was sent", problems)
+    if scan.changed and changed == "refuse":
+        shown = ", ".join(scan.changed_ids) + (", ..." if scan.changed > 5 else "")
+        raise InputError(
+            f"{scan.path}: {scan.changed} request{'s' if scan.changed != 1 else ''} changed "
+            f"since {existing.path if existing else 'the output'} answered them ({shown}); "
+            "nothing was sent. Pass --changed resend to send them again (their old results are "
+            "replaced) or --changed keep to keep the old results"
+        )
     if existing is not None and select is None:
-        scan.foreign = len(ok) + len(failed) - scan.already_done - len(scan.retry_ids)
+        scan.foreign = len(ok) + len(failed) - scan.already_done - len(scan.replace)
     return scan
 
 
