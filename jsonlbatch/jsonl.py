@@ -9,17 +9,24 @@ happen through a temporary file and an atomic rename.
 from __future__ import annotations
 
 import contextlib
+import errno
+import io
 import os
+import re
+import shutil
+import stat
 import tempfile
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from jsonlbatch.errors import InputError, OutputError
+from jsonlbatch.errors import InputError, JsonlbatchError, OutputError
 
 _READ_BUFFER = 1 << 20
 #: The UTF-8 byte order mark that Windows editors put at the start of a file.
 BOM = b"\xef\xbb\xbf"
+_SNIFF = 4096  # bytes looked at to tell JSON Lines from a JSON array
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
 def iter_lines(path: str | os.PathLike[str]) -> Iterator[tuple[int, bytes]]:
@@ -29,21 +36,40 @@ def iter_lines(path: str | os.PathLike[str]) -> Iterator[tuple[int, bytes]]:
 
 
 def iter_lines_at(path: str | os.PathLike[str]) -> Iterator[tuple[int, int, bytes]]:
-    """Like `iter_lines`, with each line's byte offset, so a later pass can seek straight to it."""
+    """Like `iter_lines`, with each line's byte offset, so a later pass can seek straight to it
+    (`read_lines_at` gives the same bytes for it)."""
     try:
         f = open(path, "rb", buffering=_READ_BUFFER)  # noqa: SIM115 - closed by the with below
     except OSError as exc:
         raise InputError(f"cannot read {os.fspath(path)}: {exc.strerror}") from None
     offset = 0
     with f:
+        refuse_non_jsonl(f, path, InputError)
         for number, raw in enumerate(f, 1):
             start = offset
             offset += len(raw)
             if number == 1 and raw.startswith(BOM):  # files saved by Windows editors
                 raw, start = raw[len(BOM) :], start + len(BOM)
-            raw = raw.strip()
+            raw = raw.strip()  # the one rule for a line's edges: `read_lines_at` applies it too
             if raw:
                 yield number, start, raw
+
+
+def refuse_non_jsonl(
+    f: io.BufferedReader, path: str | os.PathLike[str], error: type[JsonlbatchError]
+) -> None:
+    """Raise `error` when a file's first bytes show a JSON array rather than JSON Lines.
+
+    Read line by line, a big `[...]` on one line would be loaded whole (a 184 MB array took
+    1.46 GB) only to be refused: its first bytes tell it, without consuming them.
+    """
+    head = f.peek(_SNIFF).lstrip(BOM).lstrip()
+    if head.startswith(b"["):
+        name = os.fspath(path)
+        raise error(
+            f"{name} holds a JSON array, not JSON Lines (one JSON object per line); convert "
+            f"it first, e.g. jq -c '.[]' {name}"
+        )
 
 
 def prefetch(path: str | os.PathLike[str], limit: int = 1 << 30) -> None:
@@ -66,7 +92,8 @@ def prefetch(path: str | os.PathLike[str], limit: int = 1 << 30) -> None:
 
 
 def read_lines_at(path: str | os.PathLike[str], offsets: Iterable[int]) -> Iterator[bytes]:
-    """The lines starting at `offsets` (ascending), read without scanning the lines between."""
+    """The lines starting at `offsets` (ascending), read without scanning the lines between,
+    exactly as `iter_lines_at` gave them (edges stripped alike, so what was checked is sent)."""
     with open(path, "rb", buffering=_READ_BUFFER) as f:
         position = 0
         for offset in offsets:
@@ -74,17 +101,48 @@ def read_lines_at(path: str | os.PathLike[str], offsets: Iterable[int]) -> Itera
                 f.seek(offset)
             raw = f.readline()
             position = offset + len(raw)
-            yield raw
+            yield raw.strip()
+
+
+def spool(path: str | os.PathLike[str]) -> str:
+    """Copy a file that cannot be read twice (a pipe, `/dev/stdin`, a FIFO) into a temporary
+    file and return its path; the caller removes it. Bounded by disk, not memory."""
+    fd, tmp = tempfile.mkstemp(prefix="jsonlbatch-input-", suffix=".jsonl")
+    try:
+        with open(path, "rb") as src, os.fdopen(fd, "wb") as dst:
+            shutil.copyfileobj(src, dst, _READ_BUFFER)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise InputError(f"cannot read {os.fspath(path)}: {exc.strerror}") from None
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return tmp
+
+
+def is_regular(path: str | os.PathLike[str]) -> bool:
+    """Whether `path` (links followed) is a regular file, the only kind a seek can come back to."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return True  # missing or unreadable: the reader says so, with the reason
 
 
 def repair_tail(path: str | os.PathLike[str], keep: int) -> int:
-    """Truncate the file to `keep` bytes (a torn or unreadable tail); return the bytes cut."""
-    size = os.path.getsize(path)
-    if size > keep:
-        with open(path, "r+b") as f:
-            f.truncate(keep)
-            f.flush()
-            os.fsync(f.fileno())
+    """Truncate the file to `keep` bytes (a torn tail); return the bytes cut."""
+    try:
+        size = os.path.getsize(path)
+        if size > keep:
+            fd = os.open(path, os.O_WRONLY)
+            try:
+                os.ftruncate(fd, keep)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    except OSError as exc:
+        raise OutputError(
+            f"cannot cut the torn last line of {os.fspath(path)}: {exc.strerror}; nothing was sent"
+        ) from None
     return max(0, size - keep)
 
 
@@ -126,16 +184,25 @@ class AppendWriter:
     def fsync(self) -> None:
         with self._lock:
             if self._fd >= 0:
-                os.fsync(self._fd)
+                self._sync()
 
     def close(self) -> None:
         with self._lock:
             if self._fd >= 0:
                 try:
-                    os.fsync(self._fd)
+                    self._sync()
                 finally:
                     os.close(self._fd)
                     self._fd = -1
+
+    def _sync(self) -> None:
+        try:
+            os.fsync(self._fd)
+        except OSError as exc:
+            raise OutputError(
+                f"cannot save {self.path}: {exc.strerror}; results not on disk will be sent "
+                "again by the next run"
+            ) from None
 
     def __enter__(self) -> AppendWriter:
         return self
@@ -146,13 +213,25 @@ class AppendWriter:
 
 class OutputLock:
     """Keeps two runs from writing one output at once (they would both send the same
-    requests). An advisory `flock` on a hidden file beside the output: the kernel drops it
-    when the process dies, however it dies, so there is no stale lock to clean up."""
+    requests). Advisory `flock`s, which the kernel drops when the process dies, however it dies,
+    so there is no stale lock to clean up:
+
+    - on a hidden file beside the output's real path (links resolved), which exists before the
+      output does: `-o out.jsonl` and `-o link-to-out.jsonl` take the same one;
+    - on the output file itself, once it exists (`hold_output`, again after it is replaced): a
+      hard link under another name has another lock file but the same inode.
+
+    The lock file is opened without following links and must be a plain file of one link whose
+    content is a pid (a lock file): anything else planted at its name is refused, never
+    truncated.
+    """
 
     def __init__(self, output: str | os.PathLike[str]) -> None:
-        output = Path(output)
-        self.path = output.parent / f".{output.name}.lock"
+        self.output = os.fspath(output)
+        real = Path(os.path.realpath(output))
+        self.path = real.parent / f".{real.name}.lock"
         self._fd = -1
+        self._held = -1  # the output itself, flocked
 
     def acquire(self) -> None:
         try:
@@ -161,33 +240,87 @@ class OutputLock:
             return
         try:
             os.makedirs(self.path.parent, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | _NOFOLLOW | os.O_NONBLOCK, 0o644)
         except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise OutputError(
+                    f"{self.path} is a symbolic link, not a lock file; remove it"
+                ) from None
             raise OutputError(f"cannot write beside {self.path.parent}: {exc.strerror}") from None
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            os.close(fd)
+            raise OutputError(
+                f"{self.path} is not a lock file jsonlbatch made (not a plain file, or a link to "
+                "another file); remove it"
+            )
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
             os.close(fd)
-            output = self.path.parent / self.path.name[1:-5]
-            raise OutputError(
-                f"{output} is being written by another jsonlbatch run (pid {holder}); wait for "
-                "it, or stop it, before running again"
-            ) from None
+            raise self._busy(holder) from None
         try:
-            same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
+            same = os.stat(self.path, follow_symlinks=False).st_ino == st.st_ino
         except FileNotFoundError:
             same = False
         if not same:  # the holder released and removed it between our open and flock: retry
             os.close(fd)
             return self.acquire()
-        os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
+        content = os.read(fd, 64)
+        if content.strip() and not content.strip().isdigit():
+            os.close(fd)
+            raise OutputError(f"{self.path} is not a lock file jsonlbatch made; remove it")
         self._fd = fd
+        try:
+            self.hold_output()
+        except BaseException:
+            self.release()
+            raise
+        with contextlib.suppress(OSError):  # the pid is for messages only
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(os.getpid()).encode(), 0)
+
+    def hold_output(self) -> None:
+        """Lock the output file itself, if it exists: call again once it is created or replaced
+        (a lock on a file renamed away guards nothing)."""
+        if self._fd < 0:
+            return
+        import fcntl
+
+        try:
+            fd = os.open(self.output, os.O_RDONLY | os.O_NONBLOCK)
+        except OSError:
+            return  # missing (made later), or unreadable: the scan says why
+        try:
+            st = os.fstat(fd)
+            if self._held >= 0 and _same_inode(os.fstat(self._held), st):
+                os.close(fd)  # held already (a second flock of ours would conflict with it)
+                return
+            if not stat.S_ISREG(st.st_mode):
+                raise OSError(errno.EINVAL, "not a regular file")  # the scan refuses it
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise self._busy("?") from None
+            return
+        if self._held >= 0:
+            os.close(self._held)
+        self._held = fd
+
+    def _busy(self, holder: str) -> OutputError:
+        return OutputError(
+            f"{self.output} is being written by another jsonlbatch run (pid {holder}); wait for "
+            "it, or stop it, before running again"
+        )
 
     def release(self) -> None:
-        """Remove the lock file (no clutter) and drop the lock; a run that opened the file
+        """Remove the lock file (no clutter) and drop the locks; a run that opened the file
         meanwhile sees it gone after its flock and tries again, so two never both hold it."""
+        if self._held >= 0:
+            os.close(self._held)
+            self._held = -1
         if self._fd >= 0:
             with contextlib.suppress(OSError):
                 self.path.unlink()
@@ -195,13 +328,40 @@ class OutputLock:
             self._fd = -1
 
 
+def _same_inode(a: os.stat_result, b: os.stat_result) -> bool:
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def remove_stale_rewrites(path: str | os.PathLike[str]) -> int:
+    """Delete temporary files that rewrites of this output left when killed (SIGKILL skips
+    every cleanup); call with the output's lock held, so none is in use. Returns how many."""
+    target = Path(os.path.realpath(path))
+    pattern = re.compile(rf"\.{re.escape(target.name)}\.[A-Za-z0-9_]{{8}}\.tmp")
+    removed = 0
+    try:
+        names = os.listdir(target.parent)
+    except OSError:
+        return 0
+    for name in names:
+        if pattern.fullmatch(name):
+            with contextlib.suppress(OSError):
+                os.unlink(target.parent / name)
+                removed += 1
+    return removed
+
+
 def rewrite_atomically(path: str | os.PathLike[str], lines: Iterable[bytes]) -> None:
     """Write `lines` (each ending in a newline) to a temp file beside `path`, fsync, rename.
 
-    The target is either the old file or the complete new one, whatever happens meanwhile.
+    The target is either the old file or the complete new one, whatever happens meanwhile. A
+    symbolic link is written through (its target is replaced, the link stays); a failure (disk
+    full, read-only file system) is an `OutputError` and leaves the old file as it was.
     """
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    target = Path(os.path.realpath(path))
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    except OSError as exc:
+        raise OutputError(f"cannot rewrite {os.fspath(path)}: {exc.strerror}") from None
     try:
         with os.fdopen(fd, "wb", buffering=_READ_BUFFER) as f:
             for line in lines:
@@ -211,6 +371,11 @@ def rewrite_atomically(path: str | os.PathLike[str], lines: Iterable[bytes]) -> 
         if target.exists():
             os.chmod(tmp, target.stat().st_mode & 0o777)
         os.replace(tmp, target)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise OutputError(
+            f"cannot rewrite {os.fspath(path)}: {exc.strerror}; it is unchanged"
+        ) from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

@@ -32,7 +32,7 @@ def parse_headers(values: tuple[str, ...]) -> dict[str, str]:
 
 
 @click.command("exec")
-@click.argument("requests", type=click.Path(dir_okay=False))
+@click.argument("requests", type=click.Path(dir_okay=False, allow_dash=True))
 @click.option(
     "-o",
     "--output",
@@ -160,6 +160,8 @@ def exec_(
     ends with exactly one line per request. Exit status: 0 all ok, 3 some requests failed
     (their lines say why; --retry-failed sends them again), 130 interrupted.
     """
+    if requests == "-":  # read once into a temporary file, like any other pipe
+        requests = "/dev/stdin"
     serve = serve_options_from_kwargs(kwargs)
     if serve is not None and serve.api_key:
         kwargs["api_key"] = serve.api_key  # the server we launch wants its own key

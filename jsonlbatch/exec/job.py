@@ -17,8 +17,10 @@ Memory is bounded by the concurrency: the input is re-read line by line and only
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -70,9 +72,12 @@ from jsonlbatch.jsonl import (
     AppendWriter,
     OutputLock,
     filter_lines,
+    is_regular,
     prefetch,
+    remove_stale_rewrites,
     repair_tail,
     rewrite_atomically,
+    spool,
 )
 from jsonlbatch.records import COMPLETIONS_URL, Request, Result, fingerprint
 from jsonlbatch.redact import redact
@@ -139,8 +144,9 @@ class Job:
         self.options = options or ExecOptions()
         self.input: InputScan | None = None
         self.existing: OutputScan | None = None
+        self.source = self.requests  # what is read: the request file, or a copy of a pipe
         self._lock = OutputLock(self.output)
-        if os.path.abspath(self.requests) == os.path.abspath(self.output):
+        if _same_file(self.requests, self.output):
             raise UsageError("the output file must not be the request file")
 
     def prepare(self) -> InputScan:
@@ -160,11 +166,21 @@ class Job:
             select = lambda cid: in_shard(cid, k, n)  # noqa: E731
         self._lock.acquire()
         try:
+            removed = remove_stale_rewrites(self.output)
+            if removed:
+                self._note(f"removed {removed} temporary files left by killed rewrites")
+            if self.source == self.requests and not is_regular(self.requests):
+                self._note(
+                    f"{self.requests} is not a regular file (a pipe?): copying it to a "
+                    "temporary file first, to read it twice (needs as much free disk)"
+                )
+                self.source = spool(self.requests)
             prefetch(self.output)
-            prefetch(self.requests)  # read from disk while the output is scanned
+            prefetch(self.source)  # read from disk while the output is scanned
             self.existing = scan_output(self.output)
             self.input = scan_input(
-                self.requests,
+                self.source,
+                name=self.requests,
                 require_model=opts.model is None,
                 existing=self.existing,
                 retry_failed=opts.retry_failed,
@@ -172,9 +188,13 @@ class Job:
                 select=select,
             )
         except BaseException:
-            self._lock.release()
+            self.close()
             raise
         return self.input
+
+    def _note(self, message: str) -> None:
+        if not self.options.quiet:
+            print(message, file=sys.stderr, flush=True)
 
     def close(self) -> None:
         """Release the output's lock (done by `run` itself; for a job prepared but not run).
@@ -184,6 +204,10 @@ class Job:
         """
         self._lock.release()
         self.input = self.existing = None
+        if self.source != self.requests:  # the copy of a pipe: it cannot be re-read anyway
+            with contextlib.suppress(OSError):
+                os.unlink(self.source)
+            self.source = self.requests
 
     @property
     def models(self) -> list[str]:
@@ -414,9 +438,11 @@ class _Run:
                 return line_custom_id(line) not in replace
 
             rewrite_atomically(self.job.output, filter_lines(self.job.output, keep))
+            self.job._lock.hold_output()  # the lock on the replaced file went with it
             if self.scan.retried:
                 self.progress.note(f"retrying {self.scan.retried} failed requests")
         self.writer = AppendWriter(self.job.output)
+        self.job._lock.hold_output()  # now that the output exists (a first run creates it)
 
     def _close_output(self) -> None:
         self._flush()
@@ -494,13 +520,13 @@ class _Run:
 
     async def _read(self, queue: asyncio.Queue[Request | None], n_workers: int) -> None:
         override = self.model_override
-        stat = stat_input(self.job.requests)
+        stat = stat_input(self.job.source)
         if (stat.st_size, stat.st_mtime_ns) != (self.scan.size, self.scan.mtime_ns):
             raise InputError(
                 f"{self.job.requests} changed after it was checked; run the command again"
             )
         route = self.opts.route_options()
-        for raw in ordered_lines(self.job.requests, self.scan.pending, route):
+        for raw in ordered_lines(self.job.source, self.scan.pending, route):
             obj = orjson.loads(raw)
             url, body = obj["url"], obj["body"]
             mark = f"{fingerprint(url, body):016x}"  # of the request as the file asks it
@@ -724,6 +750,16 @@ class _Run:
         else:  # the loop is wedged: leave now; only whole lines were ever written
             self._flush()
             os._exit(130)
+
+
+def _same_file(a: str, b: str) -> bool:
+    """Whether two paths name one file (through links too)."""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def _http_result(

@@ -302,6 +302,7 @@ def scan_input(
     retry_failed: bool = False,
     changed: str = "refuse",
     select: Callable[[str], bool] | None = None,
+    name: str | None = None,
 ) -> InputScan:
     """Validate the request file and work out what still has to be sent.
 
@@ -313,11 +314,12 @@ def scan_input(
     With `retry_failed`, ids whose result is a failure are sent again. A request whose
     fingerprint differs from its result's was edited since: `changed` says whether to refuse
     the run (the default), send it again, or keep the old result. Ids sent again are listed in
-    `replace`, so their old lines can be dropped. `select` picks a shard.
+    `replace`, so their old lines can be dropped. `select` picks a shard. `name` is the file's
+    name in messages, when `path` is a copy (of a pipe).
     """
     if changed not in CHANGED_POLICIES:
         raise ValueError(f"changed must be one of {CHANGED_POLICIES}")
-    scan = InputScan(os.fspath(path))
+    scan = InputScan(name or os.fspath(path))
     st = stat_input(path)
     scan.size, scan.mtime_ns = st.st_size, st.st_mtime_ns
     ok = existing.ok if existing is not None else IdSet()
@@ -395,7 +397,7 @@ def scan_input(
         scan.pending.append(offset)
     seen.update(ids)
     if len(problems) < MAX_PROBLEMS:
-        problems += find_duplicates(scan.path, seen.colliding_hashes() | repeated)
+        problems += find_duplicates(path, seen.colliding_hashes() | repeated, name=scan.path)
         problems.sort(key=lambda p: p.line or 0)
     if problems:
         raise InputError(f"{scan.path}: {_count(problems)}; nothing was sent", problems)
@@ -420,10 +422,13 @@ def stat_input(path: str | os.PathLike[str]) -> os.stat_result:
         raise InputError(f"cannot read {os.fspath(path)}: {exc.strerror}") from None
 
 
-def find_duplicates(path: str, suspects: set[int]) -> list[Problem]:
+def find_duplicates(
+    path: str | os.PathLike[str], suspects: set[int], name: str | None = None
+) -> list[Problem]:
     """Confirm hash collisions (`suspects`, keys as `id_key` makes them) against the real
     custom_ids of `path` (a request or a response file), and name every line that repeats an
-    earlier one."""
+    earlier one (as `name`, when given)."""
+    shown = name or os.fspath(path)
     if not suspects:
         return []
     first_line: dict[str, int] = {}
@@ -437,7 +442,7 @@ def find_duplicates(path: str, suspects: set[int]) -> list[Problem]:
             continue
         if cid in first_line:
             problems.append(
-                Problem(path, number, "custom_id", f"{cid!r} repeats line {first_line[cid]}")
+                Problem(shown, number, "custom_id", f"{cid!r} repeats line {first_line[cid]}")
             )
         else:
             first_line[cid] = number
