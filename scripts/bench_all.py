@@ -5,7 +5,7 @@
     python scripts/bench_all.py --quick            # smaller inputs, for a first look
 
 Each figure comes from the script that measures it (run them alone for details):
-bench_exec.py, bench_sse.py, bench_memory.py. Targets are the issues' own.
+bench_exec.py, bench_sse.py, bench_memory.py, bench_failed.py. Targets are the issues' own.
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ ROWS = [
     ("memory_peak_rss_mb", "peak RSS of a big run, MB", 200, False),
     ("memory_req_per_s", "big run, req/s", None, True),
     ("resume_first_line_s", "resume over all-done output: first new line, s", 5.0, False),
+    ("failed_resume_rss_mb", "resume over all-failed output: peak RSS, MB", 150, False),
+    ("failed_retry_rss_mb", "--retry-failed over all-failed output: peak RSS, MB", 150, False),
 ]
 
 
@@ -57,6 +59,7 @@ def main() -> None:
     )
     figures |= run("bench_sse.py", *(["--runs", "1"] if quick else []))
     figures |= run("bench_memory.py", "--requests", "100000" if quick else "1000000")
+    figures |= run("bench_failed.py", "--requests", "100000" if quick else "1000000")
     print("| figure | value | target |\n|---|---|---|")
     for key, label, target, higher in ROWS:
         if key not in figures:

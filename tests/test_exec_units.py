@@ -87,7 +87,7 @@ def test_scan_output_reads_ids_and_outcomes_of_every_line_shape(tmp_path, monkey
         Result("ok-3", 200, {}).to_line()[:-20],  # torn last line
     ]
     assert scan._OWN_LINE.match(lines[0]) and scan._OWN_LINE.match(lines[1])
-    assert not scan._OWN_LINE.match(lines[3]) and not scan._OWN_LINE.match(lines[4])
+    assert not scan._OWN_LINE.match(lines[3]) and scan._OWN_LINE.match(lines[4])
     path = tmp_path / "out.jsonl"
     path.write_bytes(b"".join(lines))
     found = scan.scan_output(path)

@@ -86,7 +86,8 @@ def scan_output(path: str | os.PathLike[str]) -> OutputScan:
     fps = scan.fingerprints
     done: list[bytes] = []  # ids of successful own lines, hashed into `scan.ok` in batches
     done_fps: list[int] = []
-    failed: list[str] = []  # ids of failed lines, hashed in batches
+    own_failed: list[bytes] = []  # the same for failed own lines
+    failed_fps: list[int] = []
     failed_keys = array("q")
     with open(path, "rb", buffering=1 << 20) as f:
         for number, raw in enumerate(f, 1):
@@ -100,15 +101,12 @@ def scan_output(path: str | os.PathLike[str]) -> OutputScan:
                     done.append(cid)
                     done_fps.append(NO_FINGERPRINT if fp is None else fp)
                     if len(done) == _BATCH:
-                        _add_done(scan, done, done_fps)
+                        scan.ok.add_keys(_add_fingerprints(scan, done, done_fps))
                 else:
-                    text = cid.decode("utf-8", "replace")
-                    failed.append(text)
-                    fps.add_keys((fingerprint_key(id_key(text), fp or NO_FINGERPRINT),))
-                    scan.fingerprinted += fp is not None
-                    if len(failed) == _BATCH:
-                        failed_keys.extend(map(hash, failed))
-                        failed.clear()
+                    own_failed.append(cid)
+                    failed_fps.append(NO_FINGERPRINT if fp is None else fp)
+                    if len(own_failed) == _BATCH:
+                        failed_keys.extend(_add_fingerprints(scan, own_failed, failed_fps))
                 continue
             if number == 1 and raw.startswith(BOM):
                 raw = raw[len(BOM) :]
@@ -127,10 +125,10 @@ def scan_output(path: str | os.PathLike[str]) -> OutputScan:
             lines += 1
             cid_str, is_failed, fp = found
             if is_failed:
-                failed.append(cid_str)
+                failed_keys.append(id_key(cid_str))
             else:
                 scan.ok.add(cid_str)
-            fps.add_keys((fingerprint_key(id_key(cid_str), fp or NO_FINGERPRINT),))
+            fps.add_keys((fingerprint_key(hash(cid_str), fp or NO_FINGERPRINT),))
             scan.fingerprinted += fp is not None
     if problems:
         shown = "".join(f"\n  {p}" for p in problems[:20])
@@ -142,8 +140,8 @@ def scan_output(path: str | os.PathLike[str]) -> OutputScan:
             f"nothing is cut or changed); fix or remove these lines, or choose another -o:"
             f"{shown}{more}"
         )
-    _add_done(scan, done, done_fps)
-    failed_keys.extend(map(hash, failed))
+    scan.ok.add_keys(_add_fingerprints(scan, done, done_fps))
+    failed_keys.extend(_add_fingerprints(scan, own_failed, failed_fps))
     scan.lines = lines
     scan.keep_bytes = offset if torn_at is None else torn_at
     scan.cut_bytes = offset - scan.keep_bytes
@@ -181,14 +179,15 @@ def _file_kind(mode: int) -> str:
     return next((name for test, name in kinds if test(mode)), "not a regular file")
 
 
-def _add_done(scan: OutputScan, ids: list[bytes], fps: list[int]) -> None:
-    """Hash a batch of successful own lines' ids into `scan.ok` and their fingerprints."""
+def _add_fingerprints(scan: OutputScan, ids: list[bytes], fps: list[int]) -> list[int]:
+    """Record a batch of own lines' fingerprints (in C, mostly); return their ids' keys.
+    Empties both lists."""
     hashes = list(map(hash, _decode_all(ids)))
-    scan.ok.add_keys(hashes)
     scan.fingerprints.add_keys(map(fingerprint_key, hashes, fps))
     scan.fingerprinted += len(fps) - fps.count(NO_FINGERPRINT)
     ids.clear()
     fps.clear()
+    return hashes
 
 
 def _only_failed(keys: array, ok: IdSet) -> IdSet:
@@ -198,6 +197,8 @@ def _only_failed(keys: array, ok: IdSet) -> IdSet:
         return out
     everything = IdSet()
     everything.add_keys(keys)
+    if not ok and not everything.colliding_hashes():
+        return everything  # the common case of a big failed file: a dead server, no success
     met = bytearray(everything.capacity)
     slot, ok_slot, any_ok = everything.slot_key, ok.slot_key, len(ok) > 0
     kept = array("q")
@@ -213,11 +214,12 @@ def _only_failed(keys: array, ok: IdSet) -> IdSet:
 
 # How `Result.to_line` starts a line: `{"id":"batch_req_<24 hex>","custom_id":"<id>",...`. The
 # id and status of such a line are read from their fixed places without decoding the server's
-# body (jsonlbatch writes a 2xx status only with `error` null): a million-line resume starts
-# seconds sooner. Other lines (other tools' files, ids with escapes, `response: null`) are
+# body (jsonlbatch writes a 2xx status only with `error` null, and `response: null` only with
+# an error): a million-line resume starts seconds sooner. Other lines (other tools' files, ids with escapes, `response: null`) are
 # decoded in full.
 _OWN_LINE = re.compile(
-    rb'\{"id":"batch_req_[0-9a-f]{24}","custom_id":"([^"\\\n]+)","response":\{"status_code":(\d)'
+    rb'\{"id":"batch_req_[0-9a-f]{24}","custom_id":"([^"\\\n]+)","response":'
+    rb'(?:\{"status_code":(\d)|null,"error":\{)'
 )
 _BATCH = 1 << 16
 
