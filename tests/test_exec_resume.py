@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import orjson
-from batchutil import cli, exec_cli, read_results, write_requests
+from batchutil import ENV, cli, exec_cli, read_results, write_requests
 
 from jsonlbatch.records import Result
 
@@ -127,3 +129,19 @@ def test_an_output_that_is_not_a_regular_file_is_refused(tmp_path, mock_server):
     assert "is not a regular file (a FIFO)" in proc.stderr
     proc = exec_cli(tmp_path / "req.jsonl", tmp_path, "--url", url, timeout=60)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
+
+
+def test_validate_never_calls_an_unreadable_file_ok_and_reads_pipes(tmp_path):
+    missing = cli("validate", "--kind", "requests", str(tmp_path / "missing.jsonl"))
+    assert missing.returncode == 1 and "cannot read" in missing.stderr
+    assert "ok" not in missing.stdout
+    torn = Result("a", None, error={"code": "x", "message": "y"}).to_line() + b'{"id": "batch_'
+    piped = subprocess.run(
+        [sys.executable, "-m", "jsonlbatch", "validate", "-"],
+        input=torn,
+        capture_output=True,
+        env=ENV,
+        timeout=60,
+    )
+    assert piped.returncode == 1
+    assert b"/dev/stdin:2: torn last line" in piped.stdout

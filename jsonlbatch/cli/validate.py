@@ -11,7 +11,7 @@ from jsonlbatch.exec.validate import validate_file
 
 
 @click.command()
-@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, allow_dash=True))
 @click.option(
     "--kind",
     type=click.Choice(["auto", "requests", "responses"]),
@@ -26,7 +26,7 @@ def validate(files: tuple[str, ...], kind: str) -> None:
     """
     bad = 0
     for path in files:
-        report = validate_file(path, kind)
+        report = validate_file("/dev/stdin" if path == "-" else path, kind)
         if report.ok:
             click.echo(f"{path}: ok ({report.lines} {report.kind[:-1]} lines)")
             continue

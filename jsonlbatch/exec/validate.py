@@ -10,7 +10,7 @@ import orjson
 from jsonlbatch.errors import MAX_PROBLEMS, InputError, Problem, UsageError
 from jsonlbatch.exec.scan import find_duplicates, scan_input
 from jsonlbatch.idset import IdSet
-from jsonlbatch.jsonl import iter_lines
+from jsonlbatch.jsonl import is_regular, iter_lines, spool
 from jsonlbatch.records import check_response
 
 
@@ -27,22 +27,33 @@ class ValidationReport:
 
 
 def validate_file(path: str | os.PathLike[str], kind: str = "auto") -> ValidationReport:
-    """Check a request file (as exec would before sending) or a response file."""
-    path = os.fspath(path)
-    if kind == "auto":
-        kind = detect_kind(path)
-    if kind == "requests":
-        report = ValidationReport(path, kind)
+    """Check a request file (as exec would before sending) or a response file.
+
+    A file that cannot be read twice (a pipe) is read once into a temporary copy, as exec does.
+    A file that cannot be read at all raises `InputError`: that is no "ok".
+    """
+    name = os.fspath(path)
+    if kind not in ("auto", "requests", "responses"):
+        raise UsageError(f"unknown file kind {kind!r}: use requests, responses or auto")
+    source = name if is_regular(name) else spool(name)
+    try:
+        if kind == "auto":
+            kind = detect_kind(source)
+        if kind == "responses":
+            return _validate_responses(source, name)
+        report = ValidationReport(name, kind)
         try:
-            scan = scan_input(path)
+            scan = scan_input(source, name=name)
         except InputError as exc:
+            if not exc.problems:  # unreadable, not a file of lines: no report to give
+                raise
             report.problems = exc.problems
         else:
             report.lines = scan.total
         return report
-    if kind == "responses":
-        return _validate_responses(path)
-    raise UsageError(f"unknown file kind {kind!r}: use requests, responses or auto")
+    finally:
+        if source != name:
+            os.unlink(source)
 
 
 def detect_kind(path: str) -> str:
@@ -58,21 +69,38 @@ def detect_kind(path: str) -> str:
     return "requests"
 
 
-def _validate_responses(path: str) -> ValidationReport:
-    report = ValidationReport(path, "responses")
+def _validate_responses(path: str, name: str) -> ValidationReport:
+    report = ValidationReport(name, "responses")
     seen = IdSet()
+    torn = _unterminated_tail(path)
     for number, raw in iter_lines(path):
         report.lines += 1
         try:
             obj = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
-            report.problems.append(Problem(path, number, None, f"bad JSON: {exc}"))
+            if number == torn:
+                message = "torn last line (no newline at its end: a write cut short); exec cuts it"
+            else:
+                message = f"bad JSON: {exc}"
+            report.problems.append(Problem(name, number, None, message))
         else:
             found = check_response(obj)
-            report.problems += [Problem(path, number, f, m) for f, m in found]
+            report.problems += [Problem(name, number, f, m) for f, m in found]
             if isinstance(obj, dict) and isinstance(obj.get("custom_id"), str):
                 seen.add(obj["custom_id"])
         if len(report.problems) >= MAX_PROBLEMS:
             return report
-    report.problems += find_duplicates(path, seen.colliding_hashes())
+    report.problems += find_duplicates(path, seen.colliding_hashes(), name=name)
     return report
+
+
+def _unterminated_tail(path: str) -> int | None:
+    """The line number of a last line without its newline (what exec treats as torn), or None."""
+    with open(path, "rb") as f:
+        if f.seek(0, os.SEEK_END) == 0:
+            return None
+        f.seek(-1, os.SEEK_END)
+        if f.read(1) == b"\n":
+            return None
+        f.seek(0)
+        return sum(block.count(b"\n") for block in iter(lambda: f.read(1 << 20), b"")) + 1
