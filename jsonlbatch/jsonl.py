@@ -120,6 +120,16 @@ def spool(path: str | os.PathLike[str]) -> str:
     return tmp
 
 
+def same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    """Whether two paths name one file, through symbolic and hard links alike."""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
 def is_regular(path: str | os.PathLike[str]) -> bool:
     """Whether `path` (links followed) is a regular file, the only kind a seek can come back to."""
     try:

@@ -155,3 +155,30 @@ def test_bad_request_files_are_input_errors(tmp_path: Path) -> None:
     assert f"{req}:2: custom_id: 'a' repeats line 1" in text
     assert f"{req}:3: not a JSON object" in text
     assert f"{req}:4: custom_id: missing" in text
+
+
+def test_merge_waits_for_no_exec_and_knows_a_part_under_another_name(tmp_path: Path) -> None:
+    """The output a run is writing is not replaced under it; a hard link to a part is that
+    part."""
+    import os
+
+    from jsonlbatch.errors import OutputError
+    from jsonlbatch.jsonl import OutputLock
+
+    req = _requests(tmp_path / "req.jsonl", ["a"])
+    p1 = _part(tmp_path / "p1.jsonl", [("a", True)])
+    out = tmp_path / "out.jsonl"
+    out.write_bytes(b"")
+    running = OutputLock(out)  # what an exec on `out` holds
+    running.acquire()
+    try:
+        with pytest.raises(OutputError, match="being written by another jsonlbatch run"):
+            merge([p1], req, out)
+    finally:
+        running.release()
+    assert out.read_bytes() == b""
+    os.link(p1, tmp_path / "alias.jsonl")
+    with pytest.raises(UsageError, match="given twice"):
+        merge([p1, tmp_path / "alias.jsonl"], req, out)
+    with pytest.raises(UsageError, match="must not be one of the input files"):
+        merge([p1], req, tmp_path / "alias.jsonl")

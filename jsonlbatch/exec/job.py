@@ -77,6 +77,7 @@ from jsonlbatch.jsonl import (
     remove_stale_rewrites,
     repair_tail,
     rewrite_atomically,
+    same_file,
     spool,
 )
 from jsonlbatch.records import COMPLETIONS_URL, Request, Result, fingerprint
@@ -146,7 +147,7 @@ class Job:
         self.existing: OutputScan | None = None
         self.source = self.requests  # what is read: the request file, or a copy of a pipe
         self._lock = OutputLock(self.output)
-        if _same_file(self.requests, self.output):
+        if same_file(self.requests, self.output):
             raise UsageError("the output file must not be the request file")
 
     def prepare(self) -> InputScan:
@@ -750,16 +751,6 @@ class _Run:
         else:  # the loop is wedged: leave now; only whole lines were ever written
             self._flush()
             os._exit(130)
-
-
-def _same_file(a: str, b: str) -> bool:
-    """Whether two paths name one file (through links too)."""
-    if os.path.realpath(a) == os.path.realpath(b):
-        return True
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
 
 
 def _http_result(

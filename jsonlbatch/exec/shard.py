@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import orjson
 
 from jsonlbatch.errors import InputError, Problem, UsageError
-from jsonlbatch.jsonl import iter_lines, rewrite_atomically
+from jsonlbatch.jsonl import OutputLock, iter_lines, rewrite_atomically, same_file
 from jsonlbatch.records import check_response, is_failure
 
 _SHOWN_PER_KIND = 5
@@ -139,17 +139,22 @@ def merge(
             summary.ok += 1
         else:
             summary.failed += 1
-    rewrite_atomically(output, _chosen_lines(paths, slots))
+    lock = OutputLock(output)  # not while an exec (or another merge) writes it
+    lock.acquire()
+    try:
+        rewrite_atomically(output, _chosen_lines(paths, slots))
+    finally:
+        lock.release()
     return summary
 
 
 def _check_paths(parts: list[str], requests: str, output: str) -> None:
     if not parts:
         raise UsageError("merge needs at least one part file")
-    real = [os.path.realpath(p) for p in parts]
-    if len(set(real)) != len(real):
-        raise UsageError("a part file is given twice")
-    if os.path.realpath(output) in {*real, os.path.realpath(requests)}:
+    for i, part in enumerate(parts):
+        if any(same_file(part, other) for other in parts[:i]):
+            raise UsageError("a part file is given twice")
+    if any(same_file(output, p) for p in (*parts, requests)):  # links included
         raise UsageError(f"the output {output} must not be one of the input files")
 
 
