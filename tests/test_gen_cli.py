@@ -279,3 +279,17 @@ def test_round_trip_gen_then_exec_on_the_mock(tmp_path):
         assert line["error"] is None and line["response"]["status_code"] == 200
         choices = line["response"]["body"]["choices"]
         assert len(choices) == sent[cid]["body"].get("n", 1)
+
+
+def test_force_through_a_symlink_writes_the_real_file(tmp_path):
+    data = write_jsonl(tmp_path / "d.jsonl", [{"q": "new"}])
+    real = tmp_path / "store" / "r.jsonl"
+    real.parent.mkdir()
+    real.write_text("old\n")
+    link = tmp_path / "r.jsonl"
+    link.symlink_to(real)
+    proc = gen("--data", data, "--prompt", "{{ q }}", "--model", "m", "-o", link, "--force")
+    assert proc.returncode == 0, proc.stderr
+    assert link.is_symlink()
+    assert read(real)[0]["body"]["messages"][0]["content"] == "new"
+    assert sorted(p.name for p in real.parent.iterdir()) == ["r.jsonl"]

@@ -265,7 +265,8 @@ class RequestWriter:
             raise OutputError(f"{self.path} exists; refusing to overwrite it (--force replaces it)")
 
     def _open_temp(self) -> tuple[IO[bytes], str]:
-        directory, name = os.path.split(os.path.abspath(self.path))
+        # beside the real file: a symbolic link given as -o is written through, not replaced
+        directory, name = os.path.split(os.path.realpath(self.path))
         try:
             os.makedirs(directory, exist_ok=True)  # as exec does for its output
             fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
@@ -283,7 +284,7 @@ class RequestWriter:
                 file.close()
                 os.chmod(self._tmp, 0o644)  # mkstemp's 0600 would surprise whoever reads it next
                 self._refuse_overwrite()  # it may have appeared while we wrote
-                os.replace(self._tmp, self.path)
+                os.replace(self._tmp, os.path.realpath(self.path))
             except OSError as exc:
                 Path(self._tmp).unlink(missing_ok=True)
                 raise OutputError(f"cannot write {self.path}: {exc.strerror}") from None
