@@ -12,14 +12,13 @@ process's peak RSS. Target (issue 11): under 150 MB for 1,000,000 failed lines.
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from bench_memory import write_requests
+from bench_memory import parse_args, write_requests
 
 from jsonlbatch.records import Result
 
@@ -63,12 +62,7 @@ def prepare(req: Path, out: Path, retry: bool) -> tuple[int, float, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--requests", type=int, default=1_000_000)
-    ap.add_argument("--json", action="store_true", help="print one JSON object of the figures")
-    args = ap.parse_args()
+    args = parse_args(__doc__)
     with tempfile.TemporaryDirectory() as tmp:
         req, out = Path(tmp) / "req.jsonl", Path(tmp) / "out.jsonl"
         write_requests(req, 0, args.requests)

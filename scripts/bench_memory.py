@@ -65,13 +65,18 @@ def run_exec(
     return usage.ru_maxrss / 1024, wall, first_write
 
 
-def main() -> None:
+def parse_args(doc: str | None) -> argparse.Namespace:
+    """`--requests N` (a million by default) and `--json`: the options of the big-file benches."""
     ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--requests", type=int, default=1_000_000)
     ap.add_argument("--json", action="store_true", help="print one JSON object of the figures")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = parse_args(__doc__)
     with tempfile.TemporaryDirectory() as tmp:
         req, out = Path(tmp) / "req.jsonl", Path(tmp) / "out.jsonl"
         write_requests(req, 0, args.requests)
