@@ -91,9 +91,12 @@ def prefetch(path: str | os.PathLike[str], limit: int = 1 << 30) -> None:
         os.close(fd)
 
 
-def read_lines_at(path: str | os.PathLike[str], offsets: Iterable[int]) -> Iterator[bytes]:
+def read_lines_at(
+    path: str | os.PathLike[str], offsets: Iterable[int], *, strip: bool = True
+) -> Iterator[bytes]:
     """The lines starting at `offsets` (ascending), read without scanning the lines between,
-    exactly as `iter_lines_at` gave them (edges stripped alike, so what was checked is sent)."""
+    exactly as `iter_lines_at` gave them (edges stripped alike, so what was checked is sent);
+    `strip=False` gives the physical lines, newline included (to tell a torn one)."""
     with open(path, "rb", buffering=_READ_BUFFER) as f:
         position = 0
         for offset in offsets:
@@ -101,7 +104,7 @@ def read_lines_at(path: str | os.PathLike[str], offsets: Iterable[int]) -> Itera
                 f.seek(offset)
             raw = f.readline()
             position = offset + len(raw)
-            yield raw.strip()
+            yield raw.strip() if strip else raw
 
 
 def spool(path: str | os.PathLike[str]) -> str:

@@ -58,7 +58,7 @@ def looks_like_responses(path: str) -> bool:
                 and ("response" in obj or "error" in obj)
                 and "body" not in obj
             )
-    except OSError:
+    except (OSError, InputError):  # unreadable, or a JSON array (a .json dataset)
         return False
     return False
 
@@ -238,7 +238,7 @@ def _at(where: Problem, field: str | None, message: str) -> Problem:
 
 
 def _is_last(path: str, start: int) -> bool:
-    lines = read_lines_at(path, [start])
+    lines = read_lines_at(path, [start], strip=False)
     try:
         return not next(lines, b"").endswith(b"\n")
     finally:

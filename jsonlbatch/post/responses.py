@@ -113,7 +113,7 @@ def _lines(paths: Sequence[str]) -> Iterator[tuple[int, str, int, dict[str, Any]
 def _torn(path: str, start: int, raw: bytes) -> bool:
     """Whether the line read as `raw` at byte `start` was a torn write: it had no newline yet
     (it is the last line), or it has grown since (a writer was finishing it)."""
-    lines = read_lines_at(path, [start])
+    lines = read_lines_at(path, [start], strip=False)
     try:
         physical = next(lines, b"")
     except OSError:  # gone since: cannot tell, so it is reported as bad
