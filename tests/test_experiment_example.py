@@ -44,10 +44,11 @@ def test_the_example_runs_its_judge_loop_and_reruns_nothing(tmp_path):
     ]
     assert sorted(j["rounds"] for j in judged) == [1, 1, 1, 2, 3]
     assert all(j["passed"] and j["round"] == j["rounds"] for j in judged)
+    assert (root / "b" / "results.csv").read_text().count("\n") == 1 + 5  # header + a row a task
     report = (root / "report.md").read_text()
     assert "| a | 0.0 | 42 | - |" in report and "3 + 1 + 1" in report
 
     again = cli("run", str(example), "--runs", str(runs), timeout=120)
     assert again.returncode == 0, again.stderr
     assert "starting server" not in again.stderr  # nothing to send: no server was even launched
-    assert "0 steps ran, 8 unchanged" in again.stderr
+    assert "0 steps ran, 10 unchanged" in again.stderr

@@ -5,6 +5,7 @@ Request counts come from the mock's own `/mock/stats`, so "sends nothing" is wha
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import signal
@@ -56,7 +57,7 @@ def write_experiment(folder: Path, url: str, *, rows: int = 6, b_temperature: fl
     (folder / "files.json").write_text(json.dumps({r["id"]: {"a.py": "x = 1\n"} for r in data}))
     post = {"votes": {"extract": ["last-number"], "gold": gold}, "files": None,
             "patches": {"files_json": "files.json"}}  # fmt: skip
-    steps += [{"post": post},
+    steps += [{"post": post}, {"export": {"format": "csv"}},
               {"report": {"compare": ["a", "b"]}}]  # fmt: skip
     spec = {
         "experiment": {"id": "exp1"},
@@ -95,6 +96,10 @@ def test_rerun_sends_nothing_and_a_changed_setting_reruns_only_its_dependants(
         assert len((root / name / "votes.jsonl").read_bytes().splitlines()) == 6
     assert (root / "a" / "files" / "manifest.jsonl").exists()
     assert len((root / "a" / "predictions.jsonl").read_bytes().splitlines()) == 6
+    with open(root / "a" / "results.csv", newline="") as f:
+        table = list(csv.DictReader(f))
+    assert [r["custom_id"] for r in table] == [f"t{i}" for i in range(6)]
+    assert {"answer", "voted_answer", "correct", "patch", "files"} <= set(table[0])
     report = (root / "report.md").read_text()
     assert "instances with a patch" in report and "files written" in report
     assert "| a |" in report and "| b |" in report and "judge passed" in report
@@ -111,11 +116,11 @@ def test_rerun_sends_nothing_and_a_changed_setting_reruns_only_its_dependants(
     third = statuses(run_experiment(str(path), runs_dir=runs, quiet=True))
     assert {k: v for k, v in third.items() if k[0] == "a"} == {
         ("a", s): "skipped"
-        for s in ("gen", "exec", "judge", "post.votes", "post.files", "post.patches")
+        for s in ("gen", "exec", "judge", "post.votes", "post.files", "post.patches", "export")
     }
     assert {k: v for k, v in third.items() if k[0] == "b"} == {
         ("b", s): "ran"
-        for s in ("gen", "exec", "judge", "post.votes", "post.files", "post.patches")
+        for s in ("gen", "exec", "judge", "post.votes", "post.files", "post.patches", "export")
     }
     assert (root / "a" / "responses.jsonl").read_bytes() == a_before
     assert sent(url) > after_first
@@ -127,9 +132,9 @@ def test_rerun_sends_nothing_and_a_changed_setting_reruns_only_its_dependants(
     write_experiment(tmp_path / "exp", url, b_temperature=0.3, gold="gold2.jsonl")
     fourth = statuses(run_experiment(str(path), runs_dir=runs, quiet=True))
     # (and only the votes part of post: the extracted files do not depend on the gold file)
+    # (and the export, which joins the votes)
     assert [k for k, v in fourth.items() if v == "ran"] == [
-        ("a", "post.votes"),
-        ("b", "post.votes"),
+        (c, s) for c in ("a", "b") for s in ("post.votes", "export")
     ]
     assert sent(url) == before
 

@@ -1,4 +1,4 @@
-"""The parts of an experiment's `post` step, each a call into `jsonlbatch.post`.
+"""The parts of an experiment's `post` step, each a call into `jsonlbatch.post`, and `export`.
 
 Each part is its own step in `steps.json` (`post.votes`, `post.files`, `post.patches`), so a
 changed vote setting does not extract the deliverable files again. A part returns what it wrote
@@ -12,7 +12,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from jsonlbatch.post.files import Limits, extract_files
+from jsonlbatch.post.export import export
+from jsonlbatch.post.files import MANIFEST, Limits, extract_files
 from jsonlbatch.post.patches import instance_sources, run_patches
 from jsonlbatch.post.sandbox import RunLimits
 from jsonlbatch.post.votes import run_votes
@@ -108,3 +109,39 @@ def input_files(part: Part, settings: Mapping[str, Any]) -> list[str | None]:
         value = settings.get(key)
         out.append(value if isinstance(value, str) and os.path.isfile(value) else None)
     return out
+
+
+def export_results(
+    source: str, out: str, requests: str, folder: str, s: Mapping[str, Any]
+) -> dict[str, Any]:
+    """`jsonlbatch export` of the condition's answers, joined with whatever post wrote in
+    `folder` (votes, patches, files)."""
+    joins = {
+        "votes": os.path.join(folder, PARTS["votes"].output),
+        "patches": os.path.join(folder, PARTS["patches"].output),
+        "files": os.path.join(folder, PARTS["files"].output),
+    }
+    given = {k: v for k, v in joins.items() if os.path.exists(v)}
+    columns = s.get("columns") or ()
+    summary = export(
+        source,
+        out,
+        requests=requests,
+        per=s.get("per", "request"),
+        columns=[columns] if isinstance(columns, str) else list(columns),
+        into=s.get("into"),
+        on=s.get("on"),
+        fmt=s.get("format", "jsonl"),
+        **given,
+    )
+    return {"rows": summary.rows, "format": summary.format, "missing": summary.missing}
+
+
+def export_inputs(folder: str, requests: str) -> list[str | None]:
+    """The files an export reads besides the answers, for the hash computed before it runs."""
+    return [
+        requests,
+        os.path.join(folder, PARTS["votes"].output),
+        os.path.join(folder, PARTS["patches"].output),
+        os.path.join(folder, PARTS["files"].output, MANIFEST),
+    ]

@@ -30,7 +30,7 @@ from jsonlbatch.errors import UsageError
 from jsonlbatch.exec import execute
 from jsonlbatch.experiment.compare import write_comparison
 from jsonlbatch.experiment.judge import JudgeConfig, run_judge
-from jsonlbatch.experiment.posting import PARTS, input_files
+from jsonlbatch.experiment.posting import PARTS, export_inputs, export_results, input_files
 from jsonlbatch.experiment.spec import Condition, Experiment, Step, load_experiment
 from jsonlbatch.experiment.state import StepState, step_hash
 from jsonlbatch.gen import RequestWriter, write_requests
@@ -325,9 +325,27 @@ class _ConditionRun:
             self.say(f"judge: {detail}")
             return Outcome(self.cond.name, "judge", "ran", detail)
 
-    def post(self, step: Step) -> list[Outcome]:
+    @property
+    def answers(self) -> str:
+        """The answers post and export read: the judged ones after a judge step."""
         judged = self.exp.step("judge") is not None
-        source = os.path.join(self.dir, "judge", "final.jsonl") if judged else self.responses
+        return os.path.join(self.dir, "judge", "final.jsonl") if judged else self.responses
+
+    def export(self, step: Step) -> Outcome:
+        s = step.settings
+        out = os.path.join(self.dir, f"results.{s.get('format', 'jsonl')}")
+        files = [self.answers, *export_inputs(self.dir, self.requests), s.get("into")]
+        digest = step_hash("export", s, files)
+        with self._step("export", digest, [out]) as skipped:
+            if skipped:
+                return skipped
+            summary = export_results(self.answers, out, self.requests, self.dir, s)
+            self.state.finish("export", digest, summary)
+            self.say(f"export: {summary['rows']} rows -> {out}")
+            return Outcome(self.cond.name, "export", "ran", f"{summary['rows']} rows")
+
+    def post(self, step: Step) -> list[Outcome]:
+        source = self.answers
         outcomes = []
         for key, part in PARTS.items():
             settings = step.settings.get(key)

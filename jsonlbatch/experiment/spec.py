@@ -19,7 +19,7 @@ from typing import Any
 
 from jsonlbatch.errors import InputError, JsonlbatchError, Problem, UsageError
 
-STEP_KINDS = ("exec", "judge", "post", "report")
+STEP_KINDS = ("exec", "judge", "post", "export", "report")
 REPORT_FORMATS = ("md", "html", "json", "text")
 
 # Key -> the kind of value it takes. "path" is a file that must exist (relative to the file).
@@ -92,6 +92,7 @@ _STEPS: dict[str, dict[str, str]] = {
         "params": _MAP,
     },
     "post": {"votes": _MAP, "files": _MAP, "patches": _MAP},
+    "export": {"format": _STR, "per": _STR, "columns": _STRS, "into": _PATH, "on": _STR},
     "report": {"compare": "list", "formats": "list"},
 }
 _VOTES = {"extract": _STRS, "gold": _PATH, "normalize": _STR, "tie_break": _STR}
@@ -398,11 +399,16 @@ class _Checker:
             getattr(self, f"step_{kind}")(checked, (*at, kind), conditions)
             out.append(Step(kind, checked, self.lines.get(at)))
         kinds = [s.kind for s in out]
-        for kind in ("judge", "post"):
+        for kind in ("judge", "post", "export"):
             if kind in kinds and ("exec" not in kinds or kinds.index("exec") > kinds.index(kind)):
                 self.problem(("steps",), f"{kind} needs an exec step before it")
-        if "judge" in kinds and "post" in kinds and kinds.index("post") < kinds.index("judge"):
-            self.problem(("steps",), "post comes after judge (it reads the judged answers)")
+        for first, then, why in (
+            ("judge", "post", "it reads the judged answers"),
+            ("judge", "export", "it exports the judged answers"),
+            ("post", "export", "it joins what post wrote"),
+        ):
+            if first in kinds and then in kinds and kinds.index(then) < kinds.index(first):
+                self.problem(("steps",), f"{then} comes after {first} ({why})")
         return out
 
     def step_exec(self, settings: dict[str, Any], at: tuple[str, ...], _: list[str]) -> None:
@@ -459,6 +465,17 @@ class _Checker:
             if isinstance(patches.get("files_json"), str):  # may be a template: not checked
                 patches["files_json"] = os.path.join(self.base, patches["files_json"])
             settings["patches"] = patches
+
+    def step_export(self, settings: dict[str, Any], at: tuple[str, ...], _: list[str]) -> None:
+        from jsonlbatch.post.export import PER
+        from jsonlbatch.post.table_io import TABLE_FORMATS
+
+        if settings.get("format", "jsonl") not in TABLE_FORMATS:
+            self.problem((*at, "format"), f"one of {', '.join(TABLE_FORMATS)}")
+        if settings.get("per", "request") not in PER:
+            self.problem((*at, "per"), f"one of {', '.join(PER)}")
+        if ("into" in settings) != ("on" in settings):
+            self.problem(at, "into (a dataset table) and on (its key column) go together")
 
     def step_report(
         self, settings: dict[str, Any], at: tuple[str, ...], conditions: list[str]
