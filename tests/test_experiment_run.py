@@ -15,7 +15,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from batchutil import cli, read_results, start_cli
+from batchutil import cli, failures, read_results, start_cli
 from conftest import free_port
 
 from jsonlbatch.errors import InputError
@@ -240,3 +240,16 @@ def test_ctrl_c_mid_exec_tears_down_the_launched_server_and_the_rerun_finishes(t
     assert "exec: resuming" in again.stderr
     assert sorted(read_results(responses)) == sorted(f"t{i}" for i in range(60))
     assert port_is_free("127.0.0.1", port)
+
+
+def test_failed_requests_make_exit_status_3_as_exec_does(tmp_path, mock_server):
+    url = mock_server(fail_rate=0.5, seed=3)
+    path = write_experiment(tmp_path / "exp", url, judge=False)
+    spec = json.loads(path.read_text())
+    spec["steps"][0]["exec"]["max_retries"] = 0  # record the injected 500s at once
+    path.write_text(json.dumps(spec))
+    proc = cli("run", str(path), "--runs", str(tmp_path / "runs"), "--condition", "a")
+    assert proc.returncode == 3, proc.stderr
+    assert "some requests failed (a: " in proc.stderr
+    results = read_results(tmp_path / "runs" / "exp1" / "a" / "responses.jsonl")
+    assert len(results) == 6 and 0 < len(failures(results)) < 6

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import sys
+
 import click
 
 from jsonlbatch.experiment.runner import run_experiment
 from jsonlbatch.experiment.spec import load_experiment
+
+#: As `jsonlbatch exec`: the run finished but some requests failed.
+EXIT_SOME_FAILED = 3
 
 
 @click.command("run")
@@ -37,7 +42,8 @@ def run(
 
     The file is checked before anything runs. Run it again and unchanged steps are skipped (by
     content hash), an interrupted exec resumes, and a changed setting re-runs only the steps
-    that depend on it. See docs/experiments.md.
+    that depend on it. See docs/experiments.md. Exit status: 0 done, 1 a bad file, 3 some
+    requests failed (their lines say why), 130 interrupted (run it again to resume).
     """
     experiment = load_experiment(experiment_file)
     if check:
@@ -58,3 +64,9 @@ def run(
             f"results in {result.directory}",
             err=True,
         )
+    if result.failed:
+        counts = ", ".join(f"{name}: {n}" for name, n in result.failed.items())
+        click.echo(
+            f"some requests failed ({counts}); their lines in responses.jsonl say why", err=True
+        )
+        sys.exit(EXIT_SOME_FAILED)

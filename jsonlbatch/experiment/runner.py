@@ -65,6 +65,7 @@ class ExperimentResult:
     outcomes: list[Outcome] = field(default_factory=list)
     reports: list[str] = field(default_factory=list)
     table: str = ""  # the conditions side by side, when the file has a report step
+    failed: dict[str, int] = field(default_factory=dict)  # failed first-round requests
 
     def sent_anything(self) -> bool:
         return any(o.status != "skipped" and o.step in ("exec", "judge") for o in self.outcomes)
@@ -92,6 +93,9 @@ def run_experiment(
             continue
         runner = _ConditionRun(exp, condition, os.path.join(root, condition.name), quiet, say)
         result.outcomes += runner.run()
+        failed = (runner.state.summary("exec") or {}).get("failed", 0)
+        if failed:
+            result.failed[condition.name] = failed
     report = exp.step("report")
     if report is not None:
         compared = report.settings.get("compare") or names
