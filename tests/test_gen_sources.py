@@ -228,3 +228,12 @@ def test_select_rejects_bad_numbers():
         select([], limit=-1)
     with pytest.raises(UsageError):
         select([], sample=0)
+
+
+def test_csv_header_with_a_repeated_column_is_refused(tmp_path):
+    """`q,q` silently kept the last cell (issue 11, item 22)."""
+    p = tmp_path / "d.csv"
+    p.write_text("q,a,q\n1,2,3\n")
+    with pytest.raises(InputError) as exc:
+        rows_of(p)
+    assert f"{p}:1: q: column 'q' appears more than once" in str(exc.value)

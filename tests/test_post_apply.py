@@ -176,3 +176,24 @@ def test_repo_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
     result = apply_edits([Edit("pipe.py", "x\n", "y\n")], RepoFiles(str(repo)))
     [r] = result.results
     assert not r.ok and r.reason == "pipe.py is not a regular file"
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "a\x85b.txt",  # NEL, a C1 control
+        "evil\u202egpj.exe",  # RIGHT-TO-LEFT OVERRIDE: shows as evilexe.jpg
+        "a\u200bb.py",  # ZERO WIDTH SPACE
+        "a\u2028b",  # LINE SEPARATOR
+        "\u2066x\u2069.py",  # bidi isolates
+        "a\ufeffb",  # a BOM inside a name
+    ],
+)
+def test_control_format_and_bidi_characters_are_refused(name: str) -> None:
+    """Issue 11, item 20: every Unicode control, format and bidi character, not only C0."""
+    with pytest.raises(UnsafePathError, match="control or invisible character"):
+        safe_relpath(name)
+
+
+def test_ordinary_unicode_names_pass() -> None:
+    assert safe_relpath("données/résumé é 数据.txt") == "données/résumé é 数据.txt"

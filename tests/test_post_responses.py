@@ -179,3 +179,26 @@ def test_only_a_last_line_without_newline_is_torn(tmp_path: Path) -> None:
     unused = Unused()
     assert list(iter_groups(str(path), unused=unused)) == []
     assert unused.counts == {"torn last line (file still being written?)": 1}
+
+
+def test_unicode_digits_in_ids_group_and_sort_without_crashing(tmp_path: Path) -> None:
+    """`q|1²`: `str.isdigit` takes the superscript, `int` does not; sorting a group by the
+    numbers in its ids must only ever parse ASCII digits (issue 11, item 19)."""
+    path = write_jsonl(
+        tmp_path / "r.jsonl",
+        [chat_line("q|1²", "a"), chat_line("q|10", "b"), chat_line("q|2", "c"), chat_line("q|١", "d")],
+    )
+    groups = list(iter_groups([str(path)], make_key()))
+    assert [g.key for g in groups] == ["q"]
+    assert [s.custom_id for s in groups[0].samples] == ["q|1²", "q|2", "q|10", "q|١"]
+
+
+def test_votes_and_patches_cli_take_unicode_digit_ids(tmp_path: Path) -> None:
+    from postutil import post
+
+    path = write_jsonl(tmp_path / "r.jsonl", [chat_line("q|1²", "\\boxed{4}"), chat_line("q|2", "x")])
+    votes = post("votes", path, "-o", tmp_path / "v.jsonl")
+    assert votes.returncode == 0, votes.stderr
+    assert "Traceback" not in votes.stderr
+    patches = post("patches", path, "-o", tmp_path / "p.jsonl")
+    assert "Traceback" not in patches.stderr

@@ -15,7 +15,7 @@ import json
 import os
 import random
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -175,6 +175,7 @@ def _csv_rows(stream: IO[str], path: str) -> Iterator[Row]:
     reader = csv.DictReader(stream)
     index = 0
     try:
+        _check_columns(reader.fieldnames or [], path, "CSV header", 1)
         for record in reader:
             row = Row(path, index, reader.line_num, record)
             if None in record:
@@ -188,6 +189,18 @@ def _csv_rows(stream: IO[str], path: str) -> Iterator[Row]:
             index += 1
     except csv.Error as exc:
         raise InputError("bad CSV", [Problem(path, reader.line_num, None, str(exc))]) from None
+
+
+def _check_columns(names: Sequence[str], path: str, what: str, line: int | None) -> None:
+    """A repeated column name would silently lose a column (a row's dict keeps the last)."""
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise InputError(
+                f"bad {what}",
+                [Problem(path, line, name, f"column {name!r} appears more than once")],
+            )
+        seen.add(name)
 
 
 def _json_list_rows(stream: IO[str], path: str) -> Iterator[Row]:
@@ -215,7 +228,9 @@ def _parquet_rows(path: str) -> Iterator[Row]:
             "reading Parquet needs pyarrow: pip install 'jsonlbatch[parquet]'"
         ) from None
     try:
-        batches = pq.ParquetFile(path).iter_batches(batch_size=1024)
+        parquet = pq.ParquetFile(path)
+        _check_columns(parquet.schema_arrow.names, path, "Parquet schema", None)
+        batches = parquet.iter_batches(batch_size=1024)
         index = 0
         for batch in batches:
             for record in batch.to_pylist():

@@ -12,6 +12,7 @@ import errno
 import os
 import re
 import stat
+import unicodedata
 from collections.abc import Sequence
 
 from jsonlbatch.errors import JsonlbatchError, UsageError
@@ -27,6 +28,12 @@ class UnsafePathError(JsonlbatchError):
     """A model-chosen path that would leave its root (or go through a symlink)."""
 
 
+#: Unicode categories refused in file names: controls (C0, DEL, C1 such as U+0085), format
+#: characters (bidi overrides such as U+202E that make `evil\u202egpj.exe` show as
+#: `evilexe.jpg`, zero-width joiners), surrogates, and line/paragraph separators.
+_INVISIBLE = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+
+
 def safe_relpath(name: str, strip_prefixes: Sequence[str] = ()) -> str:
     """Turn a model's file name into a clean relative POSIX path, or raise `UnsafePathError`.
 
@@ -40,8 +47,10 @@ def safe_relpath(name: str, strip_prefixes: Sequence[str] = ()) -> str:
         if prefix and path.startswith(prefix):
             path = path[len(prefix) :]
             break
-    if any(ord(c) < 32 or c == "\x7f" for c in path):
-        raise UnsafePathError(f"control character in file name {name!r}")
+    bad = next((c for c in path if unicodedata.category(c) in _INVISIBLE), None)
+    if bad is not None:
+        what = unicodedata.name(bad, f"U+{ord(bad):04X}")
+        raise UnsafePathError(f"control or invisible character {what} in file name {name!r}")
     if "\\" in path:
         raise UnsafePathError(f"backslash in file name {name!r}")
     if path.startswith("/") or path.startswith("~") or _DRIVE.match(path):

@@ -181,10 +181,15 @@ def make_key(
     return split_key(DEFAULT_SEPARATORS if separators is None else separators)
 
 
+#: Runs of ASCII digits only: `str.isdigit` and `\d` also take superscripts and other
+#: scripts' digits, some of which `int` refuses (`q|1²`).
+_ASCII_DIGITS = re.compile(r"([0-9]+)")
+
+
 def _order(sample: Sample) -> tuple[Any, ...]:
     natural = tuple(
-        (0, int(part), "") if part.isdigit() else (1, 0, part)
-        for part in re.split(r"(\d+)", sample.custom_id)
+        (0, int(part), "") if _ASCII_DIGITS.fullmatch(part) else (1, 0, part)
+        for part in _ASCII_DIGITS.split(sample.custom_id)
         if part
     )
     return (sample.source, natural, sample.index)
