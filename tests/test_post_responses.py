@@ -186,7 +186,12 @@ def test_unicode_digits_in_ids_group_and_sort_without_crashing(tmp_path: Path) -
     numbers in its ids must only ever parse ASCII digits (issue 11, item 19)."""
     path = write_jsonl(
         tmp_path / "r.jsonl",
-        [chat_line("q|1²", "a"), chat_line("q|10", "b"), chat_line("q|2", "c"), chat_line("q|١", "d")],
+        [
+            chat_line("q|1²", "a"),
+            chat_line("q|10", "b"),
+            chat_line("q|2", "c"),
+            chat_line("q|١", "d"),
+        ],
     )
     groups = list(iter_groups([str(path)], make_key()))
     assert [g.key for g in groups] == ["q"]
@@ -196,7 +201,9 @@ def test_unicode_digits_in_ids_group_and_sort_without_crashing(tmp_path: Path) -
 def test_votes_and_patches_cli_take_unicode_digit_ids(tmp_path: Path) -> None:
     from postutil import post
 
-    path = write_jsonl(tmp_path / "r.jsonl", [chat_line("q|1²", "\\boxed{4}"), chat_line("q|2", "x")])
+    path = write_jsonl(
+        tmp_path / "r.jsonl", [chat_line("q|1²", "\\boxed{4}"), chat_line("q|2", "x")]
+    )
     votes = post("votes", path, "-o", tmp_path / "v.jsonl")
     assert votes.returncode == 0, votes.stderr
     assert "Traceback" not in votes.stderr
