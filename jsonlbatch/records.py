@@ -24,6 +24,7 @@ from typing import Any
 import orjson
 
 from jsonlbatch.errors import InputError, Problem
+from jsonlbatch.redact import redact_line
 
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
@@ -184,6 +185,9 @@ class Result:
         return self.error is None and self.status_code is not None and 200 <= self.status_code < 300
 
     def to_line(self) -> bytes:
+        """The line to save, with secrets masked (`redact_line`: a failure's texts and body are
+        searched for credential shapes too; a success's bytes stay as they are unless they
+        hold a registered secret)."""
         response = None
         if self.status_code is not None:
             response = {
@@ -191,18 +195,17 @@ class Result:
                 "request_id": self.request_id,
                 "body": self.body,
             }
-        return (
-            orjson.dumps(
-                {
-                    "id": "batch_req_" + os.urandom(12).hex(),
-                    "custom_id": self.custom_id,
-                    "response": response,
-                    "error": self.error,
-                    "metrics": self.metrics,
-                }
-            )
-            + b"\n"
+        line = orjson.dumps(
+            {
+                "id": "batch_req_" + os.urandom(12).hex(),
+                "custom_id": self.custom_id,
+                "response": response,
+                "error": self.error,
+                "metrics": self.metrics,
+            },
+            option=orjson.OPT_APPEND_NEWLINE,
         )
+        return redact_line(line, thorough=not self.ok)
 
 
 def is_failure(obj: dict[str, Any]) -> bool:

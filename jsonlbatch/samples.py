@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 
 from jsonlbatch.records import is_failure
+from jsonlbatch.redact import redact
 
 #: Separators of `<group><sep><sample>` custom_ids: Agentless `id|3`, `id#3`, `id__pass3`.
 DEFAULT_SEPARATORS: tuple[str, ...] = ("|", "#", "__pass")
@@ -104,7 +105,7 @@ def _failure_reason(obj: dict[str, Any]) -> str:
         message = inner.get("message") if isinstance(inner, dict) else inner
     parts = [f"HTTP {status}"] if isinstance(status, int) else []
     if message:
-        parts.append(str(message)[:200])
+        parts.append(redact(str(message), limit=200))
     return ": ".join(parts) or "failed"
 
 

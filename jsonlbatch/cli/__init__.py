@@ -22,11 +22,18 @@ from jsonlbatch.cli import run as _run
 from jsonlbatch.cli import serve as _serve
 from jsonlbatch.cli import validate as _validate
 from jsonlbatch.errors import JsonlbatchError
-from jsonlbatch.redact import redact
+from jsonlbatch.redact import RedactingStream, redact, register_environment
 
 
 class _Group(click.Group):
-    """A click group that renders `JsonlbatchError` without a traceback."""
+    """A click group that renders `JsonlbatchError` without a traceback, and masks secrets in
+    everything written to stderr (`RedactingStream`: progress, notes, click's own messages)."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        register_environment()
+        if not isinstance(sys.stderr, RedactingStream):
+            sys.stderr = RedactingStream(sys.stderr)
+        return super().main(*args, **kwargs)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:

@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from jsonlbatch.cli.params import COUNT, COUNT_OR_ZERO, SECONDS, SECONDS_OR_ZERO, HttpUrl, NonEmpty
 from jsonlbatch.cli.serve_options import serve_options, serve_options_from_kwargs
 from jsonlbatch.errors import Interrupted, UsageError
 from jsonlbatch.exec.job import ExecOptions, Job, run_coroutine
@@ -22,11 +23,14 @@ EXIT_SOME_FAILED = 3
 
 
 def parse_headers(values: tuple[str, ...]) -> dict[str, str]:
+    """`--header KEY=VALUE` items. Every value is a secret (registered at once); a malformed
+    item is not quoted back, since it may be `Authorization: Bearer ...` written with a colon."""
     headers = {}
     for item in values:
         key, sep, value = item.partition("=")
+        register_secret(value if sep else item)
         if not sep or not key.strip():
-            raise UsageError(f"--header wants KEY=VALUE, got {item!r}")
+            raise UsageError("--header wants KEY=VALUE (the value is kept secret)")
         headers[key.strip()] = value
     return headers
 
@@ -44,12 +48,16 @@ def parse_headers(values: tuple[str, ...]) -> dict[str, str]:
     "--url",
     "urls",
     multiple=True,
+    type=HttpUrl(),
     metavar="URL",
     help="OpenAI-compatible base URL, e.g. http://localhost:8000/v1 (repeat for several).",
 )
-@click.option("-c", "--concurrency", default=256, show_default=True, help="Requests in flight.")
+@click.option(
+    "-c", "--concurrency", type=COUNT, default=256, show_default=True, help="Requests in flight."
+)
 @click.option(
     "--model",
+    type=NonEmpty(),
     metavar="NAME|auto",
     help="Override every request's model; 'auto' uses the one the server serves.",
 )
@@ -62,6 +70,7 @@ def parse_headers(values: tuple[str, ...]) -> dict[str, str]:
 @click.option("--header", "headers", multiple=True, metavar="KEY=VALUE", help="Extra HTTP header.")
 @click.option(
     "--timeout",
+    type=SECONDS,
     default=1800.0,
     show_default=True,
     metavar="SECONDS",
@@ -69,12 +78,14 @@ def parse_headers(values: tuple[str, ...]) -> dict[str, str]:
 )
 @click.option(
     "--max-retries",
+    type=COUNT_OR_ZERO,
     default=8,
     show_default=True,
     help="Retries for timeouts, dropped connections, 408/429/5xx.",
 )
 @click.option(
     "--ready-timeout",
+    type=SECONDS_OR_ZERO,
     default=1800.0,
     show_default=True,
     metavar="SECONDS",
@@ -83,6 +94,7 @@ def parse_headers(values: tuple[str, ...]) -> dict[str, str]:
 @click.option(
     "--backoff",
     "backoff_base",
+    type=SECONDS_OR_ZERO,
     default=1.0,
     show_default=True,
     metavar="SECONDS",
@@ -163,10 +175,7 @@ def exec_(
     if requests == "-":  # read once into a temporary file, like any other pipe
         requests = "/dev/stdin"
     serve = serve_options_from_kwargs(kwargs)
-    if serve is not None and serve.api_key:
-        kwargs["api_key"] = serve.api_key  # the server we launch wants its own key
-    if kwargs["api_key"]:
-        register_secret(kwargs["api_key"])
+    register_secret(kwargs["api_key"])
     options = ExecOptions(
         urls=urls,
         headers=parse_headers(headers),
@@ -182,8 +191,17 @@ def exec_(
             if serve.backend == "mock" and not serve.served_model_name:
                 serve = replace(serve, served_model_name=tuple(job.models) or ("mock",))
             with serving(serve, quiet=options.quiet, log_stem=output) as servers:
+                # Each endpoint gets its own key: the launched servers theirs, the --urls the
+                # user's --api-key (which must never reach a local server's logs, nor the
+                # local key a remote host).
+                keys = dict.fromkeys(servers.urls, servers.api_key)
                 summary = run_coroutine(
-                    job.run([*urls, *servers.urls], watchdog=servers.check, handle_signals=True)
+                    job.run(
+                        [*urls, *servers.urls],
+                        keys=keys,
+                        watchdog=servers.check,
+                        handle_signals=True,
+                    )
                 )
     except Interrupted as exc:
         if isinstance(exc.summary, RunSummary) and not options.quiet:

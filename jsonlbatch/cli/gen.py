@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from jsonlbatch.cli.params import Finite, NonEmpty
 from jsonlbatch.errors import UsageError
 from jsonlbatch.gen.responses import looks_like_responses, response_rows
 from jsonlbatch.gen.sources import FORMATS, iter_rows, select
@@ -78,7 +79,7 @@ from jsonlbatch.records import CHAT_URL
 )
 @click.option("--system", help="Inline Jinja2 system message, before the user message.")
 @click.option("--id", "id_template", help="Jinja2 custom_id per row [default: the row's index].")
-@click.option("--model", help="Model name for every request.")
+@click.option("--model", type=NonEmpty(), help="Model name for every request.")
 @click.option(
     "--url",
     type=click.Choice(list(PROMPT_FIELDS)),
@@ -105,12 +106,16 @@ from jsonlbatch.records import CHAT_URL
 @click.option("--samples", type=click.IntRange(min=1), help="K requests per row, named <id>|<k>.")
 @click.option("--greedy-first", is_flag=True, help="Sample 0 at temperature 0 (with --samples).")
 @click.option(
-    "--sample-sep", default="|", show_default=True, help="Separator of <id> and <k> in sample ids."
+    "--sample-sep",
+    type=NonEmpty(),
+    default="|",
+    show_default=True,
+    help="Separator of <id> and <k> in sample ids.",
 )
-@click.option("--temperature", type=float)
-@click.option("--top-p", type=float)
+@click.option("--temperature", type=Finite(min=0))
+@click.option("--top-p", type=Finite(min=0, max=1))
 @click.option("--top-k", type=int)
-@click.option("--min-p", type=float)
+@click.option("--min-p", type=Finite(min=0, max=1))
 @click.option("--max-tokens", type=click.IntRange(min=1))
 @click.option("--seed", type=int, help="body.seed (seed + k for sample k); also seeds --sample.")
 @click.option("--stop", multiple=True, help="Stop string. Repeatable.")

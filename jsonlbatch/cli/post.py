@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from jsonlbatch.cli.params import COUNT, MEGABYTES, MEMORY_MB, SECONDS, WEIGHT
 from jsonlbatch.post.extract import DEFAULT_EXTRACTORS
 from jsonlbatch.post.files import Limits, extract_files
 from jsonlbatch.post.patches import instance_sources, run_patches
@@ -145,7 +146,7 @@ def patches(responses: tuple[str, ...], output: str, repo_root: str | None, repo
     help="default, text, none, or module:function.",
 )
 @click.option(
-    "--weight", "weights", multiple=True, type=float, help="Weight of each input, in order."
+    "--weight", "weights", multiple=True, type=WEIGHT, help="Weight of each input, in order."
 )
 @click.option("--gold", type=click.Path(exists=True, dir_okay=False), help="JSONL of id -> answer.")
 @click.option("--tie-break", type=click.Choice(TIE_BREAKS), default="first", show_default=True)
@@ -175,13 +176,21 @@ def votes(responses: tuple[str, ...], output: str, extractors: tuple[str, ...], 
 @post.command()
 @_INPUTS
 @click.option("--out-dir", required=True, type=click.Path(file_okay=False), help="Where files go.")
-@click.option("--max-files", default=100, show_default=True, help="Files per sample.")
-@click.option("--max-file-mb", default=10.0, show_default=True, help="Size of one file.")
-@click.option("--max-total-mb", default=50.0, show_default=True, help="All files of a sample.")
+@click.option("--max-files", type=COUNT, default=100, show_default=True, help="Files per sample.")
+@click.option(
+    "--max-file-mb", type=MEGABYTES, default=10.0, show_default=True, help="Size of one file."
+)
+@click.option(
+    "--max-total-mb", type=MEGABYTES, default=50.0, show_default=True, help="All files of a sample."
+)
 @click.option("--run", is_flag=True, help="Run the sample's Python script and collect its files.")
 @click.option("--script", help="Which extracted file --run executes (default: the only .py).")
-@click.option("--timeout", default=60.0, show_default=True, help="Seconds per --run script.")
-@click.option("--memory-mb", default=4096, show_default=True, help="Address space per script.")
+@click.option(
+    "--timeout", type=SECONDS, default=60.0, show_default=True, help="Seconds per --run script."
+)
+@click.option(
+    "--memory-mb", type=MEMORY_MB, default=4096, show_default=True, help="Address space per script."
+)
 @click.option(
     "--render",
     is_flag=True,

@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from jsonlbatch.cli.params import SECONDS
 from jsonlbatch.cli.serve_options import serve_options, serve_options_from_kwargs
 from jsonlbatch.errors import Interrupted, UsageError
 from jsonlbatch.serve.launch import serving
@@ -22,6 +23,7 @@ _CHECK_EVERY = 1.0
 @serve_options
 @click.option(
     "--ready-timeout",
+    type=SECONDS,
     default=1800.0,
     show_default=True,
     metavar="SECONDS",

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import click
 from click.core import ParameterSource
 
+from jsonlbatch.cli.params import Finite, NonEmpty
 from jsonlbatch.errors import UsageError
 from jsonlbatch.serve.backends import BACKEND_NAMES, DP_MODES, ServeOptions
 
@@ -29,10 +30,13 @@ _OPTIONS = [
         type=click.Choice(BACKEND_NAMES),
         help="Server to launch: the built-in mock, vLLM or SGLang (always stopped when jsonlbatch ends).",
     ),
-    click.option("--model-path", metavar="PATH|HF_ID", help="Model the server loads."),
+    click.option(
+        "--model-path", type=NonEmpty(), metavar="PATH|HF_ID", help="Model the server loads."
+    ),
     click.option(
         "--served-model-name",
         multiple=True,
+        type=NonEmpty(),
         metavar="NAME",
         help="Name clients use for the model (default: the model path). vLLM takes several.",
     ),
@@ -89,7 +93,7 @@ _OPTIONS = [
         "--gpu-memory-utilization",
         "--mem-fraction-static",
         "gpu_memory_utilization",
-        type=float,
+        type=Finite(min=0, max=1, min_open=True),
         help="Share of GPU memory the server may take (lower it, e.g. 0.88, for MTP).",
     ),
     click.option(

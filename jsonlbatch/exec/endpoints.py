@@ -23,7 +23,7 @@ import orjson
 
 from jsonlbatch.errors import AuthenticationError, ServerUnavailableError, UsageError
 from jsonlbatch.exec.router import PrefixKey, Router
-from jsonlbatch.redact import register_secret
+from jsonlbatch.redact import redact, register_secret, secret_query_parameter
 
 #: An endpoint is set aside and probed after this many server-side failures in a row, lasting
 #: at least SET_ASIDE_SECONDS: errors come back faster than answers, so a burst of them at high
@@ -67,7 +67,12 @@ class Endpoint:
 
 def parse_endpoint(url: str) -> Endpoint:
     """Check and normalise a `--url`. Credentials in the URL are taken out of its display name."""
-    split = urllib.parse.urlsplit(url.strip())
+    try:
+        split = urllib.parse.urlsplit(url.strip())
+        if split.port == 0:  # raises for a port out of range or not a number
+            raise ValueError("port 0 cannot be connected to")
+    except ValueError as exc:  # `http://[::1`, `:99999`
+        raise UsageError(f"--url {redact(url)!r} is not a valid URL: {exc}") from None
     if split.scheme not in ("http", "https") or not split.hostname:
         raise UsageError(
             f"--url must be an http(s) URL such as http://localhost:8000/v1, got {url!r}"
@@ -75,7 +80,7 @@ def parse_endpoint(url: str) -> Endpoint:
     if split.password:
         register_secret(split.password)
     for key, value in urllib.parse.parse_qsl(split.query):
-        if _looks_secret(key):
+        if secret_query_parameter(key):
             register_secret(value)
     host = split.hostname
     port = f":{split.port}" if split.port else ""
@@ -105,16 +110,9 @@ def auth_headers(
         else:
             headers["Authorization"] = f"Bearer {api_key}"
     for key, value in (extra or {}).items():
-        if _looks_secret(key):
-            register_secret(value)
+        register_secret(value)  # every header value is a secret: its name says nothing
         headers[key] = value
     return headers
-
-
-def _looks_secret(name: str) -> bool:
-    """Header and query names whose values are credentials (`X-Title: my-run` is not one)."""
-    name = name.lower()
-    return any(word in name for word in ("auth", "key", "token", "secret", "cookie", "sig", "pass"))
 
 
 class EndpointPool:

@@ -221,16 +221,20 @@ class Job:
         self,
         urls: Sequence[str] | None = None,
         *,
+        keys: Mapping[str, str | None] | None = None,
         watchdog: Callable[[], None] | None = None,
         handle_signals: bool = False,
     ) -> RunSummary:
-        """Send what is pending. `watchdog` is called while waiting for servers and may raise
-        (a launcher uses it to end the run when its server died for good)."""
+        """Send what is pending. `keys` gives some URLs credentials of their own (launched
+        servers): that API key (None: none) and none of `options.headers`, which, like
+        `options.api_key`, go to the other URLs only. `watchdog` is called while
+        waiting for servers and may raise (a launcher uses it to end the run when its server
+        died for good)."""
         if self.input is None:
             self.prepare()
         try:
             return await _Run(
-                self, list(urls or self.options.urls), watchdog, handle_signals
+                self, list(urls or self.options.urls), dict(keys or {}), watchdog, handle_signals
             ).main()
         finally:
             self.close()
@@ -295,6 +299,7 @@ class _Run:
         self,
         job: Job,
         urls: list[str],
+        keys: dict[str, str | None],
         watchdog: Callable[[], None] | None,
         handle_signals: bool,
     ) -> None:
@@ -303,6 +308,7 @@ class _Run:
         self.opts = job.options
         self.scan = job.input
         self.urls = urls
+        self.keys = keys
         self.watchdog = watchdog
         self.handle_signals = handle_signals
         self.summary = RunSummary(
@@ -350,7 +356,12 @@ class _Run:
                 connector=connector, trust_env=False, read_bufsize=1 << 20
             ) as session:
                 headers = {
-                    ep: auth_headers(ep, self.opts.api_key, self.opts.headers) for ep in endpoints
+                    ep: (
+                        auth_headers(ep, self.keys[url])
+                        if url in self.keys
+                        else auth_headers(ep, self.opts.api_key, self.opts.headers)
+                    )
+                    for url, ep in zip(self.urls, endpoints, strict=True)
                 }
                 pool = EndpointPool(
                     endpoints,
@@ -773,7 +784,7 @@ def _http_result(
             request_id = body.get("id")
         metrics.update(usage_metrics(req.url, body))
         return Result(req.custom_id, status, _exact(raw), request_id, None, metrics), verdict
-    message = redact(_error_message(body) or f"HTTP {status}")
+    message = redact(_error_message(body) or f"HTTP {status}", limit=500)
     error = {"code": f"http_{status}", "message": message}
     return Result(req.custom_id, status, body, request_id, error, metrics), verdict
 
@@ -809,7 +820,8 @@ def _invalid(
 ) -> Result:
     """A 2xx that is no answer: a failure without a response (so resume retries it)."""
     shown = body if isinstance(body, str) else orjson.dumps(body).decode()
-    message = redact(f"HTTP {status} without a usable answer ({reason}): {shown[:300]}")
+    shown = shown[:4400]  # bounded, with room for a key across the cut made after masking
+    message = redact(f"HTTP {status} without a usable answer ({reason}): {shown}", limit=400)
     error = {"code": "invalid_response", "message": message}
     return Result(req.custom_id, None, None, request_id, error, metrics)
 
@@ -822,4 +834,4 @@ def _error_message(body: Any) -> str:
             msg = err.get("message") or err.get("detail")
             return str(msg) if msg else ""
         return str(err)
-    return str(body)[:500] if body else ""
+    return str(body) if body else ""

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from tqdm import tqdm
 
 from jsonlbatch.exec.summary import RunSummary
+from jsonlbatch.redact import redact
 
 _STATUS_EVERY = 10.0  # seconds between repeats of the same "waiting for server" line
 _TTFT_WINDOW = 1000  # the running TTFT median is over this many latest streamed requests
@@ -69,8 +70,10 @@ class Progress:
         )
 
     def note(self, message: str) -> None:
+        """A line on stderr (status lines too), masked: servers' words and URLs end up here."""
         if self.quiet:
             return
+        message = redact(message)
         if self.bar is not None:
             self.bar.write(message, file=sys.stderr)
         else:

@@ -28,6 +28,7 @@ import orjson
 from jsonlbatch.answers import usage_metrics
 from jsonlbatch.errors import JsonlbatchError
 from jsonlbatch.records import CHAT_URL, COMPLETIONS_URL
+from jsonlbatch.redact import redact
 from jsonlbatch.stats import percentile
 
 #: Endpoints whose requests `exec --stream` sends with `stream: true`.
@@ -35,7 +36,7 @@ STREAM_URLS = frozenset({CHAT_URL, COMPLETIONS_URL})
 
 _DONE = b"[DONE]"
 _ITL_PERCENTILES = (("itl_p50_s", 50), ("itl_p90_s", 90), ("itl_p99_s", 99))
-_SNIPPET = 200  # bytes of a bad event quoted in an error message
+_SNIPPET = 200  # characters of a bad event quoted in an error message
 _DRAIN_S = 0.5  # how long the end of a body is waited for after `[DONE]`
 
 
@@ -518,5 +519,6 @@ def _error_text(chunk: dict[str, Any]) -> str:
 
 
 def _snippet(data: bytes) -> str:
-    text = data[:_SNIPPET].decode("utf-8", "replace")
-    return repr(text + ("..." if len(data) > _SNIPPET else ""))
+    """The start of an event for a message: masked before it is cut (`redact`), so a key at
+    the cut cannot leave its head behind (the slice leaves room for any key across it)."""
+    return repr(redact(data[: _SNIPPET + 4096].decode("utf-8", "replace"), limit=_SNIPPET))

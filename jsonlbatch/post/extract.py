@@ -259,4 +259,24 @@ def get_normalizer(spec: str | Normalizer) -> Normalizer:
         raise UsageError(f"cannot load normalizer {spec!r}: {exc}") from None
     if not callable(fn):
         raise UsageError(f"normalizer {spec!r} is not callable")
-    return fn  # type: ignore[no-any-return]
+    return _checked(spec, fn)
+
+
+def _checked(spec: str, fn: Callable[[str], Any]) -> Normalizer:
+    """A user's normalizer that fails cleanly: it must take a string and return one
+    (`builtins:len` returns an int, which no vote can compare with a gold answer)."""
+
+    def normalize(text: str) -> str:
+        try:
+            out = fn(text)
+        except Exception as exc:  # the user's code: any failure is a usage error, not ours
+            raise UsageError(
+                f"normalizer {spec!r} failed on {text[:80]!r}: {type(exc).__name__}: {exc}"
+            ) from None
+        if not isinstance(out, str):
+            raise UsageError(
+                f"normalizer {spec!r} must return a string, returned {type(out).__name__}"
+            )
+        return out
+
+    return normalize

@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 
 from jsonlbatch.errors import UsageError
 from jsonlbatch.post.paths import UnsafePathError, read_inside, safe_relpath, write_inside
+from jsonlbatch.redact import secret_variable
 
 _ENV_KEEP = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "SYSTEMROOT")
-_ENV_SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL")
 _TAIL = 2000
 
 
@@ -87,7 +87,7 @@ def safe_env(tmpdir: str) -> dict[str, str]:
         PYTHONUNBUFFERED="1",
         MPLBACKEND="Agg",
     )
-    return {k: v for k, v in env.items() if not any(w in k.upper() for w in _ENV_SECRET_WORDS)}
+    return {k: v for k, v in env.items() if not secret_variable(k)}
 
 
 def _limiter(limits: RunLimits) -> Callable[[], None]:

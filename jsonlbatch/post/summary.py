@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from jsonlbatch.errors import JsonlbatchError
+from jsonlbatch.redact import redact
 
 # Reason labels shared by the post-processors, so summaries read the same everywhere.
 FAILED = "failed request"
@@ -39,8 +40,8 @@ class Unused:
         self.counts[reason] = self.counts.get(reason, 0) + 1
         shown = self.examples.setdefault(reason, [])
         if len(shown) < _EXAMPLES:
-            detail = " ".join(detail.split())
-            shown.append(f"{sample_id} ({detail[:160]})" if detail else sample_id)
+            detail = redact(" ".join(detail.split()), limit=160)
+            shown.append(f"{sample_id} ({detail})" if detail else sample_id)
 
     @property
     def total(self) -> int:

@@ -16,6 +16,7 @@ wrong one), so every k is computed over the same groups:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from math import comb
@@ -273,6 +274,8 @@ def run_votes(
     paths = [paths] if isinstance(paths, str) else list(paths)
     if weights is not None and len(weights) != len(paths):
         raise UsageError(f"give one --weight per input ({len(paths)}), got {len(weights)}")
+    if weights is not None and not all(math.isfinite(w) and w >= 0 for w in weights):
+        raise UsageError(f"weights must be finite and not negative, got {list(weights)}")
     if tie_break not in TIE_BREAKS:
         raise UsageError(f"unknown tie-break {tie_break!r} (known: {', '.join(TIE_BREAKS)})")
     extractors = [get_extractor(e) for e in extractors or DEFAULT_EXTRACTORS]

@@ -11,6 +11,7 @@ import os
 from collections.abc import Sequence
 
 from jsonlbatch.errors import OutputError, UsageError
+from jsonlbatch.redact import redact
 from jsonlbatch.report.load import load_request_fields, load_run, request_fields_for
 from jsonlbatch.report.model import Report
 from jsonlbatch.report.options import Price, Sla
@@ -70,14 +71,15 @@ def format_for(path: str | None, fmt: str | None) -> str:
 
 
 def render(report: Report, fmt: str = "text") -> str:
-    """The report as text in one of `FORMATS`."""
+    """The report as text in one of `FORMATS`, masked (`redact`): response files may hold
+    what a server echoed (error codes, endpoint URLs with their query)."""
     renderers = {
         "text": render_text,
         "md": render_markdown,
         "json": render_json,
         "html": render_html,
     }
-    return renderers[format_for(None, fmt)](report)
+    return redact(renderers[format_for(None, fmt)](report))
 
 
 def write_report(report: Report, path: str, fmt: str | None = None) -> str:

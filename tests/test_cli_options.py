@@ -1,0 +1,116 @@
+"""Every option of every command refuses a bad value with a usage error (exit 2) naming the
+option: no traceback, and no value that only fails later on every request (issue 11, item 21)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from jsonlbatch.cli import main
+from jsonlbatch.cli.params import Finite
+
+_NUMBER_TYPES = (click.types.IntParamType, click.types.FloatParamType)
+
+
+def _commands(
+    group: click.Group, path: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], click.Command]]:
+    for name, command in group.commands.items():
+        if isinstance(command, click.Group):
+            yield from _commands(command, (*path, name))
+        else:
+            yield (*path, name), command
+
+
+def _numeric_options() -> list[tuple[tuple[str, ...], str]]:
+    found = []
+    for path, command in _commands(main):
+        for param in command.params:
+            if isinstance(param, click.Option) and isinstance(param.type, _NUMBER_TYPES):
+                found.append((path, param.opts[-1]))
+    return found
+
+
+NUMERIC = _numeric_options()
+
+
+def run(*args: str) -> click.testing.Result:
+    return CliRunner().invoke(main, list(args))
+
+
+def test_there_are_numeric_options_to_check():
+    assert len(NUMERIC) > 20
+
+
+def test_no_float_option_takes_infinity_or_nan():
+    """A bare `float` (or a FloatRange, which takes `inf` when it has no upper bound) lets `inf`
+    and `nan` through: every float option uses `Finite`."""
+    loose = [
+        (path, param.opts[-1])
+        for path, command in _commands(main)
+        for param in command.params
+        if isinstance(param.type, click.types.FloatParamType) and not isinstance(param.type, Finite)
+    ]
+    assert not loose
+
+
+@pytest.mark.parametrize(
+    ("path", "option"), NUMERIC, ids=[f"{' '.join(p)} {o}" for p, o in NUMERIC]
+)
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e999", "abc", ""])
+def test_bad_numbers_are_usage_errors(path, option, value):
+    result = run(*path, f"{option}={value}")
+    assert result.exit_code == 2, result.output
+    assert f"Invalid value for '{option}'" in result.output or "Invalid value for" in result.output
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("exec", "r.jsonl", "-o", "o.jsonl", "--timeout", "inf"), "'--timeout'"),
+        (
+            ("exec", "r.jsonl", "-o", "o.jsonl", "--url", "http://127.0.0.1:99999/v1"),
+            "Port out of range",
+        ),
+        (("exec", "r.jsonl", "-o", "o.jsonl", "--url", "http://[::1"), "Invalid IPv6 URL"),
+        (("exec", "r.jsonl", "-o", "o.jsonl", "--url", "http://127.0.0.1:0/v1"), "port 0"),
+        (("exec", "r.jsonl", "-o", "o.jsonl", "--model", ""), "'--model': must not be empty"),
+        (("exec", "r.jsonl", "-o", "o.jsonl", "--model", "  "), "must not be empty"),
+        (("exec", "r.jsonl", "-o", "o.jsonl", "--concurrency", "0"), "'-c' / '--concurrency'"),
+        (("gen", "-d", "d.jsonl", "-o", "o.jsonl", "--model", ""), "must not be empty"),
+        (("gen", "-d", "d.jsonl", "-o", "o.jsonl", "--top-p", "1.5"), "'--top-p'"),
+        (("post", "votes", "x", "--weight", "nan"), "'--weight'"),
+        (("post", "files", "x", "--memory-mb", str(1 << 40)), "'--memory-mb'"),
+        (
+            ("serve", "--backend", "mock", "--gpu-memory-utilization", "0"),
+            "--gpu-memory-utilization",
+        ),
+    ],
+)
+def test_named_bad_values_are_usage_errors(args, message):
+    result = run(*args)
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert "Traceback" not in result.output
+
+
+def test_a_normalizer_that_returns_no_string_is_a_usage_error(tmp_path):
+    responses = tmp_path / "r.jsonl"
+    responses.write_text(
+        '{"custom_id":"q|1","response":{"status_code":200,"body":{"choices":[{"index":0,'
+        '"message":{"role":"assistant","content":"\\\\boxed{4}"},"finish_reason":"stop"}]}},'
+        '"error":null}\n'
+    )
+    for spec, message in (
+        ("builtins:len", "must return a string, returned int"),
+        ("ipaddress:ip_address", "failed on '4': ValueError"),
+    ):
+        result = run(
+            "post", "votes", str(responses), "-o", str(tmp_path / "v.jsonl"), "--normalize", spec
+        )
+        assert result.exit_code == 2, (spec, result.output)
+        assert message in result.output
