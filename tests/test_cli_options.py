@@ -114,3 +114,38 @@ def test_a_normalizer_that_returns_no_string_is_a_usage_error(tmp_path):
         )
         assert result.exit_code == 2, (spec, result.output)
         assert message in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ("exec", "r.jsonl", "-o", "o.jsonl", "--serve", "mock", '--server-executable="'),
+            "No closing quotation",
+        ),
+        (
+            ("exec", "r.jsonl", "-o", "o.jsonl", "--serve", "mock", '--server-arg="'),
+            "No closing quotation",
+        ),
+        (
+            ("exec", "r.jsonl", "-o", "o.jsonl", "--serve", "mock", "--host="),
+            "'--host': must not be empty",
+        ),
+        (("post", "votes", "x", "--normalize", "::"), None),
+    ],
+)
+def test_more_values_that_gave_tracebacks(args, message, tmp_path):
+    """Found beyond the issue's list: unbalanced quotes in server command parts, an empty bind
+    address (which would bind every interface), a normalizer spec importlib cannot parse."""
+    if args[0] == "post":
+        responses = tmp_path / "r.jsonl"
+        responses.write_text(
+            '{"custom_id":"q","response":{"status_code":200,"body":{"choices":[{"index":0,'
+            '"message":{"role":"assistant","content":"4"},"finish_reason":"stop"}]}},"error":null}\n'
+        )
+        args = ("post", "votes", str(responses), "-o", str(tmp_path / "v.jsonl"), *args[3:])
+        message = "cannot load normalizer '::'"
+    result = run(*args)
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)

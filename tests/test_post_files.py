@@ -95,7 +95,7 @@ def test_extract_writes_files_and_manifest(tmp_path: Path) -> None:
     assert table == {
         "id": "task-1", "choice": 0, "path": "data/table.csv", "source": "fence:info",
         "status": "written", "bytes": 8, "sha256": hashlib.sha256(b"a,b\n1,2\n").hexdigest(),
-        "reason": "",
+        "reason": "", "isolation": None,
     }  # fmt: skip
     assert summary.written == 6
     assert summary.unused.counts == {"no files found": 1}
@@ -327,3 +327,99 @@ def test_run_collection_shares_the_per_sample_caps(tmp_path: Path) -> None:
     assert written == ["given0.txt", "given1.txt", "made0.txt", "made1.txt"]
     reasons = {m["path"]: m["reason"] for m in read_jsonl(out / "manifest.jsonl")}
     assert reasons["made2.txt"] == "over 45 bytes in all"
+
+
+PROBE = """```python
+import os, pathlib, socket
+seen = {"parent_env": open(f"/proc/{os.getppid()}/environ", "rb").read().decode("utf-8", "replace")}
+try:
+    socket.create_connection(("127.0.0.1", PORT), timeout=2).close()
+    seen["net"] = "connected"
+except OSError as exc:
+    seen["net"] = f"refused: {exc}"
+try:
+    seen["outside"] = open(OUTSIDE).read()
+except OSError as exc:
+    seen["outside"] = f"unreadable: {exc}"
+try:
+    open(OUTSIDE + ".new", "w").write("x")
+    seen["write_outside"] = "written"
+except OSError as exc:
+    seen["write_outside"] = f"refused: {exc}"
+seen["processes"] = len([p for p in os.listdir("/proc") if p.isdigit()])
+pathlib.Path("seen.txt").write_text(repr(seen))
+```
+"""
+
+
+def _probe_run(
+    tmp_path: Path, *options: str, path_env: str | None = None
+) -> tuple[dict, dict, str]:
+    """Run PROBE under `post files --run` with a key in jsonlbatch's environment and a server
+    listening on loopback; returns (what the script saw, its manifest line, stderr)."""
+    import ast
+    import socket
+
+    outside = tmp_path / "outside-secret.txt"
+    outside.write_text("private data")
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        script = PROBE.replace("PORT)", f"{port})").replace("OUTSIDE", repr(str(outside)))
+        responses = write_jsonl(tmp_path / "r.jsonl", [chat_line("probe", script)])
+        env = {**ENV, "OPENAI_API_KEY": "sk-parent-env-7Hq2Lx9", "JSONLBATCH_TEST": "1"}
+        if path_env is not None:
+            env["PATH"] = path_env
+        out = tmp_path / "out"
+        result = post("files", responses, "--out-dir", out, "--run", *options, env=env)
+    assert result.returncode == 0, result.stderr
+    seen = ast.literal_eval((out / "probe" / "seen.txt").read_text())
+    manifest = {m["path"]: m for m in read_jsonl(out / "manifest.jsonl")}
+    return seen, manifest["main.py"], result.stderr
+
+
+def test_run_parent_has_only_the_whitelisted_environment(tmp_path: Path) -> None:
+    """Item 15: `/proc/$PPID/environ` was jsonlbatch's own, API keys included. The script's
+    parent is now a launcher that has nothing but the whitelist."""
+    seen, run, stderr = _probe_run(tmp_path, "--sandbox", "launcher")
+    assert "sk-parent-env" not in seen["parent_env"] and "JSONLBATCH_TEST" not in seen["parent_env"]
+    assert "PATH=" in seen["parent_env"]
+    assert run["status"] == "ran" and run["isolation"] == "launcher"
+    assert "1 script run WITHOUT a sandbox" in stderr
+    assert seen["net"] == "connected"  # what remains possible without bwrap (docs/post.md)
+
+
+def test_run_without_bwrap_on_path_falls_back_or_refuses(tmp_path: Path) -> None:
+    """The path without bubblewrap, tested even where it is installed: auto falls back to the
+    launcher (and says so); --sandbox bwrap refuses cleanly."""
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    seen, run, _ = _probe_run(tmp_path, path_env=str(empty))
+    assert run["isolation"] == "launcher" and "sk-parent-env" not in seen["parent_env"]
+    responses = write_jsonl(tmp_path / "r2.jsonl", [chat_line("x", "```python\nprint(1)\n```")])
+    refused = post(
+        "files", responses, "--out-dir", tmp_path / "o2", "--run", "--sandbox", "bwrap",
+        env={**ENV, "PATH": str(empty)},
+    )  # fmt: skip
+    assert refused.returncode == 2
+    assert "--sandbox bwrap: bubblewrap (bwrap) is not installed" in refused.stderr
+
+
+def _bwrap_problem() -> str | None:
+    from jsonlbatch.post.sandbox import bwrap_problem
+
+    return bwrap_problem()
+
+
+@pytest.mark.skipif(_bwrap_problem() is not None, reason=f"needs bwrap: {_bwrap_problem()}")
+def test_run_in_bwrap_has_no_network_no_outside_files_and_no_other_processes(
+    tmp_path: Path,
+) -> None:
+    seen, run, stderr = _probe_run(tmp_path)  # auto: bwrap, since it works here
+    assert run["isolation"] == "bwrap"
+    assert "1 script run in a bwrap sandbox" in stderr
+    assert "sk-parent-env" not in seen["parent_env"]
+    assert seen["net"].startswith("refused")  # a loopback server outside is not reachable
+    assert seen["outside"].startswith("unreadable")  # nothing outside the system and its folder
+    assert seen["write_outside"].startswith("refused")
+    assert not (tmp_path / "outside-secret.txt.new").exists()
+    assert seen["processes"] <= 3  # its own PID namespace

@@ -8,6 +8,7 @@ and a plain string option takes `''`: the types here close those gaps once for a
 from __future__ import annotations
 
 import math
+import shlex
 from typing import Any
 
 import click
@@ -36,6 +37,20 @@ class NonEmpty(click.ParamType):
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         if not isinstance(value, str) or not value.strip():
             self.fail("must not be empty.", param, ctx)
+        return value
+
+
+class ShellWords(click.ParamType):
+    """A command line fragment split as a shell would (`--server-arg "--x 'a b'"`); unbalanced
+    quotes are refused here instead of failing as the server starts."""
+
+    name = "words"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        try:
+            shlex.split(value)
+        except ValueError as exc:
+            self.fail(f"{value!r}: {exc}", param, ctx)
         return value
 
 

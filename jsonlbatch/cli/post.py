@@ -17,7 +17,7 @@ from jsonlbatch.post.files import Limits, extract_files
 from jsonlbatch.post.patches import instance_sources, run_patches
 from jsonlbatch.post.render import schema
 from jsonlbatch.post.responses import DEFAULT_SEPARATORS, KeyFunc, make_key
-from jsonlbatch.post.sandbox import RunLimits
+from jsonlbatch.post.sandbox import ISOLATIONS, RunLimits
 from jsonlbatch.post.summary import Unused
 from jsonlbatch.post.votes import TIE_BREAKS, format_table, run_votes
 
@@ -189,6 +189,14 @@ def votes(responses: tuple[str, ...], output: str, extractors: tuple[str, ...], 
     "--timeout", type=SECONDS, default=60.0, show_default=True, help="Seconds per --run script."
 )
 @click.option(
+    "--sandbox",
+    type=click.Choice(ISOLATIONS),
+    default="auto",
+    show_default=True,
+    help="How --run isolates a script: bwrap (bubblewrap: no network, read-only system, only "
+    "its folder writable), launcher (a clean environment only), auto (bwrap where it works).",
+)
+@click.option(
     "--memory-mb", type=MEMORY_MB, default=4096, show_default=True, help="Address space per script."
 )
 @click.option(
@@ -199,8 +207,8 @@ def votes(responses: tuple[str, ...], output: str, extractors: tuple[str, ...], 
 )
 @_skips
 def files(responses: tuple[str, ...], out_dir: str, max_files: int, max_file_mb: float,
-          max_total_mb: float, run: bool, script: str | None, timeout: float, memory_mb: int,
-          render: bool, use_truncated: bool, strict: bool) -> None:  # fmt: skip
+          max_total_mb: float, run: bool, script: str | None, timeout: float, sandbox: str,
+          memory_mb: int, render: bool, use_truncated: bool, strict: bool) -> None:  # fmt: skip
     """Extract deliverable files into OUT/<custom_id>/ with a manifest.jsonl."""
     limits = Limits(int(max_file_mb * _MB), max_files, int(max_total_mb * _MB))
     summary = extract_files(
@@ -214,6 +222,7 @@ def files(responses: tuple[str, ...], out_dir: str, max_files: int, max_file_mb:
             file_bytes=limits.max_file_bytes,
             max_files=max_files,
             max_total_bytes=limits.max_total_bytes,
+            isolation=sandbox,
         ),
         script=script,
         use_truncated=use_truncated,

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import click
 from click.core import ParameterSource
 
-from jsonlbatch.cli.params import Finite, NonEmpty
+from jsonlbatch.cli.params import Finite, NonEmpty, ShellWords
 from jsonlbatch.errors import UsageError
 from jsonlbatch.serve.backends import BACKEND_NAMES, DP_MODES, ServeOptions
 
@@ -73,6 +73,7 @@ _OPTIONS = [
     ),
     click.option(
         "--host",
+        type=NonEmpty(),
         default="127.0.0.1",
         show_default=True,
         help="Address the server binds (0.0.0.0 to serve other machines).",
@@ -111,12 +112,14 @@ _OPTIONS = [
         "--server-arg",
         "server_args",
         multiple=True,
+        type=ShellWords(),
         metavar="ARG",
         help="Any other server flag, passed on as is: --server-arg=--max-num-seqs=512 (repeat).",
     ),
     click.option(
         "--server-executable",
         "executable",
+        type=ShellWords(),
         metavar="CMD",
         help="Run this instead of `vllm` / `python -m sglang.launch_server`, e.g. a path or "
         "'python -m my.server'.",

@@ -255,7 +255,7 @@ def get_normalizer(spec: str | Normalizer) -> Normalizer:
         )
     try:
         fn = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as exc:
+    except (ImportError, AttributeError, ValueError) as exc:  # ValueError: `:x`, `..m:x`
         raise UsageError(f"cannot load normalizer {spec!r}: {exc}") from None
     if not callable(fn):
         raise UsageError(f"normalizer {spec!r} is not callable")

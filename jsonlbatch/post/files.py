@@ -68,6 +68,7 @@ class FileRecord:
     bytes: int | None = None
     sha256: str | None = None
     reason: str = ""
+    isolation: str | None = None  # of a run: "bwrap" or "launcher" (see post.sandbox)
 
 
 def _fence_file(fence: Fence) -> FileSpec | None:
@@ -240,13 +241,16 @@ class FilesSummary:
     samples: int = 0
     written: int = 0
     runs: int = 0
+    isolation: str | None = None  # how the scripts ran, if any did
     unused: Unused = field(default_factory=Unused)
 
     def lines(self) -> list[str]:
         head = (
             f"files: {plural(self.written, 'file')} written from {plural(self.samples, 'sample')}"
         )
-        head += f", {plural(self.runs, 'script')} run" if self.runs else ""
+        if self.runs:
+            how = "in a bwrap sandbox" if self.isolation == "bwrap" else "WITHOUT a sandbox"
+            head += f", {plural(self.runs, 'script')} run {how}"
         return [head, *self.unused.section()]
 
 
@@ -361,6 +365,7 @@ class _Job:
             return [record]
         result = run_script(to_run, written, self.run_limits)
         self.summary.runs += 1
+        self.summary.isolation = record.isolation = result.isolation
         if not result.ok:
             record.reason = result.reason
             self.summary.unused.add(RUN_FAILED, sample.sample_id, result.reason)

@@ -4,22 +4,30 @@ The "model writes code that renders the xlsx/docx/pdf" workflow: the script runs
 `sys.executable` in a fresh temporary directory holding only the sample's extracted files,
 and the files it creates there are collected.
 
-What this gives: a working directory of its own (HOME and TMPDIR point into it), an
-environment reduced to a whitelist (PATH, locale, TZ; no variable whose name says KEY, TOKEN,
-SECRET, PASSWORD or CREDENTIAL), limits on CPU time, address space, file size and core dumps
-(`resource`, set in the child before exec), a wall-clock timeout after which the whole process
-group is killed, and collection that never follows a symlink the script made.
+Always: a working directory of its own (HOME and TMPDIR point into it), an environment
+reduced to a whitelist (PATH, locale, TZ; no variable whose name says KEY, TOKEN, SECRET,
+PASSWORD or CREDENTIAL), a parent process (`launcher.py`) that itself has only that
+environment, so `/proc/$PPID/environ` holds no key; limits on CPU time, address space, file
+size and core dumps (`resource`, set before the launcher starts); a wall-clock timeout after
+which the whole process group is killed; collection that never follows a symlink the script
+made.
 
-What it does not give: this is NOT a security sandbox. The script runs as the user, can read
-every file the user can read (absolute paths), write anywhere the user can write, use the
-network, start any number of processes, and a process that calls `setsid` escapes the group
-kill. Run it on output of models
-you trust to be non-malicious, or inside a container/VM for anything else.
+Where bubblewrap (`bwrap`) is installed and works, the script also runs in its sandbox: new
+user, PID, network, IPC and UTS namespaces (no network, no other process visible), the system
+(/usr, /etc, the Python installation) read-only, nothing else of the file system (no home, no
+other projects), and only its working directory writable. The manifest says which isolation
+ran (`isolation`: `bwrap` or `launcher`).
+
+Without bwrap this is NOT a security sandbox: the script runs as the user, can read every file
+the user can read, write anywhere the user can write, use the network, read the environment of
+the user's other processes (jsonlbatch's own included, by pid), and a process that calls
+`setsid` escapes the group kill. See docs/post.md.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import signal
@@ -31,6 +39,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from jsonlbatch.errors import UsageError
+from jsonlbatch.post import launcher
 from jsonlbatch.post.paths import UnsafePathError, read_inside, safe_relpath, write_inside
 from jsonlbatch.redact import secret_variable
 
@@ -48,6 +57,9 @@ class RunLimits:
     cpu_seconds: int | None = None
     max_files: int = 100
     max_total_bytes: int = 50 * 1024**2
+    #: "auto": bwrap where it works, else the launcher alone; "bwrap": bwrap or refuse;
+    #: "launcher": never bwrap.
+    isolation: str = "auto"
 
 
 @dataclass
@@ -57,6 +69,7 @@ class RunResult:
     returncode: int | None
     timed_out: bool
     output: str
+    isolation: str = "launcher"
     files: dict[str, bytes] = field(default_factory=dict)
     refused: list[tuple[str, str]] = field(default_factory=list)  # (path, reason)
 
@@ -120,6 +133,7 @@ def run_script(
     if os.name != "posix":
         raise UsageError("--run needs a POSIX system (resource limits, process groups)")
     limits = limits or RunLimits()
+    isolation = choose_isolation(limits.isolation)
     work = tempfile.mkdtemp(prefix="jsonlbatch-run-")
     logs = tempfile.mkdtemp(prefix="jsonlbatch-log-")
     try:
@@ -127,8 +141,11 @@ def run_script(
             write_inside(work, safe_relpath(name), data)
         log_path = os.path.join(logs, "output")
         with open(log_path, "wb") as log:
+            command = [sys.executable, safe_relpath(script)]
+            if isolation == "bwrap":
+                command = bwrap_command(work) + command
             proc = subprocess.Popen(
-                [sys.executable, safe_relpath(script)],
+                [sys.executable, "-I", launcher.__file__, *command],
                 cwd=work,
                 env=safe_env(work),
                 stdin=subprocess.DEVNULL,
@@ -144,13 +161,66 @@ def run_script(
                 timed_out = True
             finally:
                 _kill_group(proc)
-        result = RunResult(proc.returncode, timed_out, _tail(log_path))
+        result = RunResult(proc.returncode, timed_out, _tail(log_path), isolation)
         if result.ok:
             _collect(work, files, limits, result)
         return result
     finally:
         _remove(work)
         _remove(logs)
+
+
+ISOLATIONS = ("auto", "bwrap", "launcher")
+#: Read-only in the sandbox: the system and the Python that runs the script (a venv, its base).
+_SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
+
+
+def choose_isolation(wanted: str) -> str:
+    """ "bwrap" or "launcher" for `wanted` (see `RunLimits.isolation`)."""
+    if wanted not in ISOLATIONS:
+        raise UsageError(f"isolation must be one of {', '.join(ISOLATIONS)}, got {wanted!r}")
+    if wanted == "launcher":
+        return "launcher"
+    problem = bwrap_problem()
+    if problem is None:
+        return "bwrap"
+    if wanted == "bwrap":
+        raise UsageError(f"--sandbox bwrap: {problem}")
+    return "launcher"
+
+
+@functools.cache
+def bwrap_problem() -> str | None:
+    """Why bwrap cannot be used here (None: it can). Tried once per process: a container may
+    have it installed but forbid the namespaces it needs."""
+    if shutil.which("bwrap") is None:
+        return "bubblewrap (bwrap) is not installed"
+    try:
+        probe = subprocess.run(
+            [*bwrap_command(tempfile.gettempdir()), "true"],
+            capture_output=True,
+            timeout=10,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"bwrap does not run: {exc}"
+    if probe.returncode != 0:
+        why = probe.stderr.decode("utf-8", "replace").strip().splitlines()
+        return f"bwrap does not work here: {why[-1] if why else probe.returncode}"
+    return None
+
+
+def bwrap_command(work: str) -> list[str]:
+    """bwrap's argv (before the command): no network, no other processes, the system read-only,
+    only `work` writable, gone when its parent goes."""
+    argv = ["bwrap", "--unshare-all", "--die-with-parent", "--cap-drop", "ALL"]
+    pythons = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+    pythons.add(os.path.dirname(os.path.dirname(os.path.realpath(sys.executable))))
+    for path in (*_SYSTEM, *sorted(pythons)):
+        argv += ["--ro-bind-try", path, path]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    argv += ["--bind", work, work, "--chdir", work]
+    return [*argv, "--remount-ro", "/"]  # the sandbox's own root: no writes that vanish
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:

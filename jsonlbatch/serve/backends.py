@@ -51,6 +51,10 @@ class ServeOptions:
     def __post_init__(self) -> None:
         self.served_model_name = tuple(self.served_model_name)
         self.server_args = tuple(self.server_args)
+        try:
+            shlex.split(self.executable or "")  # server_args come split already
+        except ValueError as exc:
+            raise UsageError(f"cannot split {self.executable!r} into a command: {exc}") from None
         if self.backend not in BACKEND_NAMES:
             raise UsageError(f"unknown server {self.backend!r}; choose {', '.join(BACKEND_NAMES)}")
         if self.dp_mode not in DP_MODES:
