@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from jsonlbatch.redact import redact
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -37,9 +39,13 @@ def count_problems(n: int) -> str:
 
 
 class JsonlbatchError(Exception):
-    """Base class of every error jsonlbatch raises on purpose."""
+    """Base class of every error jsonlbatch raises on purpose. Its text is masked (`redact`):
+    messages quote servers, URLs and input lines, and a library user may log them as they are."""
 
     exit_code: int = 1
+
+    def __str__(self) -> str:
+        return redact(super().__str__())
 
 
 class UsageError(JsonlbatchError):
@@ -67,7 +73,7 @@ class InputError(JsonlbatchError):
             more = len(self.problems) - len(shown)
             plus = "+" if len(self.problems) >= MAX_PROBLEMS else ""
             lines.append(f"  ... and {more}{plus} more")
-        return "\n".join(lines)
+        return redact("\n".join(lines))
 
 
 class OutputError(JsonlbatchError):

@@ -120,22 +120,22 @@ def write_kinds(path: Path, *kinds: str) -> None:
     path.write_bytes(b"".join(orjson.dumps(x) + b"\n" for x in lines))
 
 
+def exec_with_user_credentials(tmp_path, hostile, kinds, *args, **kwargs):
+    """exec of one request per kind against `hostile`, with USER_KEY and an X-Trace header."""
+    write_kinds(tmp_path / "req.jsonl", *kinds)
+    out = tmp_path / "out.jsonl"
+    credentials = ("--api-key", USER_KEY, "--header", f"X-Trace={HEADER_VALUE}")
+    proc = exec_cli(
+        tmp_path / "req.jsonl", out, "--url", hostile.url, *credentials, *args, **kwargs
+    )
+    return proc, out
+
+
 def test_echoed_credentials_never_reach_output_stderr_or_report(tmp_path, hostile):
     """Items 12 and 13: a 4xx body echoing our headers is saved masked (the rest of it kept);
     a key cut by the server's or our own truncation leaves no head behind; every --header value
     is a secret whatever its name; a 200 that echoes the key is masked too."""
-    write_kinds(tmp_path / "req.jsonl", "echo-400", "cut-400", "fine")
-    out = tmp_path / "out.jsonl"
-    proc = exec_cli(
-        tmp_path / "req.jsonl",
-        out,
-        "--url",
-        hostile.url,
-        "--api-key",
-        USER_KEY,
-        "--header",
-        f"X-Trace={HEADER_VALUE}",
-    )
+    proc, out = exec_with_user_credentials(tmp_path, hostile, ["echo-400", "cut-400", "fine"])
     assert proc.returncode == 3, proc.stderr
     assert_hidden(proc.stderr + proc.stdout, USER_KEY, HEADER_VALUE)
     assert_hidden(out.read_bytes(), USER_KEY, HEADER_VALUE)
@@ -225,17 +225,10 @@ def test_waiting_status_and_aiohttp_errors_hide_secret_query_parameters(tmp_path
 def test_each_endpoint_gets_its_own_key_with_serve(tmp_path, hostile):
     """Item 14: with --serve, the launched mock gets its --server-api-key and the given --url the
     user's --api-key; neither key is sent where it does not belong."""
-    write_kinds(tmp_path / "req.jsonl", *(["fine"] * 12))
-    out = tmp_path / "out.jsonl"
-    proc = exec_cli(
-        tmp_path / "req.jsonl",
-        out,
-        "--url",
-        hostile.url,
-        "--api-key",
-        USER_KEY,
-        "--header",
-        f"X-Trace={HEADER_VALUE}",
+    proc, out = exec_with_user_credentials(
+        tmp_path,
+        hostile,
+        ["fine"] * 12,
         "--serve",
         "mock",
         "--server-api-key",
@@ -327,3 +320,16 @@ def test_saved_lines_keep_their_bytes_unless_a_secret_is_in_them():
     assert redact_line(leaky, thorough=False) == b'{"n":123456789012345678901234567890,"t":"***"}\n'
     assert redact_line(b'{"t":"Bearer abcdefgh"}\n', thorough=False) == b'{"t":"Bearer abcdefgh"}\n'
     assert redact_line(b'{"t":"Bearer abcdefgh"}\n', thorough=True) == b'{"t":"Bearer ***"}\n'
+
+
+@pytest.mark.usefixtures("registered")
+def test_library_errors_are_masked_wherever_they_are_printed():
+    """A library user may log our exceptions as they are: their text is masked too."""
+    from jsonlbatch.errors import InputError, Problem, ServerUnavailableError
+
+    error = ServerUnavailableError(
+        f"no server answered (url='http://h/v1?code=abc123&k={USER_KEY}')"
+    )
+    assert "abc123" not in str(error) and USER_KEY not in str(error)
+    problem = InputError("bad input", [Problem("f.jsonl", 3, "body", f"echoes Bearer {USER_KEY}")])
+    assert_hidden(str(problem), USER_KEY)
