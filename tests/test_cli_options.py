@@ -64,7 +64,7 @@ def test_no_float_option_takes_infinity_or_nan():
 def test_bad_numbers_are_usage_errors(path, option, value):
     result = run(*path, f"{option}={value}")
     assert result.exit_code == 2, result.output
-    assert f"Invalid value for '{option}'" in result.output or "Invalid value for" in result.output
+    assert f"'{option}'" in result.output and "Invalid value for" in result.output
     assert "Traceback" not in result.output
 
 

@@ -8,7 +8,15 @@ from typing import Any
 
 import click
 
-from jsonlbatch.cli.params import COUNT, COUNT_OR_ZERO, SECONDS, SECONDS_OR_ZERO, HttpUrl, NonEmpty
+from jsonlbatch.cli.params import (
+    COUNT,
+    COUNT_OR_ZERO,
+    SECONDS,
+    SECONDS_OR_ZERO,
+    Finite,
+    HttpUrl,
+    NonEmpty,
+)
 from jsonlbatch.cli.serve_options import serve_options, serve_options_from_kwargs
 from jsonlbatch.errors import Interrupted, UsageError
 from jsonlbatch.exec.job import ExecOptions, Job, run_coroutine
@@ -135,6 +143,7 @@ def parse_headers(values: tuple[str, ...]) -> dict[str, str]:
 )
 @click.option(
     "--order-window",
+    type=COUNT_OR_ZERO,
     default=RouteOptions.order_window,
     show_default=True,
     metavar="N",
@@ -143,6 +152,7 @@ def parse_headers(values: tuple[str, ...]) -> dict[str, str]:
 )
 @click.option(
     "--balance-abs-threshold",
+    type=COUNT_OR_ZERO,
     default=RouteOptions.balance_abs_threshold,
     show_default=True,
     metavar="N",
@@ -151,6 +161,7 @@ def parse_headers(values: tuple[str, ...]) -> dict[str, str]:
 )
 @click.option(
     "--balance-rel-threshold",
+    type=Finite(min=1),
     default=RouteOptions.balance_rel_threshold,
     show_default=True,
     metavar="F",
