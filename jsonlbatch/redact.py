@@ -61,6 +61,22 @@ _RULES = re.compile(
     r"(?!\*\*\*)[^\s\"',;}&]+"
 )
 _FIELD = re.compile(_FIELD_NAME, re.IGNORECASE)
+#: Cheap first look, on the lowercased text: `_RULES` (case-insensitive alternations, tried at
+#: every position) costs ~80 us on a 400-character error line, these substring searches about a
+#: microsecond. A text in which none is found cannot match `_RULES`.
+_HINT_WORDS = ("bearer", "basic", "authorization", "api-key", "api_key", "apikey", "secret",
+               "passw", "cookie", "subscription")  # fmt: skip
+_TOKEN_HINT = re.compile(r"token[\"']?\s*[:=]")
+_QUERY_HINT = re.compile(r"[?&;][a-z0-9_.-]*=")
+
+
+def _shapes_possible(text: str) -> bool:
+    low = text.lower()
+    return (
+        any(word in low for word in _HINT_WORDS)
+        or ("token" in low and _TOKEN_HINT.search(low) is not None)
+        or (("?" in low or "&" in low or ";" in low) and _QUERY_HINT.search(low) is not None)
+    )
 
 
 def register_secret(value: str | None) -> None:
@@ -102,7 +118,8 @@ def redact(text: str, limit: int | None = None) -> str:
             if secret in text:
                 text = text.replace(secret, MASK)
         text = _mask_cut_tail(text)
-    text = _RULES.sub(_masked, text)
+    if _shapes_possible(text):
+        text = _RULES.sub(_masked, text)
     if limit is not None and len(text) > limit:
         text = text[: max(0, limit - 3)] + "..."
     return text
@@ -146,7 +163,8 @@ def redact_line(line: bytes, *, thorough: bool) -> bytes:
     """
     hit = any(form in line for form in _secret_bytes)
     if not hit and thorough:
-        hit = _RULES.search(line.decode("utf-8", "replace")) is not None
+        text = line.decode("utf-8", "replace")
+        hit = _shapes_possible(text) and _RULES.search(text) is not None
     if not hit:
         return line
     try:

@@ -13,6 +13,7 @@ import orjson
 import pytest
 from aiohttp import web
 from batchutil import ENV, cli, exec_cli, read_results
+from conftest import free_port
 
 from jsonlbatch import redact as redact_module
 from jsonlbatch.redact import redact, redact_line, register_secret
@@ -231,6 +232,8 @@ def test_each_endpoint_gets_its_own_key_with_serve(tmp_path, hostile):
         ["fine"] * 12,
         "--serve",
         "mock",
+        "--port",
+        str(free_port()),  # not the default 8000, which other runs on the machine may hold
         "--server-api-key",
         LOCAL_KEY,
         "-c",
