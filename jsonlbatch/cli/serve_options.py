@@ -133,6 +133,16 @@ _OPTIONS = [
         help="Restart a server that dies mid-run up to N times (requests wait meanwhile).",
     ),
     click.option(
+        "--ray",
+        is_flag=True,
+        help="Place each replica as a Ray actor on the cluster (RAY_ADDRESS, else a local one).",
+    ),
+    click.option(
+        "--ray-address",
+        metavar="ADDR",
+        help="Join this Ray cluster (e.g. ray://head:10001 or head:6379); implies --ray.",
+    ),
+    click.option(
         "--server-log-dir",
         "log_dir",
         type=click.Path(file_okay=False),
@@ -162,6 +172,8 @@ _DEFAULTS = {
     "executable": None,
     "restart": 0,
     "log_dir": None,
+    "ray": False,
+    "ray_address": None,
 }
 
 

@@ -47,6 +47,8 @@ class ServeOptions:
     ready_timeout: float = 1800.0
     restart: int = 0
     log_dir: str | None = None
+    ray: bool = False  # place replicas as Ray actors (see jsonlbatch.serve.ray)
+    ray_address: str | None = None  # a cluster to join; None: RAY_ADDRESS, else a local one
 
     def __post_init__(self) -> None:
         self.served_model_name = tuple(self.served_model_name)
@@ -55,6 +57,7 @@ class ServeOptions:
             shlex.split(self.executable or "")  # server_args come split already
         except ValueError as exc:
             raise UsageError(f"cannot split {self.executable!r} into a command: {exc}") from None
+        self.ray = self.ray or bool(self.ray_address)
         if self.backend not in BACKEND_NAMES:
             raise UsageError(f"unknown server {self.backend!r}; choose {', '.join(BACKEND_NAMES)}")
         if self.dp_mode not in DP_MODES:

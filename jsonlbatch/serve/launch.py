@@ -298,7 +298,7 @@ class Servers:
                 f"server {p.index} ({p.url}) exited with status {code}; restarting it "
                 f"({restarts + 1} of {self.options.restart}); its log: {p.log_path}"
             )
-            stop_all([p], grace=p.grace)  # leftovers of the dead one must free GPU and port
+            self._stop([p])  # leftovers of the dead one must free GPU and port
             p.start()
             watcher = threading.Thread(target=self._watch_restart, args=(p, p.starts), daemon=True)
             watcher.start()
@@ -323,9 +323,13 @@ class Servers:
         self._closing.set()
         if any(p.poll() is None for p in self.processes):
             self.note("stopping server(s)")
-        stuck = stop_all(self.processes)
+        stuck = self._stop(self.processes)
         if stuck:
             self.note(f"warning: processes {stuck} did not exit after SIGKILL")
+
+    def _stop(self, processes: Sequence[ServerProcess]) -> list[int]:
+        """Take `processes` down (SIGTERM, grace, SIGKILL); the pids that survived."""
+        return stop_all(processes, grace=min((p.grace for p in processes), default=STOP_GRACE))
 
     def note(self, message: str) -> None:
         """A line on stderr for the user, unless quiet."""
@@ -407,8 +411,13 @@ def serving(
     is installed, become Interrupted, during startup or in the block. Teardown runs however the
     block ends.
     """
-    servers = Servers(options, plan_servers(options, log_stem=log_stem), quiet=quiet)
-    if BACKENDS[options.backend].needs_gpus:
+    if options.ray:
+        from jsonlbatch.serve.raycluster import RayServers  # Ray is an optional extra
+
+        servers: Servers = RayServers(options, log_stem=log_stem, quiet=quiet)
+    else:
+        servers = Servers(options, plan_servers(options, log_stem=log_stem), quiet=quiet)
+    if BACKENDS[options.backend].needs_gpus and not options.ray:
         pinned = [gpu for p in servers.processes for gpu in p.gpus or ()]
         holders = gpu_holders(pinned or None)
         if holders:

@@ -14,6 +14,10 @@ and takes the whole group down (SIGTERM, a grace, then SIGKILL) when
   same signal, so it is not sent again, only escalated after the grace);
 * CMD exits by itself: workers it leaves behind would keep the GPU and the port.
 
+If the reaper itself is SIGKILLed (Ray, for one, SIGKILLs the children of an actor that ends),
+the server is not orphaned either: it is started with the kernel's parent-death signal set to
+SIGTERM (Linux), so it shuts down, with its workers, as on a normal stop.
+
 The server's output is passed through line by line with secrets masked (SGLang logs its API key
 with its arguments); the secrets come in the environment variable named by `SECRETS_ENV`, which
 the server does not inherit. The reaper exits with CMD's exit status.
@@ -33,6 +37,15 @@ from collections.abc import Sequence
 SECRETS_ENV = "JSONLBATCH_REAPER_SECRETS"
 DEFAULT_GRACE = 15.0
 _TAG = b"[jsonlbatch.serve.reaper] "
+
+
+def _term_when_orphaned() -> None:
+    """In the child before exec: SIGTERM it when the reaper dies, however (Linux prctl)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def group_pids(pgid: int) -> list[int]:
@@ -90,7 +103,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # only jsonlbatch decides; it sends SIGTERM
     try:
         child = subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_term_when_orphaned,  # no thread runs yet: a fork-safe moment
         )
     except OSError as exc:
         _say(f"cannot start {cmd[0]}: {exc.strerror or exc}")
