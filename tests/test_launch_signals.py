@@ -214,3 +214,53 @@ def test_ctrl_c_right_after_startup_is_a_clean_interrupt(standins: Standins) -> 
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=60) == 130
     assert "Traceback" not in err.rest()
+
+
+def test_a_sigkilled_reaper_still_takes_its_server_down(standins: Standins) -> None:
+    """Ray SIGKILLs the children of an actor that ends; the server below the reaper must not be
+    orphaned: it gets SIGTERM through the kernel's parent-death signal. (A server that writes
+    nothing, so no broken pipe ends it instead.)"""
+    from jsonlbatch.serve.backends import Command
+    from jsonlbatch.serve.launch import ServerProcess
+    from jsonlbatch.serve.reaper import group_pids
+
+    sleeper = Command((sys.executable, "-c", "import time; time.sleep(300)"), ())
+    server = ServerProcess(0, sleeper, "http://127.0.0.1:1/v1", str(standins.tmp / "s.log"),
+                           served_name="x")  # fmt: skip
+    server.start()
+    try:
+        reaper = server.pid
+        assert reaper is not None
+        assert wait_until(lambda: len(group_pids(reaper)) == 2, timeout=30)
+        (child,) = [pid for pid in group_pids(reaper) if pid != reaper]
+        os.kill(reaper, signal.SIGKILL)  # the reaper only, not its group
+        assert wait_until(lambda: not _alive(child), timeout=30)
+    finally:
+        server.kill_group(signal.SIGKILL)
+        server.release()
+    assert wait_no_survivors(standins.tag) == []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
+def test_ray_without_the_extra_says_how_to_install_it(standins: Standins) -> None:
+    shadow = standins.tmp / "shadow" / "ray"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('no ray here')\n")
+    env = dict(os.environ, PYTHONPATH=f"{shadow.parent}{os.pathsep}{os.environ['PYTHONPATH']}")
+    requests = standins.tmp / "req.jsonl"
+    write_requests(requests, 2)
+    done = subprocess.run(
+        [sys.executable, "-m", "jsonlbatch", "exec", str(requests), "-o",
+         str(standins.tmp / "out.jsonl"), "--serve", "mock", "--ray"],
+        capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "pip install 'jsonlbatch[ray]'" in done.stderr and "Traceback" not in done.stderr
+    assert not (standins.tmp / "out.jsonl").exists()

@@ -1,0 +1,213 @@
+"""Replicas placed by Ray (`--ray`, `--ray-address`), against a real local Ray cluster.
+
+The tier `pytest -m ray` (run by .ci/run after the default suite): one Ray head for the module,
+started here on the loopback address with 4 declared GPUs on this CPU-only machine, and the
+stand-in vLLM and SGLang servers (tests/standins) as replicas. Every test checks that no server,
+reaper or actor process survives it, and that the cluster's GPUs are all free again.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from batchutil import read_results, write_requests
+from standins.harness import Standins, standin_session, tagged_pids, wait_no_survivors, wait_until
+
+ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'jsonlbatch[ray]'")
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(300, method="thread")]
+RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "token",
+           "RAY_USAGE_STATS_ENABLED": "0"}  # fmt: skip
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _ray_python(address: str, code: str, timeout: float = 90) -> str:
+    """Run `code` in a fresh driver joined to the cluster; its stdout."""
+    prelude = f"import ray\nray.init(address={address!r}, log_to_driver=False)\n"
+    done = subprocess.run(
+        [sys.executable, "-c", prelude + code],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **RAY_ENV},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A Ray head on 127.0.0.1 with 4 declared GPUs; its whole process group goes at the end."""
+    port = _free_port()
+    log = tmp_path_factory.mktemp("ray") / "head.log"
+    with open(log, "wb") as out:
+        head = subprocess.Popen(
+            [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
+             f"--port={port}", "--num-gpus=4", "--num-cpus=2", "--include-dashboard=false",
+             "--disable-usage-stats"],
+            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **RAY_ENV},
+            start_new_session=True,
+        )  # fmt: skip
+    address = f"127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                _ray_python(address, "print(ray.cluster_resources()['GPU'])", timeout=60)
+                break
+            except (AssertionError, subprocess.TimeoutExpired):
+                if time.monotonic() > deadline or head.poll() is not None:
+                    pytest.fail("the Ray head did not start:\n" + log.read_text()[-3000:])
+                time.sleep(2)
+        yield address
+    finally:
+        os.killpg(head.pid, signal.SIGTERM)
+        try:
+            head.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, signal.SIGKILL)
+            head.wait()
+
+
+@pytest.fixture(autouse=True)
+def standins(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Standins]:
+    for name, value in RAY_ENV.items():
+        monkeypatch.setenv(name, value)
+    # forwarded to the replicas' actors (JSONLBATCH_* and server settings go by default)
+    monkeypatch.setenv("JSONLBATCH_RAY_ENV", "PATH,PYTHONPATH,PYTHONUNBUFFERED,STANDIN_RECORD")
+    yield from standin_session(monkeypatch, tmp_path)
+
+
+def _free_gpus(address: str) -> float:
+    return float(_ray_python(address, "print(ray.available_resources().get('GPU', 0))"))
+
+
+def _all_gpus_free(address: str) -> bool:
+    return wait_until(lambda: _free_gpus(address) == 4.0, timeout=60)
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "jsonlbatch", *args]
+
+
+def test_replicas_get_their_own_gpu_groups_and_serve_one_output(
+    cluster: str, standins: Standins
+) -> None:
+    requests, output = standins.tmp / "req.jsonl", standins.tmp / "resp.jsonl"
+    write_requests(requests, 40, model="M")
+    done = subprocess.run(
+        _cli("exec", str(requests), "-o", str(output), "--serve", "vllm", "--model-path", "M",
+             "--tp-size", "2", "--dp-size", "2", "--dp-mode", "replicas", "--ray-address", cluster,
+             "-q"),
+        capture_output=True, text=True, timeout=240, env=dict(os.environ),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = read_results(output)
+    assert len(results) == 40 and all(r["error"] is None for r in results.values())
+    records = standins.records()
+    assert sorted(r["env"]["CUDA_VISIBLE_DEVICES"] for r in records) == ["0,1", "2,3"]
+    endpoints = {r["metrics"]["endpoint"] for r in results.values()}
+    assert len(endpoints) == 2 and all(e.startswith("http://127.0.0.1:") for e in endpoints)
+    assert wait_no_survivors(standins.tag) == []
+    assert _all_gpus_free(cluster)
+
+
+def test_a_replica_killed_mid_run_is_restarted_in_place(cluster: str, standins: Standins) -> None:
+    requests, output = standins.tmp / "req.jsonl", standins.tmp / "resp.jsonl"
+    write_requests(requests, 30, model="M")
+    env = {**os.environ, "STANDIN_CRASH_AFTER": "4",
+           "STANDIN_CRASH_MARKER": str(standins.tmp / "crashed")}  # fmt: skip
+    env["JSONLBATCH_RAY_ENV"] += ",STANDIN_CRASH_AFTER,STANDIN_CRASH_MARKER"
+    done = subprocess.run(
+        _cli("exec", str(requests), "-o", str(output), "--serve", "vllm", "--model-path", "M",
+             "--dp-size", "2", "--dp-mode", "replicas", "--restart-server", "1",
+             "--ray-address", cluster, "-c", "4"),
+        capture_output=True, text=True, timeout=240, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "restarting it (1 of 1)" in done.stderr
+    results = read_results(output)
+    assert len(results) == 30 and all(r["error"] is None for r in results.values())
+    starts = standins.records()
+    assert len(starts) in (3, 4)  # two replicas, one or both (a race at request 5) restarted
+    ports = [r["argv"][r["argv"].index("--port") + 1] for r in starts]
+    assert len(set(ports)) == 2  # the restart kept its port, so exec's endpoint came back
+    assert wait_no_survivors(standins.tag) == []
+    assert _all_gpus_free(cluster)
+
+
+def test_serve_prints_replica_urls_and_ctrl_c_removes_everything(
+    cluster: str, standins: Standins
+) -> None:
+    proc = subprocess.Popen(
+        _cli("serve", "--backend", "sglang", "--model-path", "/ckpt/m", "--dp-size", "2",
+             "--dp-mode", "replicas", "--ray-address", cluster),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ),
+    )  # fmt: skip
+    try:
+        urls = [proc.stdout.readline().strip() for _ in range(2)]
+        assert all(u.startswith("http://127.0.0.1:") and u.endswith("/v1") for u in urls), urls
+        assert _free_gpus(cluster) == 2.0  # each replica holds one GPU (TP 1)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-2000:]
+    assert wait_no_survivors(standins.tag) == []
+    assert _all_gpus_free(cluster)
+
+
+def test_sigkill_of_the_driver_leaves_no_server_and_no_reserved_gpu(
+    cluster: str, standins: Standins
+) -> None:
+    requests, output = standins.tmp / "req.jsonl", standins.tmp / "resp.jsonl"
+    write_requests(requests, 400, model="M")
+    env = {**os.environ, "STANDIN_LATENCY": "0.2"}
+    env["JSONLBATCH_RAY_ENV"] += ",STANDIN_LATENCY"
+    proc = subprocess.Popen(
+        _cli("exec", str(requests), "-o", str(output), "--serve", "vllm", "--model-path", "M",
+             "--tp-size", "2", "--dp-size", "2", "--dp-mode", "replicas", "--ray-address", cluster,
+             "-c", "4", "-q"),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+    )  # fmt: skip
+    try:
+        assert wait_until(lambda: output.exists() and output.stat().st_size > 0, timeout=180)
+        assert len(standins.records()) == 2 and tagged_pids(standins.tag)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert wait_no_survivors(standins.tag, timeout=60) == []  # Ray ended the orphaned actors
+    assert _all_gpus_free(cluster)
+    done = len(read_results(output))
+    assert 0 < done < 400  # killed mid-run; the same command would resume
+
+
+def test_a_laptop_gets_a_local_cluster_that_goes_with_the_run(standins: Standins) -> None:
+    """`--ray` without an address: a one-machine cluster on 127.0.0.1, torn down at the end."""
+    requests, output = standins.tmp / "req.jsonl", standins.tmp / "resp.jsonl"
+    write_requests(requests, 10)
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    done = subprocess.run(
+        _cli("exec", str(requests), "-o", str(output), "--serve", "mock", "--dp-size", "2",
+             "--dp-mode", "replicas", "--ray"),
+        capture_output=True, text=True, timeout=240, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "starting a local Ray cluster" in done.stderr
+    assert len(read_results(output)) == 10
+    assert wait_no_survivors(standins.tag, timeout=60) == []  # the head ran under our reaper
