@@ -78,6 +78,11 @@ def test_every_field_per_request(files):
     assert first["custom_id"] == "q1|0" and first["group"] == "q1" and first["sample"] == 0
     assert first["answer"] == "The answer is 4." and first["reasoning"] == "2+2 is 4"
     assert first["finish_reason"] == "stop" and first["usage"] == USAGE
+    assert (first["prompt_tokens"], first["completion_tokens"], first["reasoning_tokens"]) == (
+        5,
+        7,
+        None,
+    )
     assert first["failed"] is False and first["error"] is None and first["model"] == "m1"
     assert (
         first["choice"] == 0 and first["choices"] == 1 and first["answers"] == ["The answer is 4."]
@@ -205,3 +210,25 @@ def test_cli_refuses_response_options_on_plain_data(files, tmp_path):
         str(tmp_path / "o.jsonl"),
     )
     assert proc.returncode == 2 and "--continue needs --requests" in proc.stderr
+
+
+def test_token_counts_and_unusable_answers_follow_the_endpoint_rules(tmp_path):
+    """`answers` decides: the request's endpoint says what a usable body is and where its
+    token counts are (numbers only)."""
+    reasoning_usage = {
+        "prompt_tokens": 5,
+        "completion_tokens": "7",  # not a number: no count rather than a string
+        "completion_tokens_details": {"reasoning_tokens": 3},
+    }
+    good = ok("a", "fine")
+    good["response"]["body"]["usage"] = reasoning_usage
+    hollow = {"choices": [{"index": 0, "message": {"role": "assistant"}}]}  # no answer, no reason
+    empty = {"custom_id": "b", "response": {"status_code": 200, "body": hollow}, "error": None}
+    responses = write(tmp_path / "r.jsonl", [good, empty])
+    requests = write(tmp_path / "q.jsonl", [request("a", "x"), request("b", "y")])
+    rows = [r.data for r in response_rows(responses, requests=requests)]
+    assert (rows[0]["prompt_tokens"], rows[0]["completion_tokens"]) == (5, None)
+    assert rows[0]["reasoning_tokens"] == 3 and rows[0]["usage"] == reasoning_usage
+    assert rows[0]["failed"] is False
+    assert rows[1]["failed"] is True and "unusable answer" in rows[1]["error"]
+    assert rows[1]["prompt_tokens"] is None

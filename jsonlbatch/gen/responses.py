@@ -11,7 +11,8 @@ template reads like any data field:
 | `answers` | per request: the answer of every choice |
 | `choice`, `choices` | the choice's index and how many the response had |
 | `finish_reason`, `usage`, `model`, `tool_calls` | from the response body |
-| `failed`, `error` | whether the request failed, and why |
+| `prompt_tokens`, `completion_tokens`, `reasoning_tokens` | where `answers` says the endpoint puts them (numbers only; null when absent) |
+| `failed`, `error` | whether the request failed (or its 2xx body holds no usable answer, by `answers`' rules), and why |
 | `messages`, `prompt`, `body` | with `requests=`: the request's messages (chat) or prompt, and its whole body |
 | `conversation` | with `requests=` (chat): the messages plus the assistant's answer, ready to continue |
 | `data` + its fields | with `join=` and `on=`: the original data row whose `on` field equals the group |
@@ -32,13 +33,16 @@ from typing import IO, Any
 
 import orjson
 
+from jsonlbatch.answers import unusable_reason, usage_metrics
 from jsonlbatch.errors import InputError, Problem, UsageError
 from jsonlbatch.gen.sources import Row, iter_rows
 from jsonlbatch.jsonl import iter_lines, iter_lines_at, read_lines_at
-from jsonlbatch.records import check_response
+from jsonlbatch.records import CHAT_URL, check_response
 from jsonlbatch.samples import DEFAULT_SEPARATORS, Sample, samples_of, split_id
 
 PER = ("request", "choice")
+#: Token counts offered as fields, found where `answers` says each endpoint puts them.
+TOKEN_FIELDS = ("prompt_tokens", "completion_tokens", "reasoning_tokens")
 
 
 def looks_like_responses(path: str) -> bool:
@@ -170,8 +174,8 @@ def _rows(
         problems = check_response(obj)
         if problems:
             raise InputError("bad response file", [_at(where, f, m) for f, m in problems])
-        samples = samples_of(obj, path=path, line=lineno)
         base = _request_fields(index, obj["custom_id"], where)
+        samples, tokens = _samples(obj, base.pop("url", CHAT_URL), path, lineno)
         group, sample = split_id(obj["custom_id"], separators)
         if data is not None:
             joined = data.get(group, obj["custom_id"])
@@ -184,7 +188,7 @@ def _rows(
         base |= {"custom_id": obj["custom_id"], "group": group, "sample": _sample(sample)}
         chosen = samples if per == "choice" else samples[:1]
         for s in chosen:
-            fields = {**base, **_sample_fields(s)}
+            fields = {**base, **_sample_fields(s), **tokens}
             if per == "choice":
                 fields["custom_id"] = s.sample_id
             else:
@@ -196,6 +200,26 @@ def _rows(
                 ]
             yield Row(path, count, lineno, fields, key=fields["custom_id"])
             count += 1
+
+
+def _samples(
+    obj: dict[str, Any], url: str, path: str, line: int
+) -> tuple[list[Sample], dict[str, Any]]:
+    """The line's samples, judged by the endpoint's rules in `answers` (the request's URL, else
+    chat's): a 2xx body with no usable answer is a failure, as exec records it; the token
+    counts are the ones `answers` finds for that endpoint (numbers only)."""
+    samples = samples_of(obj, path=path, line=line)
+    response = obj.get("response")
+    body = response.get("body") if isinstance(response, dict) else None
+    if not samples[0].failed:
+        why = unusable_reason(url, body)
+        if why is not None:
+            unusable = Sample(
+                obj["custom_id"], error=f"unusable answer: {why}", path=path, line=line
+            )
+            return [unusable], dict.fromkeys(TOKEN_FIELDS)
+    tokens = usage_metrics(url, body)
+    return samples, {k: tokens.get(k) for k in TOKEN_FIELDS}
 
 
 def _sample_fields(s: Sample) -> dict[str, Any]:
@@ -223,7 +247,7 @@ def _request_fields(index: RequestIndex | None, custom_id: str, where: Problem) 
             [_at(where, "custom_id", f"{custom_id!r} is not in {index.path}")],
         )
     body = request["body"]
-    fields: dict[str, Any] = {"body": body, "messages": body.get("messages")}
+    fields: dict[str, Any] = {"body": body, "messages": body.get("messages"), "url": request["url"]}
     if "prompt" in body:
         fields["prompt"] = body["prompt"]
     return fields
