@@ -55,6 +55,7 @@ def test_prefix_routing_keeps_samples_together_and_reports_the_servers(tmp_path,
         for url in urls:
             assert url.removesuffix("/v1") in done.stderr
         assert "server counted" in done.stderr
+        assert "per_endpoint=" in done.stderr  # the progress bar's spread, in --url order
     # the ideal is 3/4 of each task's prompt tokens (whole blocks only)
     assert rates["prefix"] > 0.65
     assert rates["prefix"] > rates["round-robin"] + 0.15

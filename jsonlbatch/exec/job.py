@@ -346,6 +346,7 @@ class _Run:
             self.progress.note(f"nothing to send: all {self.scan.total} requests have a result")
             self.summary.wall_s = time.monotonic() - started
             return self.summary
+        self.summary.endpoints.update({ep.name: 0 for ep in endpoints})  # in --url order
         loop = asyncio.get_running_loop()
         if self.handle_signals:
             for sig in (signal.SIGINT, signal.SIGTERM):

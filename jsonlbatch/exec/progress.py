@@ -65,6 +65,11 @@ class Progress:
             f"ok={summary.succeeded} failed={summary.failed} retrying={retrying} "
             f"out_tok/s={summary.completion_tokens / elapsed:.0f}"
             + (f" ttft_p50={statistics.median(self._ttfts):.3f}s" if self._ttfts else "")
+            + (
+                f" per_endpoint={'/'.join(map(str, summary.endpoints.values()))}"
+                if len(summary.endpoints) > 1
+                else ""
+            )
             + (" [waiting for server]" if status else ""),
             refresh=True,
         )
