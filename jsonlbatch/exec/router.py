@@ -120,7 +120,7 @@ class RouteOptions:
                 "--balance-abs-threshold must be 0 or more and --balance-rel-threshold at least 1"
             )
         if not 0 < self.min_match <= 1:
-            raise UsageError(f"--route-min-match must be in (0, 1], got {self.min_match}")
+            raise UsageError(f"min_match must be in (0, 1], got {self.min_match}")
         if self.order_window < 0:
             raise UsageError("--order-window must be 0 or more")
 
