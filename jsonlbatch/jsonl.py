@@ -94,7 +94,8 @@ def prefetch(path: str | os.PathLike[str], limit: int = 1 << 30) -> None:
 def read_lines_at(
     path: str | os.PathLike[str], offsets: Iterable[int], *, strip: bool = True
 ) -> Iterator[bytes]:
-    """The lines starting at `offsets` (ascending), read without scanning the lines between,
+    """The lines starting at `offsets` (ascending reads sequentially; any order works, by seeking:
+    exec's look-ahead window sends grouped lines), read without scanning the lines between,
     exactly as `iter_lines_at` gave them (edges stripped alike, so what was checked is sent);
     `strip=False` gives the physical lines, newline included (to tell a torn one)."""
     with open(path, "rb", buffering=_READ_BUFFER) as f:
