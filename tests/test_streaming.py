@@ -203,6 +203,26 @@ def test_litellm_usage_chunk_with_an_empty_choice_and_a_missing_finish():
     assert reader.chunks == 2
 
 
+def test_vllm_system_fingerprint_on_the_usage_chunk_only_is_kept():
+    """vLLM 0.32 streams `system_fingerprint` only on its last (usage) chunk, and ends the
+    content with `finish_reason` on the last content delta (seen on the real server)."""
+    usage = {"prompt_tokens": 17, "total_tokens": 20, "completion_tokens": 3}
+    stream = b"".join(
+        [
+            event([delta(0, role="assistant", content="")], prompt_token_ids=None),
+            event([delta(0, content=" a")]),
+            event([{**delta(0, "length", content=" b"), "stop_reason": None}]),
+            event([], usage=usage, system_fingerprint="vllm-0.32.0-0409a628"),
+            b"data: [DONE]\n\n",
+        ]
+    )
+    body = assemble([stream]).body()
+    assert body["system_fingerprint"] == "vllm-0.32.0-0409a628"
+    assert body["choices"][0]["message"]["content"] == " a b"
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"] == usage
+
+
 def test_logprobs_and_stop_reason_are_merged():
     lp = lambda tok: {"content": [{"token": tok, "logprob": -0.5}]}  # noqa: E731
     first = {**delta(0, content="a"), "logprobs": lp("a")}

@@ -190,6 +190,7 @@ class StreamReader:
         self.gaps: list[float] = []  # between such events, after the first (`metrics` sorts)
         self._last = 0.0
         self._head: dict[str, Any] | None = None
+        self._fingerprint: Any = None  # vLLM sends it on the usage chunk only, OpenAI on each
         self._choices: dict[int, _Choice] = {}
         self._pieces: list[bytes] = []  # an event not yet ended
         self._data: bytes | None = None  # data lines of the event not yet dispatched
@@ -333,6 +334,8 @@ class StreamReader:
             usage = chunk.get("usage")
             if usage:
                 self.usage = usage
+                if self._fingerprint is None:
+                    self._fingerprint = chunk.get("system_fingerprint")
             if choices.__class__ is list and merge(choices):
                 carried += 1
         if self._head is None and chunks:
@@ -413,8 +416,11 @@ class StreamReader:
             "created": head.get("created"),
             "model": head.get("model"),
         }
-        if head.get("system_fingerprint") is not None:
-            out["system_fingerprint"] = head["system_fingerprint"]
+        fingerprint = head.get("system_fingerprint")
+        if fingerprint is None:
+            fingerprint = self._fingerprint
+        if fingerprint is not None:
+            out["system_fingerprint"] = fingerprint
         out["choices"] = [c.chat_choice() if self.chat else c.text_choice() for c in choices]
         out["usage"] = self.usage
         return out

@@ -121,11 +121,18 @@ def describe_holders(holders: Sequence[GpuProcess]) -> str:
     )
 
 
-def port_is_free(host: str, port: int) -> bool:
-    """Whether a server could bind `host:port` now (with SO_REUSEADDR, as servers do)."""
+def port_is_free(host: str, port: int, *, strict: bool = False) -> bool:
+    """Whether a server could bind `host:port` now (with SO_REUSEADDR, as servers do).
+
+    With `strict`, also no other socket may be bound there at all: vLLM binds its port as it
+    starts and listens only once the model is loaded (a minute or more later), and in between a
+    SO_REUSEADDR bind succeeds, so a second launcher would pick the same port and probe the
+    other's server. (Strict also skips ports in TIME_WAIT: fine when choosing a port.)
+    """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if not strict:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError:
@@ -146,7 +153,9 @@ def pick_ports(
     while len(ports) < count:
         if candidate > _MAX_PORT:
             raise UsageError(f"no {count} free ports from {start} on {host}")
-        if port_is_free(host, candidate):
+        # The user's own --port may be in TIME_WAIT after a restart; a port we choose must be
+        # bound by nobody (see port_is_free).
+        if port_is_free(host, candidate, strict=not (exact and not ports)):
             ports.append(candidate)
             candidate += stride
         elif exact and not ports:

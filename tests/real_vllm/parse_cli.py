@@ -2,7 +2,8 @@
 
 Reads a JSON list of {"kind": "vllm" | "sglang", "argv": [...]} on stdin (argv without the
 program: `serve MODEL ...` for vLLM, `--model-path M ...` for SGLang's launch_server) and prints
-a JSON list of {"ok": bool, "error": str, "args": {...}} in the same order.
+a JSON list of {"ok": bool, "error": str, "args": {...}} in the same order. The argv
+["--list-options"] lists the flags instead ({"options": [...]}: `vllm serve`'s, launch_server's).
 
 vLLM: the parser is built as `vllm`'s own main() builds it (every subcommand), then the
 subcommand's `validate` runs, as before a server starts. SGLang: `ServerArgs.add_cli_args` on a
@@ -28,8 +29,11 @@ def _vllm_parser() -> tuple[argparse.ArgumentParser, dict]:
     parser = FlexibleArgumentParser(description="vLLM CLI")
     subparsers = parser.add_subparsers(required=False, dest="subparser")
     commands = {}
-    for module in (vllm.entrypoints.cli.openai, vllm.entrypoints.cli.serve,
-                   vllm.entrypoints.cli.run_batch):  # fmt: skip
+    for module in (
+        vllm.entrypoints.cli.openai,
+        vllm.entrypoints.cli.serve,
+        vllm.entrypoints.cli.run_batch,
+    ):
         for cmd in module.cmd_init():
             cmd.subparser_init(subparsers).set_defaults(dispatch_function=cmd.cmd)
             commands[cmd.name] = cmd
@@ -44,10 +48,19 @@ def _sglang_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _options(parser: argparse.ArgumentParser) -> list[str]:
+    return sorted(s for s in parser._option_string_actions if s.startswith("-"))
+
+
 def _parse(kind: str, argv: list[str], cache: dict) -> dict:
     if kind not in cache:
         cache[kind] = _vllm_parser() if kind == "vllm" else (_sglang_parser(), {})
     parser, commands = cache[kind]
+    if argv == ["--list-options"]:  # every flag `vllm serve` / launch_server knows
+        if kind == "vllm":
+            sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+            parser = sub.choices["serve"]
+        return {"ok": True, "error": "", "options": _options(parser)}
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):

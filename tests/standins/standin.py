@@ -21,6 +21,7 @@ import asyncio
 import dataclasses
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -61,15 +62,22 @@ def run(
         app.middlewares.append(_crash_after(int(crash_after), marker))
     delay = float(env.get("STANDIN_READY_DELAY", "0"))
     try:
-        asyncio.run(_serve(app, host, port, delay, ready_line))
+        # As vLLM does: bind the port at once (SO_REUSEADDR), listen only once "loaded", so
+        # the port refuses connections meanwhile yet is taken.
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
     except OSError as exc:
         print(f"ERROR: [Errno {exc.errno}] error while attempting to bind on address "
               f"({host!r}, {port}): {exc.strerror}", file=sys.stderr, flush=True)  # fmt: skip
         return 1
+    with sock:
+        asyncio.run(_serve(app, sock, delay, ready_line))
     return 0
 
 
-async def _serve(app: web.Application, host: str, port: int, delay: float, ready: str) -> None:
+async def _serve(app: web.Application, sock: socket.socket, delay: float, ready: str) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGINT, stop.set)
@@ -83,8 +91,9 @@ async def _serve(app: web.Application, host: str, port: int, delay: float, ready
             pass
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
     await runner.setup()
+    host, port = sock.getsockname()[:2]
     try:
-        await web.TCPSite(runner, host, port).start()
+        await web.SockSite(runner, sock).start()
         print(
             f"INFO:     Uvicorn running on http://{host}:{port} (Press CTRL+C to quit)", flush=True
         )
