@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import argparse
-import importlib.util
 import re
 import socket
 import sys
 import threading
-from importlib.machinery import SourceFileLoader
 from pathlib import Path
 
 import click
 import pytest
-from standins.harness import SERVERS_MD, STANDINS
+from standins.harness import SERVERS_MD, standin_parser
 
 from jsonlbatch.cli.serve_options import serve_options, serve_options_from_kwargs
 from jsonlbatch.errors import UsageError
@@ -37,20 +34,6 @@ FULL = {
 }
 
 
-def _load_parser(name: str, path: Path) -> argparse.ArgumentParser:
-    """The stand-in's argparse parser: the real flags, rejecting unknown ones."""
-    sys.path.insert(0, str(STANDINS))
-    try:
-        loader = SourceFileLoader(name, str(path))
-        spec = importlib.util.spec_from_loader(name, loader)
-        assert spec is not None
-        module = importlib.util.module_from_spec(spec)
-        loader.exec_module(module)
-    finally:
-        sys.path.remove(str(STANDINS))
-    return module.parser()
-
-
 def test_vllm_command_line_is_exact_and_keeps_the_key_out_of_argv() -> None:
     cmd = build_command(
         ServeOptions("vllm", served_model_name=("a", "b"), **FULL), port=8123, data_parallel=4
@@ -64,7 +47,7 @@ def test_vllm_command_line_is_exact_and_keeps_the_key_out_of_argv() -> None:
         "hermes", "--seed", "7", "--trust-remote-code",
     )  # fmt: skip
     assert dict(cmd.env) == {"VLLM_API_KEY": "sk-test-secret-123"}
-    parsed = _load_parser("vllm_standin", STANDINS / "vllm").parse_args(cmd.argv[1:])
+    parsed = standin_parser("vllm").parse_args(cmd.argv[1:])
     assert parsed.data_parallel_size == 4 and parsed.served_model_name == ["a", "b"]
 
 
@@ -83,7 +66,7 @@ def test_sglang_command_line_is_exact() -> None:
     )  # fmt: skip
     assert cmd.env == ()
     assert "sk-test-secret-123" not in cmd.display()  # what gets logged is masked
-    parser = _load_parser("sglang_standin", STANDINS / "sglang" / "launch_server.py")
+    parser = standin_parser("sglang")
     assert parser.parse_args(cmd.argv[3:]).dp_size == 4
 
 

@@ -3,15 +3,13 @@
 
 from __future__ import annotations
 
-import importlib.util
+import argparse
 import shlex
 import sys
-from importlib.machinery import SourceFileLoader
-from pathlib import Path
 from typing import Any
 
 import pytest
-from standins.harness import STANDINS
+from standins.harness import standin_parser
 from vllmtier import parse_with_real_parsers
 
 from jsonlbatch.serve.backends import ServeOptions
@@ -180,19 +178,10 @@ def test_sglang_reads_each_mapped_option_as_meant(parsed: dict) -> None:
     assert through["log_level"] == "warning" and through["skip_server_warmup"] is True
 
 
-def _standin_options(name: str, path: Path) -> set[str]:
-    sys.path.insert(0, str(STANDINS))
-    try:
-        loader = SourceFileLoader(name, str(path))
-        spec = importlib.util.spec_from_loader(name, loader)
-        assert spec is not None
-        module = importlib.util.module_from_spec(spec)
-        loader.exec_module(module)
-    finally:
-        sys.path.remove(str(STANDINS))
-    parser = module.parser()
+def _standin_options(kind: str) -> set[str]:
+    parser = standin_parser(kind)
     for action in parser._actions:  # vLLM's stand-in: the `serve` subcommand
-        if action.__class__.__name__ == "_SubParsersAction":
+        if isinstance(action, argparse._SubParsersAction):
             parser = action.choices["serve"]
     return {s for s in parser._option_string_actions if s.startswith("-")} - {"-h", "--help"}
 
@@ -201,6 +190,5 @@ def test_the_standins_know_only_flags_the_real_servers_know(parsed: dict) -> Non
     """The stand-ins the default suite launches accept nothing the real servers would refuse."""
     real_vllm = set(parsed["results"][("vllm", "options", 0)]["options"])
     real_sglang = set(parsed["results"][("sglang", "options", 0)]["options"])
-    assert _standin_options("vllm_standin", STANDINS / "vllm") - real_vllm == set()
-    sglang = STANDINS / "sglang" / "launch_server.py"
-    assert _standin_options("sglang_standin", sglang) - real_sglang == set()
+    assert _standin_options("vllm") - real_vllm == set()
+    assert _standin_options("sglang") - real_sglang == set()

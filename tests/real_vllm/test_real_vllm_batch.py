@@ -50,8 +50,10 @@ def test_run_batch_output_is_read_by_validate_report_post_and_exec(
     voted = run_cli("post", "votes", str(out), "-o", str(votes), "--no-split", "--extract",
                     "full", "--use-truncated", env=vllm_env)  # fmt: skip
     assert voted.returncode == 0, voted.stderr
-    groups = {line["id"] if "id" in line else line.get("group") for line in read_lines(votes)}
-    assert len(read_lines(votes)) >= 7, groups
+    groups = {line["id"]: line for line in read_lines(votes)}
+    assert sorted(groups) == sorted(ids[:8])
+    assert groups["req-0"]["invalid"] == 1  # the refused request: no answer to vote on
+    assert all(groups[cid]["samples"] == 2 for cid in ids[1:8])  # both of n=2 choices read
 
     # exec takes run-batch's file as its own output: it sends only what has no result yet.
     resumed = run_cli("exec", str(requests), "-o", str(out), "--url", shared_server.url,
@@ -60,7 +62,19 @@ def test_run_batch_output_is_read_by_validate_report_post_and_exec(
     assert "resuming: 8 of 16 requests already have" in resumed.stderr, resumed.stderr
     final = read_lines(out)
     assert sorted(line["custom_id"] for line in final) == sorted(ids)
-    retried = run_cli("exec", str(requests), "-o", str(out), "--url", shared_server.url,
-                      "--retry-failed", env=vllm_env)  # fmt: skip
-    assert retried.returncode == 3, retried.stderr  # refused again: still too many tokens
-    assert sorted(line["custom_id"] for line in read_lines(out)) == sorted(ids)
+    # --retry-failed sends the refused one again, as the request file has it now (fixable).
+    retried = run_cli(
+        "exec",
+        str(requests),
+        "-o",
+        str(out),
+        "--url",
+        shared_server.url,
+        "--retry-failed",
+        env=vllm_env,
+    )
+    assert retried.returncode == 0, retried.stderr
+    assert "retrying 1 failed requests" in retried.stderr
+    final = read_lines(out)
+    assert sorted(line["custom_id"] for line in final) == sorted(ids)
+    assert all(line["error"] is None for line in final)

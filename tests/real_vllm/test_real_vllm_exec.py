@@ -47,24 +47,19 @@ def _covered(small: Any, big: Any, where: str = "body") -> list[str]:
     return [] if small in (big, "NoneType") else [f"{where}: {small} vs {big}"]
 
 
-def test_exec_serve_vllm_streams_with_model_auto_and_n(
+def test_exec_serve_vllm_replicas_stream_with_model_auto_and_n(
     vllm_setup: dict[str, Any], vllm_env: dict[str, str], shared_server: Any, tmp_path: Path
 ) -> None:
+    """Two replicas on the CPU (one start's worth of time on 2 cores: they load side by side).
+    No GPU here: --gpus names two "devices" so that each replica gets its own group (and a
+    CUDA_VISIBLE_DEVICES, which the CPU build ignores)."""
     requests, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
-    ids = write_chat_requests(requests, 12, model="whatever-the-file-says", n=2)
-    done = run_cli(
-        "exec",
-        str(requests),
-        "-o",
-        str(out),
-        "--model",
-        "auto",
-        "--stream",
-        *serve_flags(vllm_setup),
-        env=vllm_env,
-    )
+    ids = write_chat_requests(requests, 24, model="whatever-the-file-says", n=2)
+    replicas = ["--dp-size", "2", "--dp-mode", "replicas", "--gpus", "0,1", "-c", "8"]
+    done = run_cli("exec", str(requests), "-o", str(out), "--model", "auto", "--stream",
+                   *replicas, *serve_flags(vllm_setup), env=vllm_env)  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert "ready after" in done.stderr and "starting server 0: vllm serve" in done.stderr
+    assert "ready after" in done.stderr and "starting server 1: vllm serve" in done.stderr
     lines = read_lines(out)
     assert sorted(line["custom_id"] for line in lines) == sorted(ids)
     streamed = _ok_bodies(lines)
@@ -78,8 +73,12 @@ def test_exec_serve_vllm_streams_with_model_auto_and_n(
         assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
         assert 0 < metrics["ttft_s"] <= metrics["latency_s"], metrics
         assert metrics["chunks"] >= 2 and metrics["completion_tokens"] == usage["completion_tokens"]
-    server_log = (tmp_path / "out.jsonl.server.log").read_text()
-    assert "VLLM::EngineCore" in server_log or "EngineCore" in server_log
+    served = []
+    for i in range(2):
+        log = (tmp_path / f"out.jsonl.server-{i}.log").read_text(errors="replace")
+        assert "EngineCore" in log
+        served.append(log.count('"POST /v1/chat/completions HTTP/1.1" 200'))
+    assert all(n > 0 for n in served) and sum(served) == len(ids), served
 
     # The same requests unstreamed, on the shared server: the streamed bodies have their shape.
     plain_out = tmp_path / "plain.jsonl"

@@ -1,9 +1,8 @@
 """A real vLLM launched by `exec --serve vllm`, stopped in every way: Ctrl-C, kill -9 of
-jsonlbatch, the engine killed under it, and two replicas sharing the load."""
+jsonlbatch, the engine killed under it (replicas: test_real_vllm_exec.py)."""
 
 from __future__ import annotations
 
-import re
 import signal
 import subprocess
 from pathlib import Path
@@ -118,44 +117,3 @@ def test_restart_server_after_the_engine_is_killed(
     log = (tmp_path / "out.jsonl.server.log").read_text(errors="replace")
     assert log.count("start 2:") == 1, "one restart, logged in the same file"
     assert not any(pid in engine for pid in procs.vllm())
-
-
-def test_replicas_on_the_cpu_share_the_requests(
-    vllm_setup: dict[str, Any], vllm_env: dict[str, str], procs: Tracker, tmp_path: Path
-) -> None:
-    requests, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
-    ids = write_chat_requests(requests, 60, max_tokens=8)
-    # No GPU here: --gpus names two "devices" so that each replica gets its own group (and
-    # CUDA_VISIBLE_DEVICES, which the CPU build ignores).
-    done = subprocess.run(
-        cli_argv(
-            "exec",
-            str(requests),
-            "-o",
-            str(out),
-            "-c",
-            "8",
-            "--dp-size",
-            "2",
-            "--dp-mode",
-            "replicas",
-            "--gpus",
-            "0,1",
-            *serve_flags(vllm_setup),
-        ),
-        capture_output=True,
-        text=True,
-        env=vllm_env,
-        timeout=600,
-        stdin=subprocess.DEVNULL,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    _all_ok_once(out, ids)
-    served = []
-    for i in range(2):
-        log = (tmp_path / f"out.jsonl.server-{i}.log").read_text(errors="replace")
-        served.append(log.count('"POST /v1/chat/completions HTTP/1.1" 200'))
-    assert all(n > 0 for n in served), served
-    assert sum(served) == len(ids), served
-    ports = sorted(set(re.findall(r"--port (\d+)", done.stderr)))
-    assert len(ports) == 2, done.stderr

@@ -7,7 +7,9 @@ servers, their workers, a CLI child) and fails the test if one survives a bounde
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import importlib.util
 import os
 import signal
 import sys
@@ -15,6 +17,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from importlib.machinery import SourceFileLoader
 from pathlib import Path
 
 import orjson
@@ -44,6 +47,23 @@ class Standins:
         env = dict(os.environ)
         env.update({f"STANDIN_{k.upper()}": str(v) for k, v in knobs.items()})
         return env
+
+
+def standin_parser(kind: str) -> argparse.ArgumentParser:
+    """The argparse parser of the `vllm` or `sglang` stand-in: the real flags, rejecting
+    unknown ones (for `vllm`, the top-level parser with its `serve` subcommand)."""
+    path = STANDINS / "vllm" if kind == "vllm" else STANDINS / "sglang" / "launch_server.py"
+    name = f"{kind}_standin"
+    sys.path.insert(0, str(STANDINS))
+    try:
+        loader = SourceFileLoader(name, str(path))
+        spec = importlib.util.spec_from_loader(name, loader)
+        assert spec is not None
+        module = importlib.util.module_from_spec(spec)
+        loader.exec_module(module)
+    finally:
+        sys.path.remove(str(STANDINS))
+    return module.parser()
 
 
 def tagged_pids(tag: str) -> list[int]:
