@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import vllmtier
+
+from real_vllm import vllmtier
 
 _SURVIVOR_WAIT = 40.0  # vLLM's engine takes some seconds to go after SIGTERM
 

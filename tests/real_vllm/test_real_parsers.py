@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 from standins.harness import standin_parser
-from vllmtier import parse_with_real_parsers
 
 from jsonlbatch.serve.backends import ServeOptions
 from jsonlbatch.serve.launch import plan_servers
+from real_vllm.vllmtier import parse_with_real_parsers
 
 SGLANG_PROGRAM = (sys.executable, "-m", "sglang.launch_server")
 

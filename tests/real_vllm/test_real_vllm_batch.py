@@ -7,8 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import vllmtier
-from vllmtier import SERVED, read_lines, run_cli, write_chat_requests
+
+from real_vllm import vllmtier
+from real_vllm.vllmtier import SERVED, read_lines, run_cli, write_chat_requests
 
 
 def run_batch(setup: dict[str, Any], env: dict[str, str], requests: Path, out: Path) -> None:

@@ -6,8 +6,9 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import vllmtier
-from vllmtier import SERVED, read_lines, run_cli, serve_flags, write_chat_requests
+
+from real_vllm import vllmtier
+from real_vllm.vllmtier import SERVED, read_lines, run_cli, serve_flags, write_chat_requests
 
 
 def _ok_bodies(lines: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:

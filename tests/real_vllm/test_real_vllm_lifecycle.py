@@ -8,8 +8,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import vllmtier
-from vllmtier import (
+from real_vllm import vllmtier
+from real_vllm.vllmtier import (
     Tracker,
     cli_argv,
     count_lines,

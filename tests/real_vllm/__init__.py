@@ -1,0 +1,1 @@
+"""The real-vLLM test tier (`pytest -m vllm`): see vllmtier.py and conftest.py."""
