@@ -1,12 +1,16 @@
 """`jsonlbatch serve`: launch servers and keep them up until Ctrl-C or SIGTERM.
 
 For runs that outlive one `exec` (several request files, other nodes' clients, a router): the
-URLs go to stdout, one per line, for scripts to read; everything else goes to stderr.
+URLs go to stdout, one per line, for scripts to read; everything else goes to stderr. With
+`--batch-api` the one URL printed is a front that adds `/v1/files` and `/v1/batches` to the
+backend (launched here, or an `--upstream` server already running).
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -14,6 +18,7 @@ import click
 from jsonlbatch.cli.params import SECONDS
 from jsonlbatch.cli.serve_options import serve_options, serve_options_from_kwargs
 from jsonlbatch.errors import Interrupted, UsageError
+from jsonlbatch.redact import register_secret
 from jsonlbatch.serve.launch import serving
 
 _CHECK_EVERY = 1.0
@@ -29,25 +34,123 @@ _CHECK_EVERY = 1.0
     metavar="SECONDS",
     help="How long a server may take to start (cold starts take many minutes).",
 )
+@click.option(
+    "--batch-api",
+    is_flag=True,
+    help="Add the OpenAI Files and Batches API (/v1/files, /v1/batches) in front of the "
+    "backend; live endpoints keep working on the same URL.",
+)
+@click.option(
+    "--upstream",
+    metavar="URL",
+    help="With --batch-api: front this already running server instead of launching one.",
+)
+@click.option(
+    "--upstream-api-key",
+    envvar="JSONLBATCH_UPSTREAM_API_KEY",
+    show_envvar=True,
+    help="Key the --upstream server wants.",
+)
+@click.option(
+    "--batch-dir",
+    default="jsonlbatch-batches",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="Where --batch-api keeps files, batches and progress (survives restarts).",
+)
+@click.option(
+    "--batch-port",
+    type=click.IntRange(0, 65535),
+    default=0,
+    help="Port of the --batch-api front (default: a free one).",
+)
+@click.option(
+    "--batch-concurrency",
+    type=click.IntRange(min=1),
+    default=256,
+    show_default=True,
+    help="Requests in flight for batches (one budget, the oldest batch first).",
+)
 @click.option("-q", "--quiet", is_flag=True, help="Only the URLs and errors.")
-def serve(quiet: bool, **kwargs: Any) -> None:
+def serve(
+    quiet: bool,
+    batch_api: bool,
+    upstream: str | None,
+    upstream_api_key: str | None,
+    batch_dir: str,
+    batch_port: int,
+    batch_concurrency: int,
+    **kwargs: Any,
+) -> None:
     """Launch a server (or replicas) and keep it up; prints one base URL per line.
 
     \b
     jsonlbatch serve --backend vllm --model-path M --dp-size 4 --dp-mode replicas
     jsonlbatch exec requests.jsonl -o out.jsonl --url URL1 --url URL2 ...
+    jsonlbatch serve --batch-api --backend mock       # OpenAI Batch API on one URL
+    jsonlbatch serve --batch-api --upstream http://gpu-node:8000/v1
     """
+    if upstream is not None and not batch_api:
+        raise UsageError("--upstream goes with --batch-api")
+    if not batch_api:
+        options = serve_options_from_kwargs(kwargs)
+        if options is None:
+            raise UsageError("which server? give --backend mock|vllm|sglang")
+        with serving(options, quiet=quiet) as servers:
+            try:
+                for url in servers.urls:
+                    click.echo(url)
+                if not quiet:
+                    click.echo("serving; Ctrl-C to stop", err=True)
+                while True:
+                    servers.check()
+                    time.sleep(_CHECK_EVERY)
+            except (KeyboardInterrupt, Interrupted):
+                pass  # the usual way to end `serve`: stop the servers, exit 0
+        return
+    from jsonlbatch.batchapi.runner import RunnerOptions
+    from jsonlbatch.batchapi.server import BatchServerOptions
+
+    front = BatchServerOptions(
+        batch_dir,
+        RunnerOptions(
+            urls=[], concurrency=batch_concurrency, ready_timeout=kwargs["ready_timeout"]
+        ),
+        host=kwargs["host"],
+        port=batch_port,
+        api_key=kwargs["server_api_key"],
+    )
+    if upstream is not None:
+        if kwargs["backend"] is not None:
+            raise UsageError("give --upstream URL or --backend, not both")
+        for name in ("host", "server_api_key"):  # the front's own, not a launch's
+            kwargs.pop(name)
+        serve_options_from_kwargs(kwargs)  # any other server option is a mistake
+        front.runner.urls, front.runner.api_key = [upstream], upstream_api_key
+        _run_front(front, quiet)
+        return
     options = serve_options_from_kwargs(kwargs)
     if options is None:
-        raise UsageError("which server? give --backend mock|vllm|sglang")
+        raise UsageError("which server? give --backend mock|vllm|sglang, or --upstream URL")
     with serving(options, quiet=quiet) as servers:
-        try:
-            for url in servers.urls:
-                click.echo(url)
-            if not quiet:
-                click.echo("serving; Ctrl-C to stop", err=True)
-            while True:
-                servers.check()
-                time.sleep(_CHECK_EVERY)
-        except (KeyboardInterrupt, Interrupted):
-            pass  # the usual way to end `serve`: stop the servers, exit 0
+        front.runner.urls, front.runner.api_key = servers.urls, servers.api_key
+        _run_front(front, quiet, servers.check)
+
+
+def _run_front(front: Any, quiet: bool, check: Callable[[], None] | None = None) -> None:
+    from jsonlbatch.batchapi.server import serve_batch_api
+    from jsonlbatch.exec.job import run_coroutine
+
+    for secret in (front.api_key, front.runner.api_key):
+        if secret:
+            register_secret(secret)
+
+    def ready(url: str) -> None:
+        click.echo(url)
+        if not quiet:
+            click.echo(
+                f"serving the Batch API (state in {front.directory}); Ctrl-C to stop", err=True
+            )
+
+    with contextlib.suppress(KeyboardInterrupt, Interrupted):
+        run_coroutine(serve_batch_api(front, on_ready=ready, check=check))

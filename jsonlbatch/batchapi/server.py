@@ -1,0 +1,392 @@
+"""`serve --batch-api`: OpenAI's `/v1/files` and `/v1/batches` in front of any backend.
+
+Every other path (`/v1/chat/completions`, `/v1/models`, `/health`, ...) is passed through to
+the backend unchanged, streams included, so one URL serves both live and batch traffic. Batches
+run in `runner.BatchRunner`; objects live in `store.Store`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import itertools
+import math
+import os
+import signal
+import tempfile
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from jsonlbatch.batchapi.objects import new_id, now, window_seconds
+from jsonlbatch.batchapi.runner import BatchRunner, RunnerOptions
+from jsonlbatch.batchapi.store import Store
+from jsonlbatch.errors import UsageError
+from jsonlbatch.exec.endpoints import parse_endpoint
+from jsonlbatch.records import KNOWN_URLS
+
+_FILE_PURPOSES = ("batch", "batch_output", "assistants", "fine-tune", "vision", "user_data")
+_HOP_HEADERS = frozenset(
+    {
+        "host",
+        "connection",
+        "keep-alive",
+        "transfer-encoding",
+        "content-length",
+        "content-encoding",
+        "authorization",
+        "api-key",
+        "upgrade",
+        "proxy-authorization",
+    }
+)
+_CHUNK = 1 << 20
+
+
+@dataclass
+class BatchServerOptions:
+    """A batch front: where its state lives, where it listens, and the backend behind it."""
+
+    directory: str
+    runner: RunnerOptions
+    host: str = "127.0.0.1"
+    port: int = 0
+    api_key: str | None = field(default=None, repr=False)  # clients must send it
+
+
+class _Error(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+
+
+def _json(obj: Any, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(obj), status=status, content_type="application/json")
+
+
+class _Api:
+    def __init__(self, options: BatchServerOptions, store: Store, runner: BatchRunner) -> None:
+        self.options = options
+        self.store = store
+        self.runner = runner
+        self.session: aiohttp.ClientSession | None = None
+        self.upstreams = itertools.cycle([parse_endpoint(u) for u in options.runner.urls])
+
+    # -- files ---------------------------------------------------------------------------------
+
+    async def upload(self, request: web.Request) -> web.Response:
+        if not request.content_type.startswith("multipart/"):
+            raise _Error(400, "upload a file as multipart/form-data with 'file' and 'purpose'")
+        reader = await request.multipart()
+        purpose, filename, size, tmp = None, None, 0, None
+        try:
+            async for part in reader:
+                if not isinstance(part, aiohttp.BodyPartReader):
+                    continue
+                if part.name == "purpose":
+                    purpose = (await part.text()).strip()
+                elif part.name == "file":
+                    filename = part.filename or "upload.jsonl"
+                    fd, tmp = tempfile.mkstemp(dir=self.store.files_dir, suffix=".upload")
+                    with os.fdopen(fd, "wb") as f:
+                        while chunk := await part.read_chunk(_CHUNK):
+                            f.write(chunk)
+                            size += len(chunk)
+                        f.flush()
+                        os.fsync(f.fileno())
+            if tmp is None:
+                raise _Error(400, "missing the 'file' part", "file")
+            if purpose not in _FILE_PURPOSES:
+                raise _Error(
+                    400, f"'purpose' must be one of {', '.join(_FILE_PURPOSES)}", "purpose"
+                )
+            obj = {
+                "id": new_id("file-"),
+                "object": "file",
+                "bytes": size,
+                "created_at": now(),
+                "filename": os.path.basename(filename or "upload.jsonl"),
+                "purpose": purpose,
+                "status": "processed",
+                "expires_at": None,
+                "status_details": None,
+            }
+            os.replace(tmp, self.store.file_path(obj["id"]))
+            tmp = None
+        finally:
+            if tmp is not None:
+                os.unlink(tmp)
+        self.store.put_file(obj)
+        return _json(obj)
+
+    async def list_files(self, request: web.Request) -> web.Response:
+        limit = _limit(request, default=10000, most=10000)
+        order = request.query.get("order", "desc")
+        if order not in ("asc", "desc"):
+            raise _Error(400, "'order' must be asc or desc", "order")
+        data, more = self.store.list_files(
+            purpose=request.query.get("purpose"),
+            after=request.query.get("after"),
+            limit=limit,
+            ascending=order == "asc",
+        )
+        return _json(_page(data, more))
+
+    def _file(self, request: web.Request) -> dict[str, Any]:
+        obj = self.store.get_file(request.match_info["file_id"])
+        if obj is None:
+            raise _Error(404, f"No such File object: {request.match_info['file_id']}", "id")
+        return obj
+
+    async def get_file(self, request: web.Request) -> web.Response:
+        return _json(self._file(request))
+
+    async def file_content(self, request: web.Request) -> web.StreamResponse:
+        obj = self._file(request)
+        return web.FileResponse(
+            self.store.file_path(obj["id"]), headers={"Content-Type": "application/octet-stream"}
+        )
+
+    async def delete_file(self, request: web.Request) -> web.Response:
+        obj = self._file(request)
+        self.store.delete_file(obj["id"])
+        if not self.store.file_in_use(obj["id"]):  # else the runner removes it when done
+            with contextlib.suppress(FileNotFoundError):
+                self.store.file_path(obj["id"]).unlink()
+        return _json({"id": obj["id"], "object": "file", "deleted": True})
+
+    # -- batches -------------------------------------------------------------------------------
+
+    async def create_batch(self, request: web.Request) -> web.Response:
+        try:
+            body = await request.json(loads=orjson.loads)
+        except ValueError:
+            raise _Error(400, "the body must be a JSON object") from None
+        if not isinstance(body, dict):
+            raise _Error(400, "the body must be a JSON object")
+        file_id = body.get("input_file_id")
+        source = self.store.get_file(file_id) if isinstance(file_id, str) else None
+        if source is None:
+            raise _Error(400, f"input_file_id {file_id!r} is not a file here", "input_file_id")
+        if source["purpose"] != "batch":
+            raise _Error(
+                400, "the input file must have been uploaded with purpose 'batch'", "input_file_id"
+            )
+        endpoint = body.get("endpoint")
+        if endpoint not in KNOWN_URLS:
+            raise _Error(
+                400, f"endpoint must be one of {', '.join(sorted(KNOWN_URLS))}", "endpoint"
+            )
+        window = body.get("completion_window", "24h")
+        try:
+            seconds = window_seconds(window)
+        except UsageError as exc:
+            raise _Error(400, str(exc), "completion_window") from None
+        metadata = body.get("metadata")
+        if metadata is not None and not (
+            isinstance(metadata, dict)
+            and len(metadata) <= 16
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())
+        ):
+            raise _Error(400, "metadata must map at most 16 strings to strings", "metadata")
+        created = now()
+        batch = {
+            "id": new_id("batch_"),
+            "object": "batch",
+            "endpoint": endpoint,
+            "errors": None,
+            "input_file_id": file_id,
+            "completion_window": window,
+            "status": "validating",
+            "output_file_id": None,
+            "error_file_id": None,
+            "created_at": created,
+            "in_progress_at": None,
+            "expires_at": created + math.ceil(seconds),
+            "finalizing_at": None,
+            "completed_at": None,
+            "failed_at": None,
+            "expired_at": None,
+            "cancelling_at": None,
+            "cancelled_at": None,
+            "request_counts": {"total": 0, "completed": 0, "failed": 0},
+            "metadata": metadata,
+        }
+        self.store.put_batch(batch)
+        self.runner.wake.set()
+        return _json(batch)
+
+    def _batch(self, request: web.Request) -> dict[str, Any]:
+        obj = self.store.get_batch(request.match_info["batch_id"])
+        if obj is None:
+            raise _Error(404, f"No such Batch object: {request.match_info['batch_id']}", "id")
+        return obj
+
+    async def get_batch(self, request: web.Request) -> web.Response:
+        return _json(self._batch(request))
+
+    async def list_batches(self, request: web.Request) -> web.Response:
+        data, more = self.store.list_batches(
+            after=request.query.get("after"), limit=_limit(request, default=20, most=100)
+        )
+        return _json(_page(data, more))
+
+    async def cancel_batch(self, request: web.Request) -> web.Response:
+        batch = self._batch(request)
+        if batch["status"] in ("validating", "in_progress"):
+            batch.update(status="cancelling", cancelling_at=now())
+            self.store.put_batch(batch)
+            self.runner.wake.set()
+        elif batch["status"] not in ("cancelling", "cancelled"):
+            raise _Error(409, f"Cannot cancel a batch with status '{batch['status']}'.")
+        return _json(batch)
+
+    # -- everything else goes to the backend ---------------------------------------------------
+
+    async def proxy(self, request: web.Request) -> web.StreamResponse:
+        endpoint = next(self.upstreams)
+        target = endpoint.root_url(request.path)
+        if request.query_string:
+            target += "?" + request.query_string
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
+        if self.options.runner.api_key:
+            headers["Authorization"] = f"Bearer {self.options.runner.api_key}"
+        assert self.session is not None
+        try:
+            async with self.session.request(
+                request.method,
+                target,
+                headers=headers,
+                data=request.content if request.body_exists else None,
+                allow_redirects=False,
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=30),
+            ) as upstream:
+                response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+                for key, value in upstream.headers.items():
+                    if key.lower() not in _HOP_HEADERS:
+                        response.headers[key] = value
+                await response.prepare(request)
+                async for chunk in upstream.content.iter_any():
+                    await response.write(chunk)
+                await response.write_eof()
+                return response
+        except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as exc:
+            raise _Error(502, f"the backend did not answer: {exc.__class__.__name__}") from None
+
+
+def _limit(request: web.Request, *, default: int, most: int) -> int:
+    raw = request.query.get("limit")
+    try:
+        value = int(raw) if raw is not None else default
+    except ValueError:
+        raise _Error(400, "'limit' must be an integer", "limit") from None
+    if not 1 <= value <= most:
+        raise _Error(400, f"'limit' must be between 1 and {most}", "limit")
+    return value
+
+
+def _page(data: list[dict[str, Any]], more: bool) -> dict[str, Any]:
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": more,
+    }
+
+
+_Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def create_app(options: BatchServerOptions) -> web.Application:
+    """The batch front as an aiohttp application (its runner starts with the app)."""
+    store = Store(options.directory)
+    runner = BatchRunner(store, options.runner)
+    api = _Api(options, store, runner)
+    key = options.api_key.encode() if options.api_key else None
+
+    @web.middleware
+    async def guard(request: web.Request, handler: _Handler) -> web.StreamResponse:
+        if key is not None and request.path.startswith("/v1/"):
+            given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+            given = given or request.headers.get("api-key", "")
+            if not hmac.compare_digest(given.encode(), key):
+                return _json({"error": "Unauthorized"}, 401)
+        try:
+            return await handler(request)
+        except _Error as exc:
+            error = {
+                "message": exc.message,
+                "type": "invalid_request_error",
+                "param": exc.param,
+                "code": None,
+            }
+            return _json({"error": error}, exc.status)
+
+    app = web.Application(middlewares=[guard], client_max_size=1 << 30)
+    add = app.router
+    add.add_post("/v1/files", api.upload)
+    add.add_get("/v1/files", api.list_files)
+    add.add_get("/v1/files/{file_id}", api.get_file)
+    add.add_delete("/v1/files/{file_id}", api.delete_file)
+    add.add_get("/v1/files/{file_id}/content", api.file_content)
+    add.add_post("/v1/batches", api.create_batch)
+    add.add_get("/v1/batches", api.list_batches)
+    add.add_get("/v1/batches/{batch_id}", api.get_batch)
+    add.add_post("/v1/batches/{batch_id}/cancel", api.cancel_batch)
+    add.add_route("*", "/{tail:.*}", api.proxy)
+
+    async def lifecycle(app: web.Application) -> Any:
+        api.session = aiohttp.ClientSession(trust_env=False, auto_decompress=False)
+        task = asyncio.ensure_future(runner.run_forever())
+        yield
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await api.session.close()
+        store.close()
+
+    app.cleanup_ctx.append(lifecycle)
+    return app
+
+
+async def serve_batch_api(
+    options: BatchServerOptions,
+    *,
+    on_ready: Callable[[str], None],
+    check: Callable[[], None] | None = None,
+) -> None:
+    """Run the front until SIGINT/SIGTERM; `check` is called every second (a launcher's
+    watchdog, which raises when its backend died for good)."""
+    runner = web.AppRunner(create_app(options), access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, options.host, options.port)
+        try:
+            await site.start()
+        except OSError as exc:
+            raise UsageError(
+                f"cannot listen on {options.host}:{options.port}: {exc.strerror or exc}"
+            ) from None
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        host = f"[{options.host}]" if ":" in options.host else options.host
+        on_ready(f"http://{host}:{port}/v1")
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            while not stop.is_set():
+                if check is not None:
+                    check()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=1.0)
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+    finally:
+        await runner.cleanup()
