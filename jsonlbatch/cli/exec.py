@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from jsonlbatch.cli.batch_options import batch_api_options, pop_batch_kwargs, run_batch_api
 from jsonlbatch.cli.params import (
     COUNT,
     COUNT_OR_ZERO,
@@ -169,6 +170,7 @@ def parse_headers(values: tuple[str, ...]) -> dict[str, str]:
 )
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or notes; errors only.")
 @serve_options
+@batch_api_options
 def exec_(
     requests: str,
     output: str,
@@ -185,6 +187,12 @@ def exec_(
     """
     if requests == "-":  # read once into a temporary file, like any other pipe
         requests = "/dev/stdin"
+    batch = pop_batch_kwargs(kwargs)
+    if batch["batch_api"]:
+        if shard:
+            raise UsageError("--shard does not go with --batch-api")
+        run_batch_api(requests, output, urls, parse_headers(headers), batch, kwargs)
+        return
     serve = serve_options_from_kwargs(kwargs)
     register_secret(kwargs["api_key"])
     options = ExecOptions(

@@ -1,0 +1,232 @@
+"""A small client of a remote Files and Batches API: OpenAI, Azure OpenAI, or `serve --batch-api`.
+
+Addressing and credentials are exec's (`Endpoint`): a base such as `https://api.openai.com/v1`,
+or Azure's `https://NAME.openai.azure.com/openai?api-version=2024-10-21` whose key goes in an
+`api-key` header. Calls that fail for a passing reason (connection refused, 429, 5xx) are tried
+again with exec's backoff; anything else is the caller's problem, said in one clean error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import urllib.parse
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+
+from jsonlbatch.errors import AuthenticationError, ServerError
+from jsonlbatch.exec.endpoints import Endpoint, auth_headers, describe_exception
+from jsonlbatch.exec.retry import Backoff, parse_retry_after
+from jsonlbatch.redact import redact
+
+_CHUNK = 1 << 20
+
+
+def api_path(endpoint: Endpoint, url: str) -> str:
+    """A request line's `url` as a Batch API wants it: Azure's dated API (a base without
+    `/v1`, with `?api-version=`) names endpoints without the `/v1` prefix."""
+    base = urllib.parse.urlsplit(endpoint.base).path.rstrip("/")
+    if endpoint.azure and not base.endswith("/v1") and url.startswith("/v1/"):
+        return url[3:]
+    return url
+
+
+class RemoteError(ServerError):
+    """The Batch API refused a call (not a passing failure)."""
+
+
+class BatchApi:
+    """Files and batches of one remote API, over one aiohttp session."""
+
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        session: aiohttp.ClientSession,
+        *,
+        api_key: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        max_retries: int = 8,
+        backoff: Backoff | None = None,
+        timeout: float = 600.0,
+    ) -> None:
+        self.endpoint = endpoint
+        self.session = session
+        self.headers = auth_headers(endpoint, api_key, headers)
+        self.headers.pop("Content-Type", None)  # set per call: JSON or multipart
+        self.max_retries = max_retries
+        self.backoff = backoff or Backoff()
+        self.timeout = timeout
+
+    def _url(self, path: str, query: Mapping[str, str] | None = None) -> str:
+        url = self.endpoint.url_for(path)
+        if query:
+            url += ("&" if "?" in url else "?") + urllib.parse.urlencode(query)
+        return url
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, str] | None = None,
+        json: Any = None,
+        upload: tuple[Path, str] | None = None,
+    ) -> Any:
+        what = f"{method} {self.endpoint.name}{path}"
+        attempt = 0
+        while True:
+            attempt += 1
+            retry_after = None
+            headers = dict(self.headers)
+            data: Any = None
+            if json is not None:
+                headers["Content-Type"] = "application/json"
+                data = orjson.dumps(json)
+            try:
+                if upload is not None:
+                    form = aiohttp.FormData()
+                    form.add_field("purpose", "batch")
+                    path_, filename = upload
+                    handle = open(path_, "rb")  # noqa: SIM115 - aiohttp reads and closes it
+                    form.add_field(
+                        "file", handle, filename=filename, content_type="application/jsonl"
+                    )
+                    data = form
+                async with self.session.request(
+                    method,
+                    self._url(path, query),
+                    data=data,
+                    headers=headers,
+                    proxy=self.endpoint.proxy,
+                    allow_redirects=False,
+                    timeout=aiohttp.ClientTimeout(total=self.timeout, sock_connect=30),
+                ) as resp:
+                    raw = await resp.read()
+                    status = resp.status
+                    retry_after = parse_retry_after(resp.headers.get("Retry-After"))
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+                problem = describe_exception(exc) if isinstance(exc, Exception) else str(exc)
+            else:
+                if 200 <= status < 300:
+                    try:
+                        return orjson.loads(raw) if raw else None
+                    except orjson.JSONDecodeError:
+                        problem = f"HTTP {status} with a body that is not JSON"
+                elif status in (401, 403):
+                    raise AuthenticationError(
+                        f"{what}: the Batch API rejected the credentials (HTTP {status}); check "
+                        "--api-key or OPENAI_API_KEY"
+                    )
+                elif status == 429 or status >= 500 or status == 408:
+                    problem = f"HTTP {status}: {_message(raw)}"
+                else:
+                    raise RemoteError(redact(f"{what}: HTTP {status}: {_message(raw)}"))
+            if attempt > self.max_retries:
+                raise ServerError(redact(f"{what} failed {attempt} times; last: {problem}"))
+            await asyncio.sleep(self.backoff.delay(attempt, retry_after))
+
+    # -- files ---------------------------------------------------------------------------------
+
+    async def upload(self, path: Path, filename: str) -> dict[str, Any]:
+        return await self._call("POST", "/v1/files", upload=(path, filename))
+
+    async def find_file(self, filename: str) -> dict[str, Any] | None:
+        """A batch input file uploaded under `filename` (a crash may have hidden its id)."""
+        async for obj in self._pages("/v1/files", {"purpose": "batch"}):
+            if obj.get("filename") == filename and obj.get("status") != "error":
+                return obj
+        return None
+
+    async def download(self, file_id: str, dest: Path) -> None:
+        """A file's content to `dest` (streamed; complete or absent, never half there)."""
+        what = f"GET {self.endpoint.name}/v1/files/{file_id}/content"
+        tmp = dest.with_suffix(".part")
+        for attempt in range(1, self.max_retries + 2):
+            try:
+                async with self.session.get(
+                    self._url(f"/v1/files/{file_id}/content"),
+                    headers=self.headers,
+                    proxy=self.endpoint.proxy,
+                    allow_redirects=False,
+                    timeout=aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=300),
+                ) as resp:
+                    if resp.status != 200:
+                        raw = await resp.read()
+                        if resp.status < 500 and resp.status != 429:
+                            raise RemoteError(
+                                redact(f"{what}: HTTP {resp.status}: {_message(raw)}")
+                            )
+                        raise aiohttp.ClientResponseError(
+                            resp.request_info, (), status=resp.status, message=_message(raw)
+                        )
+                    with open(tmp, "wb") as f:
+                        async for chunk in resp.content.iter_chunked(_CHUNK):
+                            f.write(chunk)
+                        f.flush()
+                        os.fsync(f.fileno())
+                os.replace(tmp, dest)
+                return
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+                if attempt > self.max_retries:
+                    raise ServerError(redact(f"{what}: {describe_exception(exc)}")) from None
+                await asyncio.sleep(self.backoff.delay(attempt))
+
+    # -- batches -------------------------------------------------------------------------------
+
+    async def create_batch(
+        self, file_id: str, endpoint: str, window: str, metadata: Mapping[str, str]
+    ) -> dict[str, Any]:
+        body = {
+            "input_file_id": file_id,
+            "endpoint": api_path(self.endpoint, endpoint),
+            "completion_window": window,
+            "metadata": dict(metadata),
+        }
+        return await self._call("POST", "/v1/batches", json=body)
+
+    async def retrieve(self, batch_id: str) -> dict[str, Any]:
+        return await self._call("GET", f"/v1/batches/{batch_id}")
+
+    async def cancel(self, batch_id: str) -> dict[str, Any]:
+        return await self._call("POST", f"/v1/batches/{batch_id}/cancel")
+
+    async def find_batch(self, metadata: Mapping[str, str], since: float) -> dict[str, Any] | None:
+        """The batch carrying `metadata`, created after `since` (newest first, so the search
+        stops at the first older one)."""
+        async for obj in self._pages("/v1/batches", {"limit": "100"}):
+            if (obj.get("created_at") or 0) < since:
+                return None
+            found = obj.get("metadata") or {}
+            if all(found.get(k) == v for k, v in metadata.items()):
+                return obj
+        return None
+
+    async def _pages(self, path: str, query: dict[str, str]) -> AsyncIterator[dict[str, Any]]:
+        after: str | None = None
+        while True:
+            page = await self._call(
+                "GET", path, query={**query, **({"after": after} if after else {})}
+            )
+            data = page.get("data") or [] if isinstance(page, dict) else []
+            for obj in data:
+                yield obj
+            if not data or not page.get("has_more"):
+                return
+            after = page.get("last_id") or data[-1].get("id")
+
+
+def _message(raw: bytes) -> str:
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return raw[:300].decode("utf-8", "replace")
+    if isinstance(body, dict):
+        error = body.get("error", body)
+        if isinstance(error, dict):
+            return str(error.get("message") or error)[:500]
+        return str(error)[:500]
+    return str(body)[:300]

@@ -1,0 +1,461 @@
+"""`exec --batch-api`: send a request file through a remote Batch API, exactly once.
+
+1. Split what OUT still lacks into parts within the API's limits (one endpoint and one model
+   per part, at most `max_requests` lines and `max_bytes` bytes each).
+2. Upload each part and create one batch from it, saving the state around each call
+   (`state.py`), so no crash ever makes a second file or batch for a part.
+3. Watch the batches (`request_counts` in a progress bar; status changes as notes) at an
+   interval that backs off while nothing changes.
+4. When a batch ends, append its output and error lines to OUT (bodies as the API wrote them,
+   `metrics.batch_id` added) and a failure line for each request that got none
+   (`batch_expired`, `batch_cancelled`, ...), so OUT has exactly one line per request and
+   `--retry-failed` submits only the failures.
+
+Ctrl-C stops the watching, never the batches: the same command again picks them up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+from tqdm import tqdm
+
+from jsonlbatch.batchapi.objects import MISSING_CODES, TERMINAL, failure_line, new_id
+from jsonlbatch.batchapi.remote import BatchApi, api_path
+from jsonlbatch.batchapi.state import Part, State
+from jsonlbatch.errors import Interrupted, UsageError
+from jsonlbatch.exec.endpoints import parse_endpoint
+from jsonlbatch.exec.job import ExecOptions, Job
+from jsonlbatch.exec.retry import Backoff
+from jsonlbatch.exec.scan import InputScan, OutputScan, line_custom_id
+from jsonlbatch.jsonl import (
+    AppendWriter,
+    filter_lines,
+    iter_lines,
+    read_lines_at,
+    repair_tail,
+    rewrite_atomically,
+)
+from jsonlbatch.records import is_failure
+
+#: The OpenAI Batch API's limits per input file.
+MAX_REQUESTS = 50_000
+MAX_BYTES = 200 * 1000 * 1000
+
+
+@dataclass
+class SubmitOptions:
+    """A run through a Batch API. Field docs are the CLI's help."""
+
+    url: str
+    api_key: str | None = field(default=None, repr=False)
+    headers: Mapping[str, str] = field(default_factory=dict, repr=False)
+    model: str | None = None  # override every body's model (Azure: the deployment name)
+    completion_window: str = "24h"
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    max_requests: int = MAX_REQUESTS
+    max_bytes: int = MAX_BYTES
+    poll_interval: float = 10.0  # first wait between looks; grows 1.5x while nothing changes
+    poll_max: float = 120.0
+    retry_failed: bool = False
+    max_retries: int = 8
+    quiet: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_requests < 1 or self.max_bytes < 1:
+            raise UsageError("--batch-max-requests and --batch-max-bytes must be positive")
+        if self.poll_interval <= 0:
+            raise UsageError("--poll-interval must be positive")
+        if self.model == "auto":
+            raise UsageError("--model auto needs a live server; name the model with --batch-api")
+        if len(self.metadata) > 14:  # OpenAI allows 16 keys; two mark the part
+            raise UsageError("--batch-metadata takes at most 14 keys")
+
+
+@dataclass
+class SubmitSummary:
+    output: str
+    requests: int = 0
+    already_done: int = 0
+    batches: list[str] = field(default_factory=list)
+    merged: int = 0
+    failed: int = 0  # lines written this run that record a failure
+    failed_before: int = 0
+
+    def format(self) -> str:
+        return (
+            f"{self.output}: {self.requests} requests; {self.already_done} had a result before; "
+            f"{self.merged} results merged from {len(self.batches)} batches "
+            f"({self.failed} failed)"
+        )
+
+
+def submit(
+    requests: str | os.PathLike[str], output: str | os.PathLike[str], options: SubmitOptions
+) -> SubmitSummary:
+    """Run a request file through a Batch API to completion (blocking). Raises `Interrupted`
+    on Ctrl-C, leaving the batches running; the same call again resumes."""
+    from jsonlbatch.exec.job import run_coroutine
+
+    return run_coroutine(Submitter(requests, output, options).run())
+
+
+class Submitter:
+    def __init__(
+        self,
+        requests: str | os.PathLike[str],
+        output: str | os.PathLike[str],
+        options: SubmitOptions,
+    ) -> None:
+        self.options = options
+        self.endpoint = parse_endpoint(options.url)
+        exec_options = ExecOptions(model=options.model, retry_failed=options.retry_failed)
+        self.job = Job(requests, output, exec_options)
+        self.output = self.job.output
+        self.state = State.for_output(self.output)
+        self.summary = SubmitSummary(self.output)
+        self.stopping = asyncio.Event()
+        self.bar: tqdm | None = None
+
+    async def run(self) -> SubmitSummary:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self._on_signal)
+        try:
+            scan = self.job.prepare()
+            try:
+                self._take_scan(scan)
+                async with aiohttp.ClientSession(trust_env=False) as session:
+                    api = BatchApi(
+                        self.endpoint,
+                        session,
+                        api_key=self.options.api_key,
+                        headers=self.options.headers,
+                        max_retries=self.options.max_retries,
+                        backoff=Backoff(1.0, 30.0),
+                    )
+                    if self.state.open_parts:
+                        self.note(
+                            f"resuming {len(self.state.open_parts)} batch part(s) of {self.output}"
+                        )
+                        await self._drive(api)
+                        self.job.close()  # what OUT holds has changed: look again
+                        scan = self.job.prepare()
+                        self._take_scan(scan)
+                    if scan.pending and not self.stopping.is_set():
+                        self._split(scan)
+                        await self._drive(api)
+                    elif not scan.pending:
+                        self.note(f"nothing to submit: all {scan.total} requests have a result")
+            finally:
+                self.job.close()
+                if self.bar is not None:
+                    self.bar.close()
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+        if self.stopping.is_set() and self.state.open_parts:
+            running = [p.batch_id for p in self.state.open_parts if p.batch_id]
+            raise Interrupted(
+                f"stopped watching; {len(running)} batch(es) keep running on "
+                f"{self.endpoint.name} (Ctrl-C stops the watching, not the batches). Run the "
+                f"same command again to collect their results, or `jsonlbatch batches cancel "
+                f"{self.output}` to cancel them",
+                summary=self.summary,
+            )
+        return self.summary
+
+    def _take_scan(self, scan: InputScan) -> None:
+        existing = self.job.existing
+        assert existing is not None
+        self.existing: OutputScan = existing
+        self.retry_ids = scan.retry_ids
+        self.summary.requests = scan.total
+        self.summary.already_done = scan.already_done
+        self.summary.failed_before = scan.failed_before
+        if existing.torn:
+            cut = repair_tail(self.output, existing.keep_bytes)
+            existing.cut_bytes = 0
+            self.note(f"repaired {self.output}: cut a torn last line ({cut} bytes)")
+
+    def _present(self, custom_id: str) -> bool:
+        """Whether OUT already holds a line for this id (a merge cut short by a crash)."""
+        if custom_id in self.existing.ok:
+            return True
+        return custom_id in self.existing.failed and custom_id not in self.retry_ids
+
+    # -- splitting -----------------------------------------------------------------------------
+
+    def _split(self, scan: InputScan) -> None:
+        """Write the pending lines into part files and record them, before any upload."""
+        if scan.retry_ids:
+            retry = scan.retry_ids
+            rewrite_atomically(
+                self.output,
+                filter_lines(self.output, lambda line: line_custom_id(line) not in retry),
+            )
+            self.note(f"retrying {len(retry)} failed requests")
+        folder = self.state.folder
+        folder.mkdir(parents=True, exist_ok=True)
+        tag = new_id("")[:12]
+        rewrite = self._line_rewriter()
+        opts = self.options
+        open_parts: dict[tuple[str, str], tuple[Part, Any]] = {}
+        parts: list[Part] = []
+        try:
+            for raw in read_lines_at(self.job.requests, scan.pending):
+                obj = orjson.loads(raw)
+                key = (obj["url"], opts.model or obj["body"].get("model") or "")
+                line = rewrite(obj) if rewrite else raw.rstrip(b"\r\n") + b"\n"
+                current = open_parts.get(key)
+                if current is not None and (
+                    current[0].count >= opts.max_requests
+                    or current[0].bytes + len(line) > opts.max_bytes
+                ):
+                    current[1].close()
+                    current = None
+                if current is None:
+                    index = len(parts)
+                    part = Part(tag, index, f"part-{tag}-{index:04d}.jsonl", obj["url"], 0, 0)
+                    current = (part, open(folder / part.path, "wb"))  # noqa: SIM115
+                    open_parts[key] = current
+                    parts.append(part)
+                current[1].write(line)
+                current[0].count += 1
+                current[0].bytes += len(line)
+        finally:
+            for _, handle in open_parts.values():
+                handle.close()
+        self.state.url = self.endpoint.name
+        self.state.requests = os.path.abspath(self.job.requests)
+        self.state.parts += parts
+        self.state.save()
+        self.note(
+            f"split {len(scan.pending)} requests into {len(parts)} part(s) for {self.endpoint.name}"
+        )
+
+    def _line_rewriter(self) -> Callable[[dict[str, Any]], bytes] | None:
+        """How a request line must change for the API (model override, Azure's endpoint
+        names), or None when it goes byte for byte."""
+        model = self.options.model
+        azure_strip = api_path(self.endpoint, "/v1/x") == "/x"
+        if model is None and not azure_strip:
+            return None
+
+        def rewrite(obj: dict[str, Any]) -> bytes:
+            if model is not None:
+                obj["body"]["model"] = model
+            if azure_strip and obj["url"].startswith("/v1/"):
+                obj["url"] = obj["url"][3:]
+            return orjson.dumps(obj) + b"\n"
+
+        return rewrite
+
+    # -- uploading, creating, watching ---------------------------------------------------------
+
+    async def _drive(self, api: BatchApi) -> None:
+        for part in self.state.open_parts:
+            if self.stopping.is_set():
+                return
+            await self._start(api, part)
+        await self._watch(api)
+
+    async def _start(self, api: BatchApi, part: Part) -> None:
+        """Upload and create, each at most once per part, whatever crashes in between."""
+        folder = self.state.folder
+        if part.batch_id is None and part.file_id is None:
+            if part.uploading:  # a crash during an earlier upload: did it arrive?
+                found = await api.find_file(part.filename)
+                part.file_id = found["id"] if found else None
+            if part.file_id is None:
+                part.uploading = True
+                self.state.save()
+                made = await api.upload(folder / part.path, part.filename)
+                part.file_id = made["id"]
+            part.uploading = False
+            self.state.save()
+        if part.batch_id is None:
+            found = None
+            if part.creating_since is not None:  # a crash around an earlier create
+                found = await api.find_batch(part.metadata, part.creating_since - 600)
+            if found is None:
+                part.creating_since = time.time()
+                self.state.save()
+                metadata = {**self.options.metadata, **part.metadata}
+                found = await api.create_batch(
+                    part.file_id or "", part.endpoint, self.options.completion_window, metadata
+                )
+                self.note(f"created {found['id']} for part {part.index} ({part.count} requests)")
+            else:
+                self.note(f"found {found['id']} for part {part.index}: not creating it again")
+            part.batch_id = found["id"]
+            part.status = found.get("status")
+            self.state.save()
+
+    async def _watch(self, api: BatchApi) -> None:
+        interval = self.options.poll_interval
+        for part in self.state.open_parts:
+            if part.batch_id:
+                self.summary.batches.append(part.batch_id)
+        while not self.stopping.is_set():
+            watched = [p for p in self.state.open_parts if p.batch_id]
+            if not watched:
+                return
+            changed = False
+            for part in watched:
+                batch = await api.retrieve(part.batch_id or "")
+                changed |= self._update(part, batch)
+                if batch.get("status") in TERMINAL:
+                    await self._merge(api, part, batch)
+            self._show()
+            if not self.state.open_parts:
+                return
+            interval = (
+                self.options.poll_interval
+                if changed
+                else min(interval * 1.5, max(self.options.poll_max, self.options.poll_interval))
+            )
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), timeout=interval)
+
+    def _update(self, part: Part, batch: dict[str, Any]) -> bool:
+        counts = batch.get("request_counts") or {}
+        status = batch.get("status")
+        news = (status, counts.get("completed") or 0, counts.get("failed") or 0)
+        old = (part.status, part.completed, part.failed)
+        part.status, part.completed, part.failed = news
+        if status != old[0]:
+            self.note(
+                f"{part.batch_id} (part {part.index}): {old[0] or 'new'} -> {status} "
+                f"({news[1]} completed, {news[2]} failed of {counts.get('total') or part.count})"
+            )
+        return news != old
+
+    def _show(self) -> None:
+        if self.options.quiet:
+            return
+        parts = [p for p in self.state.parts if p.batch_id in self.summary.batches]
+        total = sum(p.count for p in parts)
+        done = sum(p.count if p.merged else p.completed + p.failed for p in parts)
+        if self.bar is None:
+            self.bar = tqdm(
+                total=total, unit="req", desc="batches", file=sys.stderr, dynamic_ncols=True
+            )
+        self.bar.total = total
+        self.bar.update(done - self.bar.n)
+        failed = sum(p.failed for p in parts)
+        running = sum(1 for p in parts if not p.merged)
+        self.bar.set_postfix_str(f"{running} running, {failed} failed", refresh=True)
+
+    # -- merging -------------------------------------------------------------------------------
+
+    async def _merge(self, api: BatchApi, part: Part, batch: dict[str, Any]) -> None:
+        """Append a finished batch's lines to OUT, then mark the part merged."""
+        folder = self.state.folder
+        downloads = []
+        for key in ("output_file_id", "error_file_id"):
+            file_id = batch.get(key)
+            if file_id:
+                dest = folder / f"{part.batch_id}.{key[:-8]}.jsonl"
+                await api.download(file_id, dest)
+                downloads.append(dest)
+        ids = {line_custom_id(raw) for _, raw in iter_lines(folder / part.path)}
+        status = batch.get("status") or "failed"
+        code, message = MISSING_CODES.get(status, MISSING_CODES["failed"])
+        errors = (batch.get("errors") or {}).get("data") or []
+        if errors:
+            message += ": " + "; ".join(
+                f"line {e.get('line')}: {e.get('message')}"
+                if e.get("line")
+                else str(e.get("message"))
+                for e in errors[:5]
+            )
+        written = failed = 0
+        with AppendWriter(self.output) as writer:
+            for chunk in _chunks(self._merged_lines(downloads, ids, part.batch_id or "")):
+                writer.write(b"".join(line for line, _ in chunk))
+                written += len(chunk)
+                failed += sum(bad for _, bad in chunk)
+            missing = [cid for cid in ids if cid is not None and not self._present(cid)]
+            for chunk in _chunks(
+                (failure_line(c, code, message, batch_id=part.batch_id), True) for c in missing
+            ):
+                writer.write(b"".join(line for line, _ in chunk))
+                written += len(chunk)
+                failed += len(chunk)
+        part.merged = True
+        self.state.save()
+        self.summary.merged += written
+        self.summary.failed += failed
+        for path in (*downloads, folder / part.path):
+            path.unlink(missing_ok=True)
+        if not self.state.open_parts:
+            shutil.rmtree(folder, ignore_errors=True)
+        self.note(f"{part.batch_id}: {status}; {written} lines added to {self.output}")
+
+    def _merged_lines(
+        self, downloads: list[Path], ids: set[str | None], batch_id: str
+    ) -> Iterator[tuple[bytes, bool]]:
+        """The downloaded lines in jsonlbatch's response format, each id once; taken ids are
+        removed from `ids` (what is left got no line)."""
+        for path in downloads:
+            for _, raw in iter_lines(path):
+                try:
+                    obj = orjson.loads(raw)
+                except orjson.JSONDecodeError:
+                    continue
+                cid = obj.get("custom_id") if isinstance(obj, dict) else None
+                if cid not in ids:
+                    continue  # not ours, or seen already
+                ids.discard(cid)
+                if self._present(cid):
+                    continue
+                metrics = obj.get("metrics") if isinstance(obj.get("metrics"), dict) else {}
+                line = {
+                    "id": obj.get("id"),
+                    "custom_id": cid,
+                    "response": obj.get("response"),
+                    "error": obj.get("error"),
+                    "metrics": {**metrics, "batch_id": batch_id},
+                }
+                yield orjson.dumps(line) + b"\n", is_failure(line)
+
+    # -- messages and signals ------------------------------------------------------------------
+
+    def note(self, message: str) -> None:
+        if self.options.quiet:
+            return
+        if self.bar is not None:
+            self.bar.write(message, file=sys.stderr)
+        else:
+            print(message, file=sys.stderr, flush=True)
+
+    def _on_signal(self) -> None:
+        if not self.stopping.is_set():
+            self.note("stopping the watch (the batches keep running)")
+        self.stopping.set()
+
+
+def _chunks(
+    items: Iterator[tuple[bytes, bool]], size: int = 1000
+) -> Iterator[list[tuple[bytes, bool]]]:
+    chunk: list[tuple[bytes, bool]] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk

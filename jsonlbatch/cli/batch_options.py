@@ -1,0 +1,128 @@
+"""`exec --batch-api`: the options and the hand-over to `jsonlbatch.batchapi.submit`.
+
+Kept beside exec's own module so `cli/exec.py` only grows by a decorator and one branch.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from jsonlbatch.errors import UsageError
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+_OPTIONS = [
+    click.option(
+        "--batch-api",
+        is_flag=True,
+        help="Send through the URL's OpenAI (or Azure OpenAI) Batch API at half the price: "
+        "upload, create batches, watch, merge. Re-running resumes the same batches.",
+    ),
+    click.option(
+        "--completion-window",
+        default="24h",
+        show_default=True,
+        help="--batch-api: the batches' completion window (OpenAI takes only 24h).",
+    ),
+    click.option(
+        "--batch-metadata",
+        multiple=True,
+        metavar="KEY=VALUE",
+        help="--batch-api: metadata for every batch created (repeat).",
+    ),
+    click.option(
+        "--batch-max-requests",
+        type=click.IntRange(min=1),
+        default=50_000,
+        show_default=True,
+        help="--batch-api: requests per batch at most.",
+    ),
+    click.option(
+        "--batch-max-bytes",
+        type=click.IntRange(min=1),
+        default=200_000_000,
+        show_default=True,
+        help="--batch-api: bytes per uploaded file at most.",
+    ),
+    click.option(
+        "--poll-interval",
+        type=click.FloatRange(min=0.01),
+        default=10.0,
+        show_default=True,
+        metavar="SECONDS",
+        help="--batch-api: first wait between status checks; grows while nothing changes.",
+    ),
+]
+
+_NAMES = (
+    "batch_api",
+    "completion_window",
+    "batch_metadata",
+    "batch_max_requests",
+    "batch_max_bytes",
+    "poll_interval",
+)
+#: exec options that mean nothing to a Batch API run (name -> default): refused with it.
+_LIVE_ONLY = {"stream": False, "backend": None, "changed": "refuse"}
+
+
+def batch_api_options(func: _F) -> _F:
+    """Add the `--batch-api` options to a click command."""
+    for option in reversed(_OPTIONS):
+        func = option(func)
+    return func
+
+
+def pop_batch_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Take this module's options out of exec's kwargs."""
+    return {name: kwargs.pop(name) for name in _NAMES}
+
+
+def run_batch_api(
+    requests: str,
+    output: str,
+    urls: tuple[str, ...],
+    headers: dict[str, str],
+    batch: dict[str, Any],
+    kwargs: dict[str, Any],
+) -> None:
+    """`exec --batch-api`: submit, watch, merge; exit 3 when some requests failed."""
+    from jsonlbatch.batchapi.submit import SubmitOptions, submit
+
+    for name, default in _LIVE_ONLY.items():
+        if kwargs.get(name, default) != default:
+            raise UsageError(f"--{name} {kwargs[name]} does not go with --batch-api")
+    if len(urls) != 1:
+        raise UsageError("--batch-api takes exactly one --url: the Batch API's base URL")
+    metadata = {}
+    for item in batch["batch_metadata"]:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--batch-metadata wants KEY=VALUE, got {item!r}")
+        metadata[key] = value
+    options = SubmitOptions(
+        url=urls[0],
+        api_key=kwargs["api_key"],
+        headers=headers,
+        model=kwargs["model"],
+        completion_window=batch["completion_window"],
+        metadata=metadata,
+        max_requests=batch["batch_max_requests"],
+        max_bytes=batch["batch_max_bytes"],
+        poll_interval=batch["poll_interval"],
+        retry_failed=kwargs["retry_failed"],
+        max_retries=kwargs["max_retries"],
+        quiet=kwargs["quiet"],
+    )
+    summary = submit(requests, output, options)  # Ctrl-C: `Interrupted`, said by the CLI
+    if not options.quiet or summary.failed or summary.failed_before:
+        click.echo(summary.format(), err=True)
+    if summary.failed or summary.failed_before:
+        click.echo(
+            "some requests failed; re-run with --retry-failed to submit them again", err=True
+        )
+        sys.exit(3)  # as exec's EXIT_SOME_FAILED
