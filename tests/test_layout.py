@@ -15,7 +15,7 @@ import jsonlbatch
 
 ROOT = Path(jsonlbatch.__file__).parent
 CORE = {"answers", "errors", "idset", "jsonl", "records", "redact", "samples", "stats"}
-STAGES = {"gen", "exec", "serve", "post", "report", "mock", "experiment"}
+STAGES = {"gen", "exec", "serve", "post", "report", "mock", "experiment", "batchapi"}
 #: For each stage, the other stages it may import. Everything else between stages is a mistake.
 ALLOWED = {
     "gen": set(),
@@ -28,6 +28,9 @@ ALLOWED = {
     # (gen writes, exec sends, serve launches, post scores, report compares) into multi-step,
     # multi-round experiments; nothing imports it back, so it cannot make a circle.
     "experiment": {"gen", "exec", "serve", "post", "report"},
+    # Both sides of the Batch API run on exec: the server's batches go through exec.Job (same
+    # retries, exactly-once resume), the client reuses exec's input scan, endpoints and backoff.
+    "batchapi": {"exec"},
 }
 
 
