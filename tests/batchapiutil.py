@@ -65,7 +65,7 @@ def wait_batch(client: OpenAI, batch_id: str, timeout: float = 60, until: Any = 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         batch = client.batches.retrieve(batch_id)
-        if (until(batch) if until else batch.status in TERMINAL):
+        if until(batch) if until else batch.status in TERMINAL:
             return batch
         time.sleep(0.1)
     raise AssertionError(f"batch {batch_id} still {batch.status} after {timeout} s")

@@ -44,9 +44,7 @@ def test_whole_run_in_parts_then_nothing_to_do(tmp_path, mock_server):
     assert shown.returncode == 0 and shown.stdout.count("merged into OUT") == 3, shown.stdout
 
 
-def test_exec_killed_while_watching_then_same_command_makes_no_second_batch(
-    tmp_path, mock_server
-):
+def test_exec_killed_while_watching_then_same_command_makes_no_second_batch(tmp_path, mock_server):
     server = BatchServer(
         tmp_path / "state", mock_server(latency=0.1), "--batch-concurrency", "2"
     ).start()

@@ -136,12 +136,17 @@ def test_bad_input_fails_the_batch_naming_the_line(tmp_path, mock_server):
     )
     done = wait_batch(client, batch.id)
     assert done.status == "failed" and done.failed_at
-    assert [(e.line, e.param) for e in done.errors.data] == [(2, "body.messages"), (3, "body.input")]
+    assert [(e.line, e.param) for e in done.errors.data] == [
+        (2, "body.messages"),
+        (3, "body.input"),
+    ]
     # well-formed lines for another endpoint than the batch's are refused as OpenAI does
     other = _requests(2)
     other[1] = {**other[1], "url": "/v1/embeddings", "body": {"model": "mock", "input": "x"}}
     batch = client.batches.create(
-        input_file_id=_upload(client, other), endpoint="/v1/chat/completions", completion_window="24h"
+        input_file_id=_upload(client, other),
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
     )
     done = wait_batch(client, batch.id)
     assert [(e.code, e.line) for e in done.errors.data] == [("mismatched_endpoint", 2)]
@@ -162,22 +167,72 @@ def test_server_killed_mid_batch_resumes_without_resending(tmp_path, mock_proces
     mock = mock_process("--latency", "0.1")
     server = BatchServer(tmp_path / "state", mock.url, "--batch-concurrency", "2").start()
     client = server.client()
-    requests = _requests(30)
+    requests = _requests(20)
     batch = client.batches.create(
         input_file_id=_upload(client, requests),
         endpoint="/v1/chat/completions",
         completion_window="24h",
     )
-    wait_batch(client, batch.id, until=lambda b: b.request_counts.completed >= 6)
+    wait_batch(client, batch.id, until=lambda b: b.request_counts.completed >= 4)
     server.proc.send_signal(signal.SIGKILL)
     server.proc.wait()
     time.sleep(0.3)
     client = server.start().client()
     done = wait_batch(client, batch.id)
-    assert done.status == "completed" and done.request_counts.completed == 30
-    assert len(_check_answers(client.files.content(done.output_file_id).text, requests)) == 30
+    assert done.status == "completed" and done.request_counts.completed == 20
+    assert len(_check_answers(client.files.content(done.output_file_id).text, requests)) == 20
     import urllib.request
 
     with urllib.request.urlopen(mock.url.replace("/v1", "/mock/stats")) as resp:
         sent = orjson.loads(resp.read())["requests"]["/v1/chat/completions"]
-    assert 30 <= sent <= 32, f"{sent} requests for 30: the done ones were sent again"
+    assert 20 <= sent <= 22, f"{sent} requests for 20: the done ones were sent again"
+
+
+def test_serve_batch_api_launches_its_backend(tmp_path):
+    """`serve --batch-api --backend mock`: the printed URL is the front; batches and live
+    requests both reach the launched backend, which goes down with the front."""
+    from batchutil import start_cli
+
+    proc = start_cli(
+        "serve",
+        "--batch-api",
+        "--backend",
+        "mock",
+        "--batch-dir",
+        str(tmp_path / "state"),
+        "--server-log-dir",
+        str(tmp_path),
+    )
+    url = proc.stdout.readline().strip()
+    assert url.startswith("http://127.0.0.1:"), proc.stderr.read()
+    client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0)
+    requests = _requests(3)
+    batch = client.batches.create(
+        input_file_id=_upload(client, requests),
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+    )
+    done = wait_batch(client, batch.id)
+    assert done.status == "completed"
+    _check_answers(client.files.content(done.output_file_id).text, requests)
+    assert [m.id for m in client.models.list()] == ["mock"]
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
+
+
+def test_azure_urls_and_endpoint_names():
+    """Azure's dated API: /openai/files?api-version=..., endpoints without /v1, api-key header."""
+    from jsonlbatch.batchapi.remote import api_path
+    from jsonlbatch.exec.endpoints import auth_headers, parse_endpoint
+
+    dated = parse_endpoint("https://res.openai.azure.com/openai?api-version=2024-10-21")
+    assert dated.url_for("/v1/batches") == (
+        "https://res.openai.azure.com/openai/batches?api-version=2024-10-21"
+    )
+    assert api_path(dated, "/v1/chat/completions") == "/chat/completions"
+    assert auth_headers(dated, "k")["api-key"] == "k"
+    v1 = parse_endpoint("https://res.openai.azure.com/openai/v1")
+    assert api_path(v1, "/v1/chat/completions") == "/v1/chat/completions"
+    assert api_path(parse_endpoint("https://api.openai.com/v1"), "/v1/embeddings") == (
+        "/v1/embeddings"
+    )
