@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import time
 
 import orjson
@@ -44,17 +45,23 @@ def test_whole_run_in_parts_then_nothing_to_do(tmp_path, mock_server):
     assert shown.returncode == 0 and shown.stdout.count("merged into OUT") == 3, shown.stdout
 
 
-def test_exec_killed_while_watching_then_same_command_makes_no_second_batch(tmp_path, mock_server):
+def _started_watching(tmp_path, mock_server, count: int):
+    """A slow batch server and an `exec --batch-api` that has created its batch and watches."""
     server = BatchServer(
         tmp_path / "state", mock_server(latency=0.1), "--batch-concurrency", "2"
     ).start()
     requests, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
-    lines = write_requests(requests, 30)
+    lines = write_requests(requests, count)
     proc = start_exec(requests, out, "--url", server.url, *FAST)
     deadline = time.monotonic() + 30
     while not any(p.get("batch_id") for p in _state(out)["parts"]):
         assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read()
         time.sleep(0.05)
+    return server, requests, out, lines, proc
+
+
+def test_exec_killed_while_watching_then_same_command_makes_no_second_batch(tmp_path, mock_server):
+    server, requests, out, lines, proc = _started_watching(tmp_path, mock_server, 30)
     proc.kill()
     proc.wait()
     # as if the crash had come between the create and the state write: the id is lost, the
@@ -73,18 +80,7 @@ def test_exec_killed_while_watching_then_same_command_makes_no_second_batch(tmp_
 
 
 def test_ctrl_c_stops_watching_not_the_batch(tmp_path, mock_server):
-    import signal
-
-    server = BatchServer(
-        tmp_path / "state", mock_server(latency=0.1), "--batch-concurrency", "2"
-    ).start()
-    requests, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
-    lines = write_requests(requests, 20)
-    proc = start_exec(requests, out, "--url", server.url, *FAST)
-    deadline = time.monotonic() + 30
-    while not any(p.get("batch_id") for p in _state(out)["parts"]):
-        assert time.monotonic() < deadline and proc.poll() is None
-        time.sleep(0.05)
+    server, requests, out, lines, proc = _started_watching(tmp_path, mock_server, 20)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err

@@ -32,6 +32,15 @@ def _upload(client: openai.OpenAI, lines: list[dict], name: str = "in.jsonl") ->
     return client.files.create(file=(name, io.BytesIO(data)), purpose="batch").id
 
 
+def _create(client: openai.OpenAI, lines: list[dict], **extra) -> openai.types.Batch:
+    return client.batches.create(
+        input_file_id=_upload(client, lines),
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+        **extra,
+    )
+
+
 def _check_answers(text: str, requests: list[dict]) -> dict[str, dict]:
     """Every line answers its own request (the mock's reply depends only on the request)."""
     by_id = {r["custom_id"]: r for r in requests}
@@ -106,11 +115,7 @@ def test_sdk_cancel_splits_output_and_error_files(tmp_path, mock_server):
     upstream = mock_server(latency=0.1)
     client = BatchServer(tmp_path / "state", upstream, "--batch-concurrency", "2").start().client()
     requests = _requests(40)
-    batch = client.batches.create(
-        input_file_id=_upload(client, requests),
-        endpoint="/v1/chat/completions",
-        completion_window="24h",
-    )
+    batch = _create(client, requests)
     wait_batch(client, batch.id, until=lambda b: b.request_counts.completed >= 4)
     assert client.batches.cancel(batch.id).status in ("cancelling", "cancelled")
     done = wait_batch(client, batch.id)
@@ -129,11 +134,7 @@ def test_bad_input_fails_the_batch_naming_the_line(tmp_path, mock_server):
     lines = _requests(3)
     del lines[1]["body"]["messages"]
     lines[2]["url"] = "/v1/embeddings"
-    batch = client.batches.create(
-        input_file_id=_upload(client, lines),
-        endpoint="/v1/chat/completions",
-        completion_window="24h",
-    )
+    batch = _create(client, lines)
     done = wait_batch(client, batch.id)
     assert done.status == "failed" and done.failed_at
     assert [(e.line, e.param) for e in done.errors.data] == [
@@ -143,11 +144,7 @@ def test_bad_input_fails_the_batch_naming_the_line(tmp_path, mock_server):
     # well-formed lines for another endpoint than the batch's are refused as OpenAI does
     other = _requests(2)
     other[1] = {**other[1], "url": "/v1/embeddings", "body": {"model": "mock", "input": "x"}}
-    batch = client.batches.create(
-        input_file_id=_upload(client, other),
-        endpoint="/v1/chat/completions",
-        completion_window="24h",
-    )
+    batch = _create(client, other)
     done = wait_batch(client, batch.id)
     assert [(e.code, e.line) for e in done.errors.data] == [("mismatched_endpoint", 2)]
     with pytest.raises(openai.BadRequestError):
@@ -168,11 +165,7 @@ def test_server_killed_mid_batch_resumes_without_resending(tmp_path, mock_proces
     server = BatchServer(tmp_path / "state", mock.url, "--batch-concurrency", "2").start()
     client = server.client()
     requests = _requests(20)
-    batch = client.batches.create(
-        input_file_id=_upload(client, requests),
-        endpoint="/v1/chat/completions",
-        completion_window="24h",
-    )
+    batch = _create(client, requests)
     wait_batch(client, batch.id, until=lambda b: b.request_counts.completed >= 4)
     server.proc.send_signal(signal.SIGKILL)
     server.proc.wait()
@@ -207,11 +200,7 @@ def test_serve_batch_api_launches_its_backend(tmp_path):
     assert url.startswith("http://127.0.0.1:"), proc.stderr.read()
     client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0)
     requests = _requests(3)
-    batch = client.batches.create(
-        input_file_id=_upload(client, requests),
-        endpoint="/v1/chat/completions",
-        completion_window="24h",
-    )
+    batch = _create(client, requests)
     done = wait_batch(client, batch.id)
     assert done.status == "completed"
     _check_answers(client.files.content(done.output_file_id).text, requests)

@@ -138,10 +138,7 @@ class _Api:
         return _json(_page(data, more))
 
     def _file(self, request: web.Request) -> dict[str, Any]:
-        obj = self.store.get_file(request.match_info["file_id"])
-        if obj is None:
-            raise _Error(404, f"No such File object: {request.match_info['file_id']}", "id")
-        return obj
+        return _found(self.store.get_file, "File", request.match_info["file_id"])
 
     async def get_file(self, request: web.Request) -> web.Response:
         return _json(self._file(request))
@@ -222,10 +219,7 @@ class _Api:
         return _json(batch)
 
     def _batch(self, request: web.Request) -> dict[str, Any]:
-        obj = self.store.get_batch(request.match_info["batch_id"])
-        if obj is None:
-            raise _Error(404, f"No such Batch object: {request.match_info['batch_id']}", "id")
-        return obj
+        return _found(self.store.get_batch, "Batch", request.match_info["batch_id"])
 
     async def get_batch(self, request: web.Request) -> web.Response:
         return _json(self._batch(request))
@@ -277,6 +271,13 @@ class _Api:
                 return response
         except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as exc:
             raise _Error(502, f"the backend did not answer: {exc.__class__.__name__}") from None
+
+
+def _found(get: Callable[[str], dict[str, Any] | None], kind: str, key: str) -> dict[str, Any]:
+    obj = get(key)
+    if obj is None:
+        raise _Error(404, f"No such {kind} object: {key}", "id")
+    return obj
 
 
 def _limit(request: web.Request, *, default: int, most: int) -> int:
