@@ -10,6 +10,7 @@ from batchapiutil import BatchServer
 from batchutil import cli, content, exec_cli, failures, read_results, start_exec, write_requests
 
 from jsonlbatch.mock import reply_text
+from jsonlbatch.records import fingerprint
 
 FAST = ("--batch-api", "--poll-interval", "0.1")
 
@@ -36,6 +37,10 @@ def test_whole_run_in_parts_then_nothing_to_do(tmp_path, mock_server):
     batches = server.client().batches.list().data
     assert len(batches) == 3 and sorted(b.request_counts.total for b in batches) == [5, 10, 10]
     assert {r["metrics"]["batch_id"] for r in results.values()} == {b.id for b in batches}
+    for x in lines:  # marked as exec marks its lines, so a later run sees edited requests
+        assert results[x["custom_id"]]["metrics"]["fingerprint"] == (
+            f"{fingerprint(x['url'], x['body']):016x}"
+        )
     assert all(p["merged"] for p in _state(out)["parts"])
 
     again = exec_cli(requests, out, "--url", server.url, *FAST)

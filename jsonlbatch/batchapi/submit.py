@@ -48,7 +48,7 @@ from jsonlbatch.jsonl import (
     repair_tail,
     rewrite_atomically,
 )
-from jsonlbatch.records import is_failure
+from jsonlbatch.records import fingerprint, is_failure
 
 #: The OpenAI Batch API's limits per input file.
 MAX_REQUESTS = 50_000
@@ -181,7 +181,7 @@ class Submitter:
         existing = self.job.existing
         assert existing is not None
         self.existing: OutputScan = existing
-        self.retry_ids = scan.retry_ids
+        self.replaced = scan.replace  # ids whose old lines are dropped before submitting
         self.summary.requests = scan.total
         self.summary.already_done = scan.already_done
         self.summary.failed_before = scan.failed_before
@@ -194,30 +194,33 @@ class Submitter:
         """Whether OUT already holds a line for this id (a merge cut short by a crash)."""
         if custom_id in self.existing.ok:
             return True
-        return custom_id in self.existing.failed and custom_id not in self.retry_ids
+        return custom_id in self.existing.failed and custom_id not in self.replaced
 
     # -- splitting -----------------------------------------------------------------------------
 
     def _split(self, scan: InputScan) -> None:
         """Write the pending lines into part files and record them, before any upload."""
-        if scan.retry_ids:
-            retry = scan.retry_ids
+        if scan.replace:
+            replace = scan.replace
             rewrite_atomically(
                 self.output,
-                filter_lines(self.output, lambda line: line_custom_id(line) not in retry),
+                filter_lines(self.output, lambda line: line_custom_id(line) not in replace),
             )
-            self.note(f"retrying {len(retry)} failed requests")
+            self.job._lock.hold_output()  # as exec does: the lock on the replaced file went with it
+            self.note(f"retrying {scan.retried} failed requests")
         folder = self.state.folder
         folder.mkdir(parents=True, exist_ok=True)
         tag = new_id("")[:12]
         rewrite = self._line_rewriter()
         opts = self.options
-        open_parts: dict[tuple[str, str], tuple[Part, Any]] = {}
+        open_parts: dict[tuple[str, str], tuple[Part, Any, Any]] = {}
         parts: list[Part] = []
         try:
             for raw in read_lines_at(self.job.requests, scan.pending):
                 obj = orjson.loads(raw)
                 key = (obj["url"], opts.model or obj["body"].get("model") or "")
+                # as exec marks its lines: the request as the file asks it, before any rewrite
+                mark = f"{fingerprint(obj['url'], obj['body']):016x}"
                 line = rewrite(obj) if rewrite else raw.rstrip(b"\r\n") + b"\n"
                 current = open_parts.get(key)
                 if current is not None and (
@@ -225,19 +228,28 @@ class Submitter:
                     or current[0].bytes + len(line) > opts.max_bytes
                 ):
                     current[1].close()
+                    current[2].close()
                     current = None
                 if current is None:
                     index = len(parts)
                     part = Part(tag, index, f"part-{tag}-{index:04d}.jsonl", obj["url"], 0, 0)
-                    current = (part, open(folder / part.path, "wb"))  # noqa: SIM115
+                    current = (
+                        part,
+                        open(folder / part.path, "wb"),  # noqa: SIM115
+                        open(folder / _marks(part), "wb"),  # noqa: SIM115
+                    )
                     open_parts[key] = current
                     parts.append(part)
                 current[1].write(line)
+                current[2].write(
+                    orjson.dumps({"custom_id": obj["custom_id"], "fingerprint": mark}) + b"\n"
+                )
                 current[0].count += 1
                 current[0].bytes += len(line)
         finally:
-            for _, handle in open_parts.values():
-                handle.close()
+            for _, lines, marks in open_parts.values():
+                lines.close()
+                marks.close()
         self.state.url = self.endpoint.name
         self.state.requests = os.path.abspath(self.job.requests)
         self.state.parts += parts
@@ -371,7 +383,10 @@ class Submitter:
                 dest = folder / f"{part.batch_id}.{key[:-8]}.jsonl"
                 await api.download(file_id, dest)
                 downloads.append(dest)
-        ids = {line_custom_id(raw) for _, raw in iter_lines(folder / part.path)}
+        marks = {
+            m["custom_id"]: m["fingerprint"]
+            for m in (orjson.loads(raw) for _, raw in iter_lines(folder / _marks(part)))
+        }
         status = batch.get("status") or "failed"
         code, message = MISSING_CODES.get(status, MISSING_CODES["failed"])
         errors = (batch.get("errors") or {}).get("data") or []
@@ -384,13 +399,15 @@ class Submitter:
             )
         written = failed = 0
         with AppendWriter(self.output) as writer:
-            for chunk in _chunks(self._merged_lines(downloads, ids, part.batch_id or "")):
+            left = dict(marks)  # ids still without a line
+            for chunk in _chunks(self._merged_lines(downloads, left, part.batch_id or "")):
                 writer.write(b"".join(line for line, _ in chunk))
                 written += len(chunk)
                 failed += sum(bad for _, bad in chunk)
-            missing = [cid for cid in ids if cid is not None and not self._present(cid)]
+            missing = [cid for cid in left if not self._present(cid)]
             for chunk in _chunks(
-                (failure_line(c, code, message, batch_id=part.batch_id), True) for c in missing
+                (failure_line(c, code, message, batch_id=part.batch_id, fingerprint=left[c]), True)
+                for c in missing
             ):
                 writer.write(b"".join(line for line, _ in chunk))
                 written += len(chunk)
@@ -399,17 +416,18 @@ class Submitter:
         self.state.save()
         self.summary.merged += written
         self.summary.failed += failed
-        for path in (*downloads, folder / part.path):
+        for path in (*downloads, folder / part.path, folder / _marks(part)):
             path.unlink(missing_ok=True)
         if not self.state.open_parts:
             shutil.rmtree(folder, ignore_errors=True)
         self.note(f"{part.batch_id}: {status}; {written} lines added to {self.output}")
 
     def _merged_lines(
-        self, downloads: list[Path], ids: set[str | None], batch_id: str
+        self, downloads: list[Path], left: dict[str, str], batch_id: str
     ) -> Iterator[tuple[bytes, bool]]:
-        """The downloaded lines in jsonlbatch's response format, each id once; taken ids are
-        removed from `ids` (what is left got no line)."""
+        """The downloaded lines in jsonlbatch's response format, each id once, with the
+        request's fingerprint last in `metrics` as exec writes it; taken ids leave `left`
+        (what stays there got no line)."""
         for path in downloads:
             for _, raw in iter_lines(path):
                 try:
@@ -417,18 +435,19 @@ class Submitter:
                 except orjson.JSONDecodeError:
                     continue
                 cid = obj.get("custom_id") if isinstance(obj, dict) else None
-                if cid not in ids:
+                if cid not in left:
                     continue  # not ours, or seen already
-                ids.discard(cid)
+                mark = left.pop(cid)
                 if self._present(cid):
                     continue
-                metrics = obj.get("metrics") if isinstance(obj.get("metrics"), dict) else {}
+                metrics = dict(obj["metrics"]) if isinstance(obj.get("metrics"), dict) else {}
+                metrics.pop("fingerprint", None)
                 line = {
                     "id": obj.get("id"),
                     "custom_id": cid,
                     "response": obj.get("response"),
                     "error": obj.get("error"),
-                    "metrics": {**metrics, "batch_id": batch_id},
+                    "metrics": {**metrics, "batch_id": batch_id, "fingerprint": mark},
                 }
                 yield orjson.dumps(line) + b"\n", is_failure(line)
 
@@ -446,6 +465,11 @@ class Submitter:
         if not self.stopping.is_set():
             self.note("stopping the watch (the batches keep running)")
         self.stopping.set()
+
+
+def _marks(part: Part) -> str:
+    """The file beside a part's lines listing each request's custom_id and fingerprint."""
+    return part.path.removesuffix(".jsonl") + ".marks.jsonl"
 
 
 def _chunks(
