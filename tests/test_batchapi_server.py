@@ -185,6 +185,7 @@ def test_serve_batch_api_launches_its_backend(tmp_path):
     """`serve --batch-api --backend mock`: the printed URL is the front; batches and live
     requests both reach the launched backend, which goes down with the front."""
     from batchutil import start_cli
+    from conftest import free_port
 
     proc = start_cli(
         "serve",
@@ -195,6 +196,8 @@ def test_serve_batch_api_launches_its_backend(tmp_path):
         str(tmp_path / "state"),
         "--server-log-dir",
         str(tmp_path),
+        "--port",  # the backend's: other runs on this machine may hold 8000 at bind time
+        str(free_port()),
     )
     url = proc.stdout.readline().strip()
     assert url.startswith("http://127.0.0.1:"), proc.stderr.read()

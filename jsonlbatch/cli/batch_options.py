@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 import click
 
+from jsonlbatch.cli.params import SECONDS
 from jsonlbatch.errors import UsageError
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -25,6 +26,7 @@ _OPTIONS = [
     click.option(
         "--completion-window",
         default="24h",
+        callback=lambda ctx, param, value: _window(value),
         show_default=True,
         help="--batch-api: the batches' completion window (OpenAI takes only 24h).",
     ),
@@ -50,13 +52,24 @@ _OPTIONS = [
     ),
     click.option(
         "--poll-interval",
-        type=click.FloatRange(min=0.01),
+        type=SECONDS,
         default=10.0,
         show_default=True,
         metavar="SECONDS",
         help="--batch-api: first wait between status checks; grows while nothing changes.",
     ),
 ]
+
+
+def _window(value: str) -> str:
+    from jsonlbatch.batchapi.objects import window_seconds
+
+    try:
+        window_seconds(value)
+    except UsageError as exc:
+        raise click.BadParameter(str(exc)) from None
+    return value
+
 
 _NAMES = (
     "batch_api",

@@ -7,12 +7,18 @@ from typing import Any
 import click
 
 from jsonlbatch.batchapi.manage import batches_of
+from jsonlbatch.cli.params import HttpUrl
 from jsonlbatch.exec.job import run_coroutine
 from jsonlbatch.redact import register_secret
 
 _COMMON = [
     click.argument("output", type=click.Path(dir_okay=False)),
-    click.option("--url", metavar="URL", help="The Batch API's base URL (default: the run's)."),
+    click.option(
+        "--url",
+        type=HttpUrl(),
+        metavar="URL",
+        help="The Batch API's base URL (default: the run's).",
+    ),
     click.option(
         "--api-key",
         envvar="OPENAI_API_KEY",

@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from jsonlbatch.cli.params import SECONDS
+from jsonlbatch.cli.params import SECONDS, HttpUrl, NonEmpty
 from jsonlbatch.cli.serve_options import serve_options, serve_options_from_kwargs
 from jsonlbatch.errors import Interrupted, UsageError
 from jsonlbatch.redact import register_secret
@@ -42,6 +42,7 @@ _CHECK_EVERY = 1.0
 )
 @click.option(
     "--upstream",
+    type=HttpUrl(),
     metavar="URL",
     help="With --batch-api: front this already running server instead of launching one.",
 )
@@ -55,7 +56,8 @@ _CHECK_EVERY = 1.0
     "--batch-dir",
     default="jsonlbatch-batches",
     show_default=True,
-    type=click.Path(file_okay=False),
+    type=click.Path(file_okay=False, path_type=str),
+    callback=lambda ctx, param, value: NonEmpty().convert(value, param, ctx),
     help="Where --batch-api keeps files, batches and progress (survives restarts).",
 )
 @click.option(
