@@ -10,6 +10,7 @@ import sys
 import orjson
 import pytest
 from batchutil import ENV, cli, read_results
+from conftest import free_port
 
 from jsonlbatch.records import parse_request
 
@@ -271,7 +272,10 @@ def test_round_trip_gen_then_exec_on_the_mock(tmp_path):
     sent = {x["custom_id"]: x for x in read(requests)}
     assert len(sent) == 9
     out = tmp_path / "responses.jsonl"
-    proc = cli("exec", str(requests), "-o", str(out), "--serve", "mock", "-q", timeout=120)
+    port = str(free_port())  # not the default 8000, which other runs on the machine may hold
+    proc = cli(
+        "exec", str(requests), "-o", str(out), "--serve", "mock", "--port", port, "-q", timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     results = read_results(out)  # one line per id, none repeated
     assert set(results) == set(sent)
