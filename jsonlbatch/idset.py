@@ -30,27 +30,45 @@ class IdSet:
     adding, in one pass sized for all keys, instead of growing by re-inserting.
     """
 
-    __slots__ = ("_built", "_keys", "_mask", "_repeats", "_table")
+    __slots__ = ("_built", "_keys", "_mask", "_repeats", "_table", "_values", "_vtable")
 
-    def __init__(self) -> None:
+    def __init__(self, *, values: bool = False) -> None:
+        """`values=True` keeps a 64-bit number per id too (`add_keys(keys, values)`,
+        `value_at(slot)`): 8 more bytes a key and 8 a slot, the first value of an id wins."""
         self._keys = array("q")
         self._table = array("q", bytes(8))
         self._mask = 0
         self._built = 0
         self._repeats: set[int] = set()
+        self._values = array("q") if values else None
+        self._vtable = array("q")
 
     def add(self, custom_id: str) -> None:
+        if self._values is not None:
+            raise TypeError("this IdSet keeps a value per id: add_keys(keys, values)")
         self._keys.append(hash(custom_id) or 1)
 
     def update(self, custom_ids: Iterable[str]) -> None:
         """Add many ids in one call: hashing and appending run in C, which is what makes a
         million-line scan fast (a zero hash is mapped to 1 when the table is built)."""
+        if self._values is not None:
+            raise TypeError("this IdSet keeps a value per id: add_keys(keys, values)")
         self._keys.extend(map(hash, custom_ids))
 
-    def add_keys(self, keys: Iterable[int]) -> None:
-        """Add precomputed keys (`id_key` values, or any 64-bit numbers a caller derives from
-        them, such as an id's key combined with a fingerprint)."""
+    def add_keys(self, keys: Iterable[int], values: Iterable[int] | None = None) -> None:
+        """Add precomputed keys (`hash(custom_id)`), with their values for a set made with
+        `values=True`."""
         self._keys.extend(keys)
+        if self._values is not None:
+            if values is None:
+                raise TypeError("this IdSet keeps a value per id: add_keys(keys, values)")
+            self._values.extend(values)
+            if len(self._values) != len(self._keys):
+                raise ValueError("one value per key")
+
+    def value_at(self, slot: int) -> int:
+        """The value of the id at `slot` (from `slot`), in a set made with `values=True`."""
+        return self._vtable[slot]
 
     def keys(self) -> array:
         """The keys added, in order, repeats included (do not modify)."""
@@ -107,16 +125,20 @@ class IdSet:
         mask = size - 1
         repeats = self._repeats
         repeats.clear()
-        for key in self._keys:
+        values = self._values
+        vtable = array("q", bytes(8 * size)) if values is not None else self._vtable
+        for n, key in enumerate(self._keys):
             key = key or 1
             i = key & mask
             while True:
                 slot = table[i]
                 if slot == _EMPTY:
                     table[i] = key
+                    if values is not None:
+                        vtable[i] = values[n]
                     break
                 if slot == key:
                     repeats.add(key)
                     break
                 i = (i + 1) & mask
-        self._table, self._mask, self._built = table, mask, len(self._keys)
+        self._table, self._vtable, self._mask, self._built = table, vtable, mask, len(self._keys)

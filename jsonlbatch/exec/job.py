@@ -542,7 +542,7 @@ class _Run:
         for raw in ordered_lines(self.job.source, self.scan.pending, route):
             obj = orjson.loads(raw)
             url, body = obj["url"], obj["body"]
-            mark = f"{fingerprint(url, body):016x}"  # of the request as the file asks it
+            mark = fingerprint(raw, url, body)  # of the request as the file asks it
             if override is not None:
                 body["model"] = override
             await queue.put(Request(obj["custom_id"], url, body, fingerprint=mark))

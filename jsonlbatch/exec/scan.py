@@ -14,13 +14,14 @@ from array import array
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from zlib import crc32
 
 import orjson
 
 from jsonlbatch.errors import MAX_PROBLEMS, InputError, OutputError, Problem, count_problems
 from jsonlbatch.idset import IdSet, id_key
 from jsonlbatch.jsonl import BOM, iter_lines, iter_lines_at
-from jsonlbatch.records import check_request, check_response, fingerprint, is_failure
+from jsonlbatch.records import check_request, check_response, is_failure, request_crc
 
 
 @dataclass
@@ -29,11 +30,10 @@ class OutputScan:
 
     path: str
     lines: int = 0
-    ok: IdSet = field(default_factory=IdSet)  # ids with a successful line
+    #: ids with a successful line, each with its request fingerprint (NO_FINGERPRINT if none)
+    ok: IdSet = field(default_factory=lambda: IdSet(values=True))
     failed: IdSet = field(default_factory=IdSet)  # ids whose only lines record failures
-    #: `fingerprint_key(id, fingerprint)` of every line; NO_FINGERPRINT for lines without one
-    fingerprints: IdSet = field(default_factory=IdSet)
-    fingerprinted: int = 0  # lines that carry a request fingerprint
+    fingerprinted: int = 0  # successful lines that carry a request fingerprint
     keep_bytes: int = 0
     cut_bytes: int = 0
 
@@ -42,34 +42,32 @@ class OutputScan:
         return self.cut_bytes > 0
 
 
-#: Stands for "no fingerprint" in `fingerprint_key` (lines written before fingerprints).
-NO_FINGERPRINT = 0x5A17_0F1E_5EED_0001
-
-
-def fingerprint_key(id_hash: int, fp: int) -> int:
-    """One 64-bit key for (an id's hash, a request fingerprint), kept in an `IdSet`."""
-    if fp >= 1 << 63:  # to a signed 64-bit value, so the XOR stays one
-        fp -= 1 << 64
-    return id_hash ^ fp
-
+#: Stands for "no fingerprint" (lines written before jsonlbatch recorded them).
+NO_FINGERPRINT = -1
+_LOW32 = 0xFFFFFFFF
 
 # How `Result.to_line` ends a line that has a fingerprint: metrics hold it last.
 _FP_TAIL = b',"fingerprint":"'
 _FP_START, _FP_END = -(len(_FP_TAIL) + 20), -20
 
 
-def _line_fingerprint(raw: bytes) -> int | None:
-    if raw[_FP_START:_FP_END] == _FP_TAIL:
-        try:
-            return int(raw[_FP_END:-4], 16)
-        except ValueError:
-            return None
-    return None
+def _fingerprint_value(text: bytes | str | None) -> int:
+    """A fingerprint's 16 hex digits as the signed 64-bit number an `IdSet` holds."""
+    if not text or len(text) != 16:
+        return NO_FINGERPRINT
+    try:
+        value = int(text, 16)
+    except ValueError:
+        return NO_FINGERPRINT
+    return (value ^ (1 << 63)) - (1 << 63)
 
 
 def scan_output(path: str | os.PathLike[str]) -> OutputScan:
     """Read a response file: which ids succeeded, which only failed, the request fingerprint
     of every line, and where the last complete line ends.
+
+    Failed lines keep no fingerprint: a failure is no answer to go stale, and `--retry-failed`
+    sends the request as it is now.
 
     Only a final fragment without its newline is torn (a crash can leave nothing else): it is
     measured here and cut before anything is appended. Any complete line that is not a
@@ -83,11 +81,9 @@ def scan_output(path: str | os.PathLike[str]) -> OutputScan:
     offset = lines = 0
     torn_at: int | None = None  # byte offset of a final fragment without its newline
     problems: list[Problem] = []
-    fps = scan.fingerprints
     done: list[bytes] = []  # ids of successful own lines, hashed into `scan.ok` in batches
-    done_fps: list[int] = []
-    own_failed: list[bytes] = []  # the same for failed own lines
-    failed_fps: list[int] = []
+    done_fps: list[bytes] = []  # and the hex digits of their fingerprints (b"" if none)
+    own_failed: list[bytes] = []  # ids of failed own lines, hashed in batches
     failed_keys = array("q")
     with open(path, "rb", buffering=1 << 20) as f:
         for number, raw in enumerate(f, 1):
@@ -96,17 +92,16 @@ def scan_output(path: str | os.PathLike[str]) -> OutputScan:
             if own is not None and raw.endswith(b"}\n"):
                 lines += 1
                 cid, status = own.groups()
-                fp = _line_fingerprint(raw)
                 if status == b"2":
                     done.append(cid)
-                    done_fps.append(NO_FINGERPRINT if fp is None else fp)
+                    done_fps.append(raw[_FP_END:-4] if raw[_FP_START:_FP_END] == _FP_TAIL else b"")
                     if len(done) == _BATCH:
-                        scan.ok.add_keys(_add_fingerprints(scan, done, done_fps))
+                        _add_done(scan, done, done_fps)
                 else:
                     own_failed.append(cid)
-                    failed_fps.append(NO_FINGERPRINT if fp is None else fp)
                     if len(own_failed) == _BATCH:
-                        failed_keys.extend(_add_fingerprints(scan, own_failed, failed_fps))
+                        failed_keys.extend(map(hash, _decode_all(own_failed)))
+                        own_failed.clear()
                 continue
             if number == 1 and raw.startswith(BOM):
                 raw = raw[len(BOM) :]
@@ -127,9 +122,9 @@ def scan_output(path: str | os.PathLike[str]) -> OutputScan:
             if is_failed:
                 failed_keys.append(id_key(cid_str))
             else:
-                scan.ok.add(cid_str)
-            fps.add_keys((fingerprint_key(hash(cid_str), fp or NO_FINGERPRINT),))
-            scan.fingerprinted += fp is not None
+                value = _fingerprint_value(fp)
+                scan.ok.add_keys((hash(cid_str),), (value,))
+                scan.fingerprinted += value != NO_FINGERPRINT
     if problems:
         shown = "".join(f"\n  {p}" for p in problems[:20])
         more = (
@@ -140,8 +135,8 @@ def scan_output(path: str | os.PathLike[str]) -> OutputScan:
             f"nothing is cut or changed); fix or remove these lines, or choose another -o:"
             f"{shown}{more}"
         )
-    scan.ok.add_keys(_add_fingerprints(scan, done, done_fps))
-    failed_keys.extend(_add_fingerprints(scan, own_failed, failed_fps))
+    _add_done(scan, done, done_fps)
+    failed_keys.extend(map(hash, _decode_all(own_failed)))
     scan.lines = lines
     scan.keep_bytes = offset if torn_at is None else torn_at
     scan.cut_bytes = offset - scan.keep_bytes
@@ -179,15 +174,13 @@ def _file_kind(mode: int) -> str:
     return next((name for test, name in kinds if test(mode)), "not a regular file")
 
 
-def _add_fingerprints(scan: OutputScan, ids: list[bytes], fps: list[int]) -> list[int]:
-    """Record a batch of own lines' fingerprints (in C, mostly); return their ids' keys.
-    Empties both lists."""
-    hashes = list(map(hash, _decode_all(ids)))
-    scan.fingerprints.add_keys(map(fingerprint_key, hashes, fps))
-    scan.fingerprinted += len(fps) - fps.count(NO_FINGERPRINT)
+def _add_done(scan: OutputScan, ids: list[bytes], fps: list[bytes]) -> None:
+    """Add a batch of successful own lines to `scan.ok`, with their fingerprints; empties both
+    lists."""
+    scan.fingerprinted += len(fps) - fps.count(b"")
+    scan.ok.add_keys(map(hash, _decode_all(ids)), map(_fingerprint_value, fps))
     ids.clear()
     fps.clear()
-    return hashes
 
 
 def _only_failed(keys: array, ok: IdSet) -> IdSet:
@@ -239,7 +232,7 @@ def _decode_all(ids: list[bytes]) -> list[str]:
 
 def _response_line(
     line: bytes, path: str, number: int, problems: list[Problem]
-) -> tuple[str, bool, int | None] | None:
+) -> tuple[str, bool, str | None] | None:
     """(custom_id, whether the line records a failure, its request fingerprint or None) of a
     complete response line; None (and its problems appended) when it is not one. The checks
     are `validate`'s, so both give one verdict on one file."""
@@ -265,11 +258,7 @@ def _response_line(
         return None
     metrics = obj.get("metrics")
     fp = metrics.get("fingerprint") if isinstance(metrics, dict) else None
-    try:
-        fp_int = int(fp, 16) if isinstance(fp, str) and len(fp) == 16 else None
-    except ValueError:
-        fp_int = None
-    return obj["custom_id"], is_failure(obj), fp_int
+    return obj["custom_id"], is_failure(obj), fp if isinstance(fp, str) else None
 
 
 #: What to do with requests whose fingerprint differs from the one their result was written for.
@@ -326,12 +315,11 @@ def scan_input(
     scan.size, scan.mtime_ns = st.st_size, st.st_mtime_ns
     ok = existing.ok if existing is not None else IdSet()
     failed = existing.failed if existing is not None else IdSet()
-    fps = existing.fingerprints if existing is not None else IdSet()
     check_fps = existing is not None and existing.fingerprinted > 0
     problems: list[Problem] = []
     done_slot, done_met, any_done = ok.slot, bytearray(ok.capacity), len(ok) > 0
     failed_slot, any_failed = failed.slot, len(failed) > 0
-    fp_slot = fps.slot_key
+    done_value = ok.value_at
     repeated: set[int] = set()  # keys of done ids the input names more than once
     seen = IdSet()  # every other id
     ids: list[str] = []  # hashed into `seen` in batches
@@ -348,20 +336,17 @@ def scan_input(
         kept_failure = at < 0 and any_failed and type(cid) is str and failed_slot(cid) >= 0
         if at >= 0 or (kept_failure and not retry_failed):
             resend = False
-            if check_fps and (select is None or select(cid)):
-                h = hash(cid)
-                fp = fingerprint(obj.get("url"), obj.get("body"))
-                if fp_slot(fingerprint_key(h, fp)) >= 0:
-                    pass
-                elif fp_slot(fingerprint_key(h, NO_FINGERPRINT)) >= 0:
+            if at >= 0 and (select is None or select(cid)):
+                stored = done_value(at) if check_fps else NO_FINGERPRINT
+                if stored == NO_FINGERPRINT:
                     scan.unfingerprinted += 1
-                else:
+                elif stored & _LOW32 != crc32(raw) and (stored >> 32) & _LOW32 != request_crc(
+                    obj.get("url"), obj.get("body")
+                ):  # neither the same line nor the same request re-serialised: edited
                     scan.changed += 1
                     if len(scan.changed_ids) < 5:
                         scan.changed_ids.append(cid)
                     resend = changed == "resend"
-            elif not check_fps and existing is not None and existing.lines:
-                scan.unfingerprinted += select is None or select(cid)
             if not resend:
                 if at < 0:
                     seen.add(cid)  # a failure kept as it is: rare
