@@ -187,3 +187,14 @@ def test_resume_scan_names_ids_the_input_repeats_among_done_and_pending_lines(tm
         f"{req}:8: custom_id: 'req-1' repeats line 2",
         f"{req}:9: custom_id: 'req-4' repeats line 5",
     ]
+
+
+def test_an_idset_with_values_keeps_the_first_value_of_each_id():
+    ids = IdSet(values=True)
+    ids.add_keys(map(hash, ["a", "b", "a"]), [1, 2, 3])
+    assert ids.value_at(ids.slot("a")) == 1 and ids.value_at(ids.slot("b")) == 2
+    assert ids.colliding_hashes() == {hash("a")}
+    with pytest.raises(TypeError):
+        ids.add("c")
+    with pytest.raises(TypeError):
+        ids.add_keys([hash("c")])
