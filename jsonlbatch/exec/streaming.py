@@ -17,9 +17,8 @@ that arrive in one network read share its time); TPOT is `(E2EL - TTFT) / (compl
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,7 +36,6 @@ STREAM_URLS = frozenset({CHAT_URL, COMPLETIONS_URL})
 _DONE = b"[DONE]"
 _ITL_PERCENTILES = (("itl_p50_s", 50), ("itl_p90_s", 90), ("itl_p99_s", 99))
 _SNIPPET = 200  # characters of a bad event quoted in an error message
-_DRAIN_S = 0.5  # how long the end of a body is waited for after `[DONE]`
 
 
 class StreamError(JsonlbatchError):
@@ -472,9 +470,10 @@ async def read_answer(
 
     Decided by the content, not the Content-Type header, which servers and proxies get wrong
     both ways: a body whose first byte (after blanks) opens a JSON value is plain JSON
-    (`sniff=False` reads it as SSE whatever it holds). `[DONE]` ends the answer: what follows is
-    waited for only briefly (`_DRAIN_S`), so a server that keeps the connection open after it
-    does not hold the request until its timeout (the connection is then closed, not reused).
+    (`sniff=False` reads it as SSE whatever it holds). `[DONE]` ends the answer: nothing after it
+    is waited for, so a server that keeps the connection open does not hold the request until
+    its timeout. (aiohttp reuses the connection when the body's end came with `[DONE]`, as it
+    does from vLLM and SGLang, and closes it otherwise.)
     """
     it = aiter(reads)
     head = b""
@@ -497,22 +496,8 @@ async def read_answer(
         except StopAsyncIteration:
             break
         reader.feed(data, clock())
-    else:
-        await _drain(it)
     reader.close(clock())
     return b"", reader
-
-
-async def _drain(it: AsyncIterator[bytes]) -> None:
-    """Read to the end of a body whose answer is complete, for at most `_DRAIN_S` seconds (the
-    end usually arrives with `[DONE]`; then the connection is reused)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + _DRAIN_S
-    try:
-        while (left := deadline - loop.time()) > 0:
-            await asyncio.wait_for(anext(it), left)
-    except (StopAsyncIteration, asyncio.TimeoutError):
-        pass
 
 
 def _error_text(chunk: dict[str, Any]) -> str:
