@@ -68,7 +68,13 @@ class IdSet:
 
     def value_at(self, slot: int) -> int:
         """The value of the id at `slot` (from `slot`), in a set made with `values=True`."""
-        return self._vtable[slot]
+        return self.values()[slot]
+
+    def values(self) -> array:
+        """The values by slot (`values()[slot(id)]`), for a hot loop (do not modify)."""
+        if self._built != len(self._keys):
+            self._build()
+        return self._vtable
 
     def keys(self) -> array:
         """The keys added, in order, repeats included (do not modify)."""

@@ -14,6 +14,7 @@ from array import array
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import repeat
 from zlib import crc32
 
 import orjson
@@ -51,6 +52,9 @@ _FP_TAIL = b',"fingerprint":"'
 _FP_START, _FP_END = -(len(_FP_TAIL) + 20), -20
 
 
+_NO_FP_HEX = b"f" * 16  # NO_FINGERPRINT's digits
+
+
 def _fingerprint_value(text: bytes | str | None) -> int:
     """A fingerprint's 16 hex digits as the signed 64-bit number an `IdSet` holds."""
     if not text or len(text) != 16:
@@ -60,6 +64,17 @@ def _fingerprint_value(text: bytes | str | None) -> int:
     except ValueError:
         return NO_FINGERPRINT
     return (value ^ (1 << 63)) - (1 << 63)
+
+
+def _fingerprint_values(texts: list[bytes]) -> array:
+    """`_fingerprint_value` of a batch, in C: hex to unsigned, reinterpreted as signed."""
+    try:
+        unsigned = array("Q", map(int, texts, repeat(16)))
+    except (ValueError, OverflowError):  # a hand-edited line: one at a time
+        return array("q", map(_fingerprint_value, texts))
+    signed = array("q")
+    signed.frombytes(unsigned.tobytes())
+    return signed
 
 
 def scan_output(path: str | os.PathLike[str]) -> OutputScan:
@@ -82,7 +97,7 @@ def scan_output(path: str | os.PathLike[str]) -> OutputScan:
     torn_at: int | None = None  # byte offset of a final fragment without its newline
     problems: list[Problem] = []
     done: list[bytes] = []  # ids of successful own lines, hashed into `scan.ok` in batches
-    done_fps: list[bytes] = []  # and the hex digits of their fingerprints (b"" if none)
+    done_fps: list[bytes] = []  # and the hex digits of their fingerprints
     own_failed: list[bytes] = []  # ids of failed own lines, hashed in batches
     failed_keys = array("q")
     with open(path, "rb", buffering=1 << 20) as f:
@@ -94,7 +109,9 @@ def scan_output(path: str | os.PathLike[str]) -> OutputScan:
                 cid, status = own.groups()
                 if status == b"2":
                     done.append(cid)
-                    done_fps.append(raw[_FP_END:-4] if raw[_FP_START:_FP_END] == _FP_TAIL else b"")
+                    done_fps.append(
+                        raw[_FP_END:-4] if raw[_FP_START:_FP_END] == _FP_TAIL else _NO_FP_HEX
+                    )
                     if len(done) == _BATCH:
                         _add_done(scan, done, done_fps)
                 else:
@@ -177,8 +194,8 @@ def _file_kind(mode: int) -> str:
 def _add_done(scan: OutputScan, ids: list[bytes], fps: list[bytes]) -> None:
     """Add a batch of successful own lines to `scan.ok`, with their fingerprints; empties both
     lists."""
-    scan.fingerprinted += len(fps) - fps.count(b"")
-    scan.ok.add_keys(map(hash, _decode_all(ids)), map(_fingerprint_value, fps))
+    scan.fingerprinted += len(fps) - fps.count(_NO_FP_HEX)
+    scan.ok.add_keys(map(hash, _decode_all(ids)), _fingerprint_values(fps))
     ids.clear()
     fps.clear()
 
@@ -319,7 +336,7 @@ def scan_input(
     problems: list[Problem] = []
     done_slot, done_met, any_done = ok.slot, bytearray(ok.capacity), len(ok) > 0
     failed_slot, any_failed = failed.slot, len(failed) > 0
-    done_value = ok.value_at
+    done_values = ok.values() if check_fps else array("q")
     repeated: set[int] = set()  # keys of done ids the input names more than once
     seen = IdSet()  # every other id
     ids: list[str] = []  # hashed into `seen` in batches
@@ -337,7 +354,7 @@ def scan_input(
         if at >= 0 or (kept_failure and not retry_failed):
             resend = False
             if at >= 0 and (select is None or select(cid)):
-                stored = done_value(at) if check_fps else NO_FINGERPRINT
+                stored = done_values[at] if check_fps else NO_FINGERPRINT
                 if stored == NO_FINGERPRINT:
                     scan.unfingerprinted += 1
                 elif stored & _LOW32 != crc32(raw) and (stored >> 32) & _LOW32 != request_crc(
