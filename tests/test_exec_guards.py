@@ -22,8 +22,8 @@ from jsonlbatch.errors import OutputError
 
 
 def test_a_second_run_on_the_same_output_is_refused(tmp_path, mock_server):
-    url = mock_server(latency=0.2)
-    write_requests(tmp_path / "req.jsonl", 200)
+    url = mock_server(latency=0.3)  # about 10 s: a loaded machine starts the second run in time
+    write_requests(tmp_path / "req.jsonl", 280)
     out = tmp_path / "out.jsonl"
     first = start_exec(tmp_path / "req.jsonl", out, "--url", url, "-c", "8")
     deadline = time.monotonic() + 30
@@ -34,7 +34,7 @@ def test_a_second_run_on_the_same_output_is_refused(tmp_path, mock_server):
     assert "is being written by another jsonlbatch run" in second.stderr
     first.communicate(timeout=60)
     assert first.returncode == 0
-    assert len(read_results(out)) == 200
+    assert len(read_results(out)) == 280
 
 
 def test_duplicated_successes_in_the_output_are_an_error(tmp_path, mock_server):
