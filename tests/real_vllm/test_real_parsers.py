@@ -13,8 +13,9 @@ from standins.harness import standin_parser
 
 from jsonlbatch.serve.backends import ServeOptions
 from jsonlbatch.serve.launch import plan_servers
-from real_vllm.vllmtier import parse_with_real_parsers
+from real_vllm.vllmtier import free_port, parse_with_real_parsers
 
+REPLICA_PORT = free_port()  # an explicit --port for the replicas case, free now
 SGLANG_PROGRAM = (sys.executable, "-m", "sglang.launch_server")
 
 # Everything ServeOptions maps, for both servers.
@@ -78,7 +79,7 @@ def _cases(backend: str, model: str, template: str) -> list[tuple[str, ServeOpti
                 dp_mode="replicas",
                 gpus=tuple("0123"),
                 served_model_name=names[:1],
-                port=40100,
+                port=REPLICA_PORT,
                 **FULL,
             ),
         ),
@@ -156,7 +157,7 @@ def test_vllm_reads_each_mapped_option_as_meant(parsed: dict, vllm_setup: dict) 
     replicas = [results[("vllm", "tp2-dp2-replicas", i)]["args"] for i in (0, 1)]
     assert [r["data_parallel_size"] for r in replicas] == [1, 1]
     assert [r["tensor_parallel_size"] for r in replicas] == [2, 2]
-    assert replicas[0]["port"] == 40100 and replicas[1]["port"] > 40100
+    assert replicas[0]["port"] == REPLICA_PORT and replicas[1]["port"] > REPLICA_PORT
     through = results[("vllm", "pass-through", 0)]["args"]
     assert through["max_num_seqs"] == 64 and through["enforce_eager"] is True
     assert through["default_chat_template_kwargs"] == {"enable_thinking": False}
