@@ -402,3 +402,14 @@ def filter_lines(path: str | os.PathLike[str], keep: Callable[[bytes], bool]) ->
             stripped = raw.strip()
             if stripped and keep(stripped):
                 yield stripped + b"\n"
+
+
+def ends_with_newline(path: str | os.PathLike[str]) -> bool:
+    """Whether the file's last byte is a newline: a last line without one that does not decode
+    is a torn write (a run still writing, or a crash mid-write), not a malformed line."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(-1, os.SEEK_END)
+            return f.read(1) == b"\n"
+    except OSError:  # empty (nothing to seek back over) or gone: nothing torn to speak of
+        return True

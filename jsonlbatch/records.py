@@ -45,6 +45,7 @@ KNOWN_URLS = frozenset(
 )
 
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+_POSITIVE = ("n", "max_tokens", "max_completion_tokens")
 _ROLE_STRS = tuple(_ROLES)  # `in` on a tuple compares, so an unhashable role cannot raise
 
 
@@ -115,9 +116,14 @@ def check_request(obj: Any, *, require_model: bool = True) -> list[tuple[str, st
     model = body.get("model")
     if model is None:
         if require_model:
-            out.append(("body.model", "missing (or pass --model)"))
+            out.append(("body.model", "missing (give it here, or run exec with --model)"))
     elif not isinstance(model, str) or not model:
         out.append(("body.model", "must be a non-empty string"))
+    for name in _POSITIVE:  # servers refuse 0 (vLLM: "n must be at least 1")
+        value = body.get(name)
+        bad = isinstance(value, bool) or not isinstance(value, (int, float)) or value < 1
+        if value is not None and bad:
+            out.append((f"body.{name}", f"must be a number of at least 1, got {value!r}"))
     if url == CHAT_URL:
         out += check_messages(body.get("messages"))
     elif url == COMPLETIONS_URL and not isinstance(body.get("prompt"), (str, list)):

@@ -95,8 +95,10 @@ def _failure_reason(obj: dict[str, Any]) -> str:
     message: Any = None
     if isinstance(error, dict):
         message = error.get("message") or error.get("code")
-        if isinstance(error.get("code"), str) and error.get("message"):
-            message = f"{error['code']}: {error['message']}"
+        code = error.get("code")
+        # `http_500` beside "HTTP 500" says nothing new; other codes (request_timeout) do.
+        if isinstance(code, str) and error.get("message") and code != f"http_{status}":
+            message = f"{code}: {error['message']}"
     elif error:
         message = error
     body = response.get("body")

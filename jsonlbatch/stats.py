@@ -1,4 +1,4 @@
-"""Small statistics shared by the executor and the report, free of other imports."""
+"""Small statistics shared by the stages (percentiles, counted nouns), free of other imports."""
 
 from __future__ import annotations
 
@@ -19,3 +19,8 @@ def percentile(ordered: Sequence[float], p: float) -> float:
     low = math.floor(rank)
     high = min(low + 1, len(ordered) - 1)
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def plural(count: int, word: str, words: str | None = None) -> str:
+    """`1 sample`, `2 samples` (`words` for an irregular plural); counts get thousands commas."""
+    return f"{count:,} {word}" if count == 1 else f"{count:,} {words or word + 's'}"

@@ -189,6 +189,38 @@ def test_validate_response_file(tmp_path):
     assert f"{out}:1: error: a line without a response must carry an error object" in proc.stdout
 
 
+def test_validate_names_a_torn_last_line_and_what_exec_does(tmp_path, mock_server):
+    out = tmp_path / "out.jsonl"
+    write_requests(tmp_path / "req.jsonl", 3)
+    assert exec_cli(tmp_path / "req.jsonl", out, "--url", mock_server(), "-q").returncode == 0
+    out.write_bytes(out.read_bytes()[:-30])  # a crash in the middle of the last write
+    proc = cli("validate", str(out))
+    assert proc.returncode == 1
+    assert f"{out}:3: torn last line (no newline at its end: a write cut short); exec cuts it" in (
+        proc.stdout
+    )
+    req = tmp_path / "req.jsonl"
+    req.write_bytes(req.read_bytes()[:-30])
+    proc = cli("validate", str(req))
+    assert proc.returncode == 1
+    assert f"{req}:3: torn last line (no newline at its end: a write cut short); exec refuses" in (
+        proc.stdout
+    )
+    assert "1 problem in responses" in proc.stderr
+
+
+def test_validate_refuses_n_0_and_hints_only_at_options_that_exist(tmp_path):
+    req = tmp_path / "req.jsonl"
+    body = {"messages": [{"role": "user", "content": "hi"}], "n": 0, "max_tokens": 0}
+    line = {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": body}
+    req.write_bytes(orjson.dumps(line) + b"\n")
+    proc = cli("validate", str(req))
+    assert proc.returncode == 1
+    assert f"{req}:1: body.n: must be a number of at least 1, got 0" in proc.stdout
+    assert f"{req}:1: body.max_tokens: must be a number of at least 1, got 0" in proc.stdout
+    assert "body.model: missing (give it here, or run exec with --model)" in proc.stdout
+
+
 def test_wrong_model_fails_up_front_listing_served_names(tmp_path, mock_server):
     url = mock_server(served_models=("Qwen/Qwen3-8B",))
     write_requests(tmp_path / "req.jsonl", 5, model="gpt-3.5-turbo")

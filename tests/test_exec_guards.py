@@ -222,6 +222,6 @@ def test_problem_counts_say_when_they_stopped_counting(tmp_path):
     req = tmp_path / "req.jsonl"
     req.write_bytes(b"{bad\n" * 1500)
     proc = cli("validate", str(req))
-    assert proc.returncode == 1 and "1000+ problem(s)" in proc.stderr
+    assert proc.returncode == 1 and "1000+ problems" in proc.stderr
     proc = exec_cli(req, tmp_path / "out.jsonl", "--url", "http://127.0.0.1:9/v1")
     assert "1000+ problems" in proc.stderr and "980+ more" in proc.stderr

@@ -225,7 +225,7 @@ def test_repeated_id_is_an_error_naming_the_row(tmp_path):
         tmp_path / "r.jsonl",
     )
     assert_clean_failure(proc, 1, tmp_path)
-    assert f"{data}:3: custom_id: row 2: repeats an earlier request's id" in proc.stderr
+    assert f"{data}:3: custom_id: row 2: 'a' repeats the id of row 0" in proc.stderr
     assert not (tmp_path / "r.jsonl").exists()
 
 
@@ -252,6 +252,10 @@ def test_overwrite_needs_force(tmp_path):
         (["--prompt", "x", "--where", "a =="], "bad condition"),
         (["--prompt", "x", "--param", "novalue"], "--param wants KEY=JSON"),
         (["--prompt", "x", "--url", "/v1/embeddings", "--temperature", "1"], "no meaning"),
+        (
+            ["--prompt", "x", "--system", "s", "--url", "/v1/completions"],
+            "--system builds chat messages, but /v1/completions takes a prompt string",
+        ),
     ],
 )
 def test_usage_errors_exit_2(tmp_path, args, message):
@@ -260,6 +264,26 @@ def test_usage_errors_exit_2(tmp_path, args, message):
     assert_clean_failure(proc, 2, tmp_path)
     assert message in proc.stderr
     assert not (tmp_path / "r.jsonl").exists()
+
+
+def test_option_combinations_are_checked_before_the_data_is_read(tmp_path):
+    # The data file does not even exist: the usage error comes first, once, not once per row.
+    proc = gen(
+        "--data", tmp_path / "absent.jsonl", "--prompt", "x", "--system", "s",
+        "--url", "/v1/completions", "--model", "m", "-o", tmp_path / "r.jsonl",
+    )  # fmt: skip
+    assert_clean_failure(proc, 2, tmp_path)
+    assert "--system builds chat messages" in proc.stderr and "row" not in proc.stderr
+
+
+def test_summary_counts_read_as_english(tmp_path):
+    data = write_jsonl(tmp_path / "d.jsonl", [{"q": 1}])
+    out = tmp_path / "r.jsonl"
+    proc = gen("--data", data, "--prompt", "{{ q }}", "--model", "m", "--samples", "2", "-o", out)
+    assert proc.returncode == 0, proc.stderr
+    assert "wrote 2 requests (1 row x 2 samples)" in proc.stderr
+    proc = gen("--data", data, "--prompt", "{{ q }}", "--model", "m", "-o", out, "--force")
+    assert "wrote 1 request to" in proc.stderr
 
 
 def test_round_trip_gen_then_exec_on_the_mock(tmp_path):

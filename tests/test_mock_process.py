@@ -80,7 +80,7 @@ def test_signal_during_startup_delay(mock_process):
 def test_bad_flags_and_busy_port_are_clean_errors(mock_process):
     bad = mock_process("--fail-rate", "2", wait=False)
     assert bad.proc.wait(30) == 2
-    assert "Error: fail_rate must be between 0 and 1" in bad.stderr()
+    assert "Error: --fail-rate must be between 0 and 1" in bad.stderr()
     first = mock_process()
     second = mock_process(wait=False)
     second.port = first.port

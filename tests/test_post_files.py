@@ -294,6 +294,23 @@ def test_script_of_uses_the_unnamed_block_only_without_named_scripts() -> None:
     assert script_of("no code", []) == (None, None)
 
 
+def test_script_option_finds_the_file_among_several_and_says_what_it_saw(tmp_path: Path) -> None:
+    answer = (
+        "```python title=src/render.py\nopen('done.txt', 'w').write('ok')\n```\n"
+        "```python title=helper.py\nX = 1\n```\n"
+    )
+    responses = write_jsonl(tmp_path / "r.jsonl", [chat_line("s", answer)])
+    for given in ("src/render.py", "./src/render.py", "render.py"):
+        out = tmp_path / given.replace("/", "_")
+        result = post("files", responses, "--out-dir", out, "--run", "--script", given)
+        assert result.returncode == 0, result.stderr
+        assert (out / "s" / "done.txt").read_text() == "ok", given
+    result = post("files", responses, "--out-dir", tmp_path / "x", "--run", "--script", "nope.py")
+    assert "no file nope.py in the answer (its .py files: helper.py, src/render.py)" in result.stderr
+    result = post("files", responses, "--out-dir", tmp_path / "y", "--run")
+    assert "several .py files (helper.py, src/render.py) and no main.py" in result.stderr
+
+
 @pytest.mark.timeout(20)
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
 def test_planted_fifo_is_refused_without_blocking(tmp_path: Path) -> None:

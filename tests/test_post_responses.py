@@ -62,6 +62,17 @@ def test_failures_in_every_shape(tmp_path: Path) -> None:
     assert not samples["d"].failed and samples["d"].text == "fine"
 
 
+def test_an_http_error_code_is_not_said_twice(tmp_path: Path) -> None:
+    line = {
+        "custom_id": "e",
+        "response": {"status_code": 500, "body": {"error": "x"}},
+        "error": {"code": "http_500", "message": "Internal server error"},
+    }
+    path = write_jsonl(tmp_path / "r.jsonl", [line])
+    [sample] = read_responses([str(path)])
+    assert sample.error == "HTTP 500: Internal server error"
+
+
 def test_tool_calls_and_content_parts(tmp_path: Path) -> None:
     call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
     line = chat_line("t", "", tool_calls=[call])

@@ -192,3 +192,17 @@ def test_comparison_side_by_side(runs: tuple[Path, Path], tmp_path: Path) -> Non
     _assert_self_contained(page)
     assert "a.jsonl" in page.text and "b.jsonl" in page.text
     assert any("(+20.0%)" in text for text in page.text)
+
+
+def test_changes_below_the_shown_precision_read_as_unchanged() -> None:
+    from jsonlbatch.report.tables import Cell, format_delta
+
+    assert format_delta(Cell(0.99999, "seconds", 1.0)) == ""  # not "(-0.0%)"
+    assert format_delta(Cell(0.5, "share", 0.50001)) == ""
+    assert format_delta(Cell(1.1, "seconds", 1.0)) == "+10.0%"
+
+
+def test_an_unknown_suffix_names_every_known_one(runs: tuple[Path, Path], tmp_path: Path) -> None:
+    result = cli("report", str(runs[0]), "-o", str(tmp_path / "report.pdf"))
+    assert result.returncode == 2
+    assert "name it .html, .md, .json or .txt" in result.stderr

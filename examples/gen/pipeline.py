@@ -22,4 +22,4 @@ with jsonlbatch.RequestWriter(out, model="mock", temperature=0.6, max_tokens=256
         w.add(task["id"], [{"role": "user", "content": prompt}], n=3)
 
 s = w.summary
-print(f"wrote {s.requests} requests to {s.path} (about {s.prompt_tokens_estimate} prompt tokens)")
+print(f"wrote {s.requests} request(s) to {s.path} (about {s.prompt_tokens_estimate:,} prompt tokens)")

@@ -25,6 +25,7 @@ from jsonlbatch.exec.router import POLICIES, RouteOptions
 from jsonlbatch.exec.shard import parse_shard
 from jsonlbatch.exec.summary import RunSummary
 from jsonlbatch.redact import register_secret
+from jsonlbatch.serve.backends import ServeOptions
 from jsonlbatch.serve.launch import serving
 
 #: Exit status of a run that finished but recorded failed requests.
@@ -201,8 +202,15 @@ def exec_(
         shard=parse_shard(shard) if shard else None,
         **kwargs,
     )
-    job = Job(requests, output, options)
+    # The block releases the output's lock (and removes its file) however the run ends, also
+    # when a launched server cannot even start (a busy --port).
+    with Job(requests, output, options) as job:
+        _run(job, serve, urls, options)
+
+
+def _run(job: Job, serve: ServeOptions | None, urls: tuple[str, ...], options: ExecOptions) -> None:
     scan = job.prepare()  # bad input fails here, before any server boots
+    output = job.output
     try:
         if serve is None or not scan.pending:
             summary = run_coroutine(job.run(handle_signals=True))

@@ -19,6 +19,7 @@ from jsonlbatch.gen.writer import (
     write_requests,
 )
 from jsonlbatch.records import CHAT_URL
+from jsonlbatch.stats import plural
 
 
 @click.command("gen")
@@ -240,10 +241,11 @@ def gen(
     ) as writer:
         write_requests(rows, writer, prompt, custom_id=custom_id)
     s = writer.summary
-    per = f" ({s.prompts} rows x {samples} samples)" if samples else ""
+    per = f" ({plural(s.prompts, 'row')} x {plural(samples, 'sample')})" if samples else ""
     click.echo(
-        f"wrote {s.requests} requests{per} to {s.path}; about {s.prompt_tokens_estimate:,} prompt"
-        f" tokens (estimated as characters / {CHARS_PER_TOKEN}, no tokenizer)",
+        f"wrote {plural(s.requests, 'request')}{per} to {s.path}; about "
+        f"{plural(s.prompt_tokens_estimate, 'prompt token')}"
+        f" (estimated as characters / {CHARS_PER_TOKEN}, no tokenizer)",
         err=True,
     )
     if s.requests == 0:

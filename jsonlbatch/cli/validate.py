@@ -8,6 +8,7 @@ import click
 
 from jsonlbatch.errors import count_problems
 from jsonlbatch.exec.validate import validate_file
+from jsonlbatch.stats import plural
 
 
 @click.command()
@@ -28,11 +29,12 @@ def validate(files: tuple[str, ...], kind: str) -> None:
     for path in files:
         report = validate_file("/dev/stdin" if path == "-" else path, kind)
         if report.ok:
-            click.echo(f"{path}: ok ({report.lines} {report.kind[:-1]} lines)")
+            click.echo(f"{path}: ok ({plural(report.lines, report.kind[:-1] + ' line')})")
             continue
         bad += 1
         for problem in report.problems:
             click.echo(str(problem))
         count = count_problems(len(report.problems))
-        click.echo(f"{path}: {count} problem(s) in {report.kind}", err=True)
+        noun = "problem" if count == "1" else "problems"
+        click.echo(f"{path}: {count} {noun} in {report.kind}", err=True)
     sys.exit(1 if bad else 0)

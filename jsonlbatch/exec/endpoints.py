@@ -30,6 +30,7 @@ from jsonlbatch.redact import redact, register_secret, secret_query_parameter
 #: concurrency (a 10% error rate, 256 in flight) must not pause a healthy server.
 SET_ASIDE_AFTER = 8
 SET_ASIDE_SECONDS = 2.0
+_MAX_LOOKUPS = 20  # models looked up by name per endpoint when its listing leaves them out
 
 _AZURE_SUFFIXES = (".openai.azure.com", ".cognitiveservices.azure.com", ".services.ai.azure.com")
 
@@ -142,6 +143,8 @@ class EndpointPool:
         #: Called with (endpoint, its model list or None) when an endpoint is first seen or comes
         #: back; returns why it must not be used, or None. Set by the executor's model check.
         self.admit: Callable[[Endpoint, list[str] | None], str | None] = lambda ep, names: None
+        #: Models the run asks for: one a listing leaves out is looked up by name (below).
+        self.wanted: list[str] = []
 
     # -- choosing ------------------------------------------------------------------------------
 
@@ -170,14 +173,15 @@ class EndpointPool:
         )
         if self._watchdog is not None:
             self._watchdog()
-        if waited > self._ready_timeout:
+        left = self._ready_timeout - waited
+        if left <= 0:
             raise ServerUnavailableError(
-                f"no server answered for {self._ready_timeout:.0f}s ({reasons}); the output is "
+                f"no server answered for {self._ready_timeout:g}s ({reasons}); the output is "
                 "valid: run the same command again to resume"
             )
         self._changed.clear()
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._changed.wait(), timeout=1.0)
+        with contextlib.suppress(asyncio.TimeoutError):  # never past the deadline
+            await asyncio.wait_for(self._changed.wait(), timeout=min(1.0, left))
 
     # -- health --------------------------------------------------------------------------------
 
@@ -223,13 +227,14 @@ class EndpointPool:
                 status, _ = await self.get(endpoint, "/health", timeout=30, root=True)
                 if status < 500:
                     status, body = await self.get(endpoint, "/v1/models", timeout=10)
+                names = await self._confirm(endpoint, model_ids(body)) if status == 200 else None
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
                 endpoint.down_reason = describe_exception(exc)
                 continue
             if status >= 500:
                 endpoint.down_reason = f"HTTP {status}"
                 continue
-            refusal = self.admit(endpoint, model_ids(body) if status == 200 else None)
+            refusal = self.admit(endpoint, names)
             if refusal:
                 endpoint.down_reason = refusal
             else:
@@ -260,11 +265,14 @@ class EndpointPool:
         Returns None when the server has no usable models listing (then the model check is
         skipped); raises AuthenticationError on 401/403.
         """
-        started = time.monotonic()
+        deadline = time.monotonic() + self._ready_timeout
         delay = 0.25
         while True:
+            # No attempt, and no pause between attempts, runs past the deadline: a dead port
+            # gives up within the ready timeout, not a backoff step later.
+            attempt = min(30.0, max(0.1, deadline - time.monotonic()))
             try:
-                status, body = await self.get(endpoint, "/v1/models", timeout=30)
+                status, body = await self.get(endpoint, "/v1/models", timeout=attempt)
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
                 status, body = None, describe_exception(exc)
             if status in (401, 403):
@@ -273,19 +281,38 @@ class EndpointPool:
                     "or OPENAI_API_KEY"
                 )
             if status is not None and status < 500:
-                return model_ids(body) if status == 200 else None
-            waited = time.monotonic() - started
+                return await self._confirm(endpoint, model_ids(body)) if status == 200 else None
+            left = deadline - time.monotonic()
             reason = body if status is None else f"HTTP {status}"
+            waited = self._ready_timeout - left
             self.status = f"waiting for {endpoint.name} ({waited:.0f}s): {reason}"
             if self._watchdog is not None:
                 self._watchdog()
-            if waited > self._ready_timeout:
+            if left <= 0:
                 raise ServerUnavailableError(
                     f"{endpoint.name} did not answer within --ready-timeout "
-                    f"{self._ready_timeout:.0f}s (last: {reason})"
+                    f"{self._ready_timeout:g}s (last: {reason})"
                 )
-            await asyncio.sleep(delay)
+            await asyncio.sleep(min(delay, left))
             delay = min(delay * 2, 5.0)
+
+    async def _confirm(self, endpoint: Endpoint, names: list[str] | None) -> list[str] | None:
+        """`names` plus the wanted models the listing leaves out but the server says it serves
+        when asked by name (`GET /v1/models/{id}`, OpenAI's "retrieve model"): proxies and the
+        mock started as `jsonlbatch serve --backend mock` answer any model yet list few."""
+        if names is None:
+            return None
+        extra = []
+        for model in [m for m in self.wanted if m not in names][:_MAX_LOOKUPS]:
+            try:
+                status, body = await self.get(
+                    endpoint, f"/v1/models/{urllib.parse.quote(model, safe='/')}", timeout=10
+                )
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+                break  # a transport error is the caller's to see on its next request
+            if status == 200 and isinstance(body, dict) and body.get("id") == model:
+                extra.append(model)
+        return names + extra
 
     async def preflight(self, grace: float = 2.0) -> list[tuple[Endpoint, list[str] | None]]:
         """Wait (up to the ready timeout) until some endpoint answers, give the others `grace`

@@ -22,6 +22,7 @@ import os
 import signal
 import sys
 import time
+import weakref
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -131,8 +132,17 @@ class ExecOptions:
         )  # fmt: skip
 
 
+#: Outputs locked by a prepared `Job` of this process (real path -> job), to tell a user whose
+#: own earlier job still holds the lock that it is theirs, not another run's.
+_PREPARED: weakref.WeakValueDictionary[str, Job] = weakref.WeakValueDictionary()
+
+
 class Job:
-    """One request file going to one response file."""
+    """One request file going to one response file.
+
+    `prepare` takes the output's lock; `run` releases it when it ends, and so do `close`,
+    leaving a `with Job(...) as job:` block, and dropping a job that was prepared but not run.
+    """
 
     def __init__(
         self,
@@ -146,9 +156,33 @@ class Job:
         self.input: InputScan | None = None
         self.existing: OutputScan | None = None
         self.source = self.requests  # what is read: the request file, or a copy of a pipe
-        self._lock = OutputLock(self.output)
         if same_file(self.requests, self.output):
             raise UsageError("the output file must not be the request file")
+        self._lock = OutputLock(self.output)
+        # Released when the job is garbage collected: a prepared job that is dropped must not
+        # keep its output locked for the rest of the process.
+        self._release_on_drop = weakref.finalize(self, self._lock.release)
+
+    def __enter__(self) -> Job:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _acquire(self) -> None:
+        key = os.path.realpath(self.output)
+        try:
+            self._lock.acquire()
+        except OutputError:
+            holder = _PREPARED.get(key)
+            if holder is not None and holder is not self:
+                raise OutputError(
+                    f"{self.output} is locked by another Job of this same process, prepared "
+                    "but not yet run or closed: run it, call its close(), or use "
+                    "`with Job(...) as job:` so the lock is released when the block ends"
+                ) from None
+            raise
+        _PREPARED[key] = self
 
     def prepare(self) -> InputScan:
         """Validate the options, the existing output and the whole input.
@@ -165,7 +199,7 @@ class Job:
 
             k, n = opts.shard
             select = lambda cid: in_shard(cid, k, n)  # noqa: E731
-        self._lock.acquire()
+        self._acquire()
         try:
             removed = remove_stale_rewrites(self.output)
             if removed:
@@ -204,6 +238,9 @@ class Job:
         output, so a later `run` scans again (and resumes) instead of resending.
         """
         self._lock.release()
+        key = os.path.realpath(self.output)
+        if _PREPARED.get(key) is self:
+            del _PREPARED[key]
         self.input = self.existing = None
         if self.source != self.requests:  # the copy of a pipe: it cannot be re-read anyway
             with contextlib.suppress(OSError):
@@ -467,8 +504,10 @@ class _Run:
 
         Endpoints that come up later are checked by the same rule before they get requests.
         """
-        answered = await pool.preflight()
         wanted = self.opts.model
+        if wanted != "auto":
+            pool.wanted = [wanted] if wanted else list(self.scan.models)
+        answered = await pool.preflight()
         known = [(ep, names) for ep, names in answered if names is not None]
         for ep, names in answered:
             if names is None:

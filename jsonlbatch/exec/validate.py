@@ -48,6 +48,12 @@ def validate_file(path: str | os.PathLike[str], kind: str = "auto") -> Validatio
             if not exc.problems:  # unreadable, not a file of lines: no report to give
                 raise
             report.problems = exc.problems
+            last = report.problems[-1]
+            if last.message.startswith("bad JSON") and last.line == _unterminated_tail(source):
+                message = "torn last line (no newline at its end: a write cut short); exec "
+                report.problems[-1] = Problem(
+                    last.path, last.line, None, message + "refuses the file until it is whole"
+                )
         else:
             report.lines = scan.total
         return report

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import os
 import tempfile
+from array import array
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,10 +49,13 @@ CHARS_PER_TOKEN = 4
 class RequestError(InputError):
     """A request that cannot be written: `fields` holds (field, message) pairs saying why."""
 
-    def __init__(self, custom_id: str, fields: list[tuple[str, str]]) -> None:
+    def __init__(
+        self, custom_id: str, fields: list[tuple[str, str]], *, repeats: int | None = None
+    ) -> None:
         super().__init__(f"request {custom_id!r}: " + "; ".join(f"{f}: {m}" for f, m in fields))
         self.custom_id = custom_id
         self.fields = fields
+        self.repeats = repeats  # a repeated id: the 0-based number of the prompt that had it
 
 
 @dataclass(frozen=True)
@@ -185,7 +189,7 @@ class RequestWriter:
         # appended to the last user message: a prompt suffix such as " /no_think"
         self.suffix = (suffix or "") + (f" {NO_THINK_SUFFIX}" if no_think_suffix else "")
         self._base = base
-        self._seen: set[str] = set()
+        self._seen: dict[str, int] = {}  # id -> number of the prompt that wrote it
         self._prompts = self._requests = self._chars = 0
         self._refuse_overwrite()
         self._file, self._tmp = self._open_temp()
@@ -210,8 +214,10 @@ class RequestWriter:
         requests = self._expand(custom_id, body)
         ids = [cid for cid, _ in requests]
         for cid in ids:
-            if cid in self._seen:
-                raise RequestError(cid, [("custom_id", "repeats an earlier request's id")])
+            earlier = self._seen.get(cid)
+            if earlier is not None:
+                message = f"{cid!r} repeats the id of prompt {earlier + 1} (in writing order)"
+                raise RequestError(cid, [("custom_id", message)], repeats=earlier)
         # Samples differ only in custom_id suffix, seed, temperature and n, none of which the
         # check looks at: checking the first request checks them all.
         first_id, first_body = requests[0]
@@ -225,7 +231,7 @@ class RequestWriter:
             except orjson.JSONEncodeError as exc:
                 raise RequestError(cid, [("body", f"not JSON-serializable: {exc}")]) from None
         self._file.write(b"".join(lines))
-        self._seen.update(ids)
+        self._seen.update(dict.fromkeys(ids, self._prompts))
         self._prompts += 1
         self._requests += len(lines)
         self._chars += _text_chars(payload) * len(lines)
@@ -323,15 +329,35 @@ def write_requests(
 ) -> None:
     """One prompt per row into `writer`; errors name the row. The id is the rendered
     `custom_id` template, else the row's natural key (a response's id), else its index."""
+    check_prompt(prompt, writer.url)  # a usage error up front, not one per row
+    first = writer.summary.prompts
+    row_of_prompt = array("q")  # 8 bytes a row: names the earlier row of a repeated id
     for row in rows:
         cid = row_custom_id(row, custom_id)
         content = prompt.build(row)
         try:
             writer.add(cid, content)
         except RequestError as exc:
+            fields = exc.fields
+            if exc.repeats is not None and exc.repeats >= first:
+                earlier = row_of_prompt[exc.repeats - first]
+                fields = [("custom_id", f"{exc.custom_id!r} repeats the id of row {earlier}")]
             raise InputError(
-                "cannot write the request of a row", [row.problem(f, m) for f, m in exc.fields]
+                "cannot write the request of a row", [row.problem(f, m) for f, m in fields]
             ) from None
+        row_of_prompt.append(row.index)
+
+
+def check_prompt(prompt: Prompt, url: str) -> None:
+    """Refuse chat-only prompt parts (a system text, a messages template) for the endpoints
+    that take a plain prompt, before any row is read."""
+    if url == CHAT_URL or (prompt.system is None and prompt.messages is None):
+        return
+    what = "--system" if prompt.system is not None else "--messages"
+    raise UsageError(
+        f"{what} builds chat messages, but {url} takes a prompt string: use --template or "
+        f"--prompt alone, or --url {CHAT_URL}"
+    )
 
 
 def row_custom_id(row: Row, custom_id: RowTemplate | None = None) -> str:

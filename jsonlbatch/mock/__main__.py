@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import sys
 
@@ -73,7 +74,13 @@ def config_from_args(args: argparse.Namespace) -> MockConfig:
     fields = {name: getattr(args, name) for _, name, *_ in (*_OPTIONS, *_SWITCHES)}
     fields["api_key"] = fields["api_key"] or os.environ.get(MOCK_API_KEY_ENV) or None
     fields["gpu"] = gpu.from_args(args)
-    return MockConfig(served_models=tuple(args.served_model_name), **fields)
+    try:
+        return MockConfig(served_models=tuple(args.served_model_name), **fields)
+    except UsageError as exc:  # MockConfig names its fields; a command-line user typed flags
+        message = str(exc)
+        for flag, name, *_ in (*_OPTIONS, *_SWITCHES):
+            message = re.sub(rf"\b{name}\b", flag, message)
+        raise UsageError(message) from None
 
 
 def _interrupt(signum: int, frame: object) -> None:

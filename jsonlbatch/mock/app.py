@@ -444,6 +444,19 @@ class _Mock:
             return self.respond(_UNAUTHORIZED, 401)
         return self.respond(self.models)
 
+    async def model_card(self, request: web.Request) -> web.StreamResponse:
+        """`GET /v1/models/{id}` (OpenAI's "retrieve model"): how a client learns that a mock
+        started with `accept_any_model` serves a name its listing does not show."""
+        self.stats.requests["/v1/models/{id}"] += 1
+        if not self.authorized(request):
+            return self.respond(_UNAUTHORIZED, 401)
+        name = request.match_info["model"]
+        if name not in self.served and not self.config.accept_any_model:
+            missing = f"The model `{name}` does not exist."
+            return self.respond(_error_body(404, missing, "NotFoundError", "model"), 404)
+        card = {"id": name, "object": "model", "owned_by": "jsonlbatch-mock", "root": name}
+        return self.respond(orjson.dumps(card))
+
     async def health(self, request: web.Request) -> web.StreamResponse:
         self.stats.requests[request.path] += 1
         status = 503 if self.warming() else 200
@@ -473,6 +486,7 @@ def create_app(config: MockConfig) -> web.Application:
     add.add_post("/v1/completions", mock.completions)
     add.add_post("/v1/embeddings", mock.embeddings)
     add.add_get("/v1/models", mock.models_list)
+    add.add_get("/v1/models/{model:.+}", mock.model_card)
     add.add_get("/health", mock.health)
     add.add_get("/ping", mock.health)
     add.add_get("/version", mock.version_info)

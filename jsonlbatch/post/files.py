@@ -25,7 +25,8 @@ from jsonlbatch.post.render import SpecError, format_of, require_libraries
 from jsonlbatch.post.render import render as render_spec
 from jsonlbatch.post.responses import Sample, check_responses, read_responses
 from jsonlbatch.post.sandbox import RunLimits, run_script
-from jsonlbatch.post.summary import FAILED, TRUNCATED, Unused, plural
+from jsonlbatch.post.summary import FAILED, TRUNCATED, Unused
+from jsonlbatch.stats import plural
 
 NO_FILES = "no files found"
 REFUSED = "file refused"
@@ -156,7 +157,7 @@ def script_of(
     """
     names = {_rel(s.path) for s in specs if not s.problem} - {None}
     if script:
-        return (script if script in names else None), None
+        return _named_script(script, names), None
     python = [n for n in names if n.endswith(".py")]
     if len(python) == 1:
         return python[0], None
@@ -164,6 +165,29 @@ def script_of(
         return ("main.py" if "main.py" in names else None), None
     code = _unnamed_python(text)
     return ("main.py", code) if code is not None else (None, None)
+
+
+def _named_script(script: str, names: set[str]) -> str | None:
+    """The file `--script` names: as written (`./render.py` too), else the one file of that
+    name in a folder (`--script render.py` for `src/render.py`)."""
+    wanted = _rel(script) or script
+    if wanted in names:
+        return wanted
+    same = [n for n in names if os.path.basename(n) == wanted]
+    return same[0] if len(same) == 1 else None
+
+
+def no_script_reason(specs: Sequence[FileSpec], script: str | None) -> str:
+    """Why `--run` found nothing to run in an answer, naming its .py files."""
+    python = sorted(
+        n for n in ({_rel(s.path) for s in specs if not s.problem} - {None}) if n.endswith(".py")
+    )
+    listed = ", ".join(python[:5]) + (", ..." if len(python) > 5 else "")
+    if script:
+        return f"no file {script} in the answer" + (f" (its .py files: {listed})" if python else "")
+    if python:
+        return f"several .py files ({listed}) and no main.py; pick one with --script"
+    return "no .py file and no python block"
 
 
 def _unnamed_python(text: str) -> str | None:
@@ -330,9 +354,7 @@ class _Job:
         if to_run:
             records += self._run(sample, specs, records, to_run, fallback, folder, ids)
         elif self.run:
-            unused.add(
-                NO_SCRIPT, sample.sample_id, "several or no .py files; pick one with --script"
-            )
+            unused.add(NO_SCRIPT, sample.sample_id, no_script_reason(specs, self.script))
         for r in records:
             if r.status == "refused":
                 unused.add(REFUSED, sample.sample_id, f"{r.path}: {r.reason}")

@@ -24,7 +24,8 @@ from jsonlbatch.post.edits import extract_edits
 from jsonlbatch.post.outputs import JsonlWriter
 from jsonlbatch.post.paths import UnsafePathError
 from jsonlbatch.post.responses import Group, KeyFunc, Sample, iter_groups
-from jsonlbatch.post.summary import FAILED, TRUNCATED, Unused, plural
+from jsonlbatch.post.summary import FAILED, TRUNCATED, Unused
+from jsonlbatch.stats import plural
 
 NO_SOURCE = "original files not available"
 NO_EDITS = "no edits found"

@@ -20,11 +20,6 @@ TORN = "torn last line (file still being written?)"
 _EXAMPLES = 3
 
 
-def plural(count: int, word: str) -> str:
-    """`1 sample`, `2 samples`."""
-    return f"{count} {word}" if count == 1 else f"{count} {word}s"
-
-
 class UnusableSamplesError(JsonlbatchError):
     """`--strict` was given and some samples could not be used."""
 

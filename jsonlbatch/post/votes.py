@@ -35,7 +35,8 @@ from jsonlbatch.post.extract import (
 )
 from jsonlbatch.post.outputs import JsonlWriter
 from jsonlbatch.post.responses import Group, KeyFunc, Sample, as_text, iter_groups, json_lines
-from jsonlbatch.post.summary import FAILED, TRUNCATED, Unused, plural
+from jsonlbatch.post.summary import FAILED, TRUNCATED, Unused
+from jsonlbatch.stats import plural
 
 NOTHING_EXTRACTED = "nothing extracted"
 NO_RESPONSES = "gold id without responses (left out of the accuracy)"

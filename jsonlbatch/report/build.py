@@ -64,8 +64,8 @@ def format_for(path: str | None, fmt: str | None) -> str:
     suffix = os.path.splitext(path)[1].lower()
     if suffix not in _SUFFIXES:
         raise UsageError(
-            f"cannot tell the report format from {path!r}: name it .html, .md or .json, or "
-            "pass --format"
+            f"cannot tell the report format from {path!r}: name it .html, .md, .json or .txt, "
+            "or pass --format"
         )
     return _SUFFIXES[suffix]
 

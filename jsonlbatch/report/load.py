@@ -12,7 +12,6 @@ their tokens come from `usage`, they just have no timings.
 from __future__ import annotations
 
 import math
-import os
 from array import array
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
@@ -23,7 +22,7 @@ from typing import Any
 import orjson
 
 from jsonlbatch.errors import InputError, Problem, UsageError
-from jsonlbatch.jsonl import iter_lines
+from jsonlbatch.jsonl import ends_with_newline, iter_lines
 from jsonlbatch.records import check_response, is_failure, reasoning_tokens
 
 #: Per-request columns, each an `array('d')` aligned with the successful requests.
@@ -223,16 +222,10 @@ class _JsonLines:
             else:
                 yield number, obj
         if pending is not None:
-            if self.allow_torn and not _ends_with_newline(self.path):
+            if self.allow_torn and not ends_with_newline(self.path):
                 self.torn = True
             else:
                 self.problems.append(pending)
-
-
-def _ends_with_newline(path: str) -> bool:
-    with open(path, "rb") as f:
-        f.seek(-1, os.SEEK_END)
-        return f.read(1) == b"\n"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -77,10 +77,12 @@ def format_delta(cell: Cell) -> str:
     if not isinstance(value, (int, float)) or not isinstance(base, (int, float)) or value == base:
         return ""
     if cell.kind == "share":
-        return f"{(value - base) * 100:+.1f} pp"
-    if base == 0:
+        text = f"{(value - base) * 100:+.1f} pp"
+    elif base == 0:
         return ""
-    return f"{(value - base) / abs(base) * 100:+.1f}%"
+    else:
+        text = f"{(value - base) / abs(base) * 100:+.1f}%"
+    return "" if text[1:].startswith("0.0") else text  # below the shown precision: unchanged
 
 
 def format_cell(cell: Cell) -> str:

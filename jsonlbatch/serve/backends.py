@@ -18,6 +18,7 @@ from jsonlbatch.mock.app import MOCK_API_KEY_ENV
 from jsonlbatch.redact import redact, register_secret
 
 BACKEND_NAMES = ("mock", "vllm", "sglang")
+MOCK_NAME = "mock"  # what the mock lists in /v1/models when no --served-model-name pins one
 DP_MODES = ("native", "replicas")
 
 
@@ -157,7 +158,12 @@ def _sglang(opts: ServeOptions, port: int, dp: int) -> tuple[list[str], dict[str
 
 
 def _mock(opts: ServeOptions, port: int, dp: int) -> tuple[list[str], dict[str, str]]:
-    argv = ["--host", opts.host, "--port", str(port), "--served-model-name", *opts.served_names]
+    # Without a name to pin, the mock lists "mock" and answers whatever model a request names
+    # (as `exec --serve mock` does), so generated requests run against `serve --backend mock`.
+    names = opts.served_names or (MOCK_NAME,)
+    argv = ["--host", opts.host, "--port", str(port), "--served-model-name", *names]
+    if not opts.served_names:
+        argv.append("--accept-any-model")
     return argv, ({MOCK_API_KEY_ENV: opts.api_key} if opts.api_key else {})
 
 

@@ -22,7 +22,6 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +31,7 @@ from jsonlbatch.errors import Interrupted, LaunchError, UsageError
 from jsonlbatch.exec.endpoints import model_ids
 from jsonlbatch.redact import redact
 from jsonlbatch.serve import reaper
-from jsonlbatch.serve.backends import BACKENDS, Command, ServeOptions, build_command
+from jsonlbatch.serve.backends import BACKENDS, MOCK_NAME, Command, ServeOptions, build_command
 from jsonlbatch.serve.gpus import (
     describe_holders,
     gpu_groups,
@@ -270,7 +269,7 @@ class Servers:
                     f"waiting for server ({waited:.0f}s of {timeout:g}s, {ready}/"
                     f"{len(self.processes)} ready) {why}"
                 )
-                time.sleep(delay)
+                time.sleep(min(delay, max(0.0, timeout - waited)))  # not past the deadline
                 delay = min(delay * 1.5, 1.0)
         finally:
             status.close()
@@ -344,8 +343,6 @@ def plan_servers(options: ServeOptions, *, log_stem: str | None = None) -> list[
     Raises UsageError for anything that cannot work (TP x DP beyond the GPUs, a taken --port).
     """
     backend = BACKENDS[options.backend]
-    if not options.served_names and options.backend == "mock":
-        options = replace(options, served_model_name=("mock",))  # as `python -m jsonlbatch.mock`
     replicas = options.dp_mode == "replicas"
     # The mock uses no GPU: only an explicit --gpus pins it (handy to try replicas out).
     gpus = visible_gpus(options.gpus, None if backend.needs_gpus else {}, detect=backend.needs_gpus)
@@ -379,7 +376,7 @@ def plan_servers(options: ServeOptions, *, log_stem: str | None = None) -> list[
                 command,
                 f"http://{host}:{port}/v1",
                 logs[i],
-                served_name=options.served_names[0],
+                served_name=(options.served_names or (MOCK_NAME,))[0],
                 api_key=options.api_key,
                 gpus=group,
             )

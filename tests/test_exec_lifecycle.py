@@ -1,0 +1,102 @@
+"""A job's lifecycle as a newcomer meets it: the output lock from `Job.prepare` to the end of the
+process, the ready timeout against a dead port, and `serve --backend mock` answering any model."""
+
+from __future__ import annotations
+
+import gc
+import socket
+import time
+
+import pytest
+from batchutil import exec_cli, read_results, start_cli, write_requests
+from conftest import free_port
+
+from jsonlbatch import execute
+from jsonlbatch.errors import OutputError, ServerUnavailableError
+from jsonlbatch.exec.job import ExecOptions, Job
+
+
+def _lock_files(folder):
+    return sorted(p.name for p in folder.iterdir() if p.name.endswith(".lock"))
+
+
+def test_a_prepared_job_in_the_same_process_is_named_as_the_holder(tmp_path, mock_server):
+    url = mock_server()
+    requests, out = tmp_path / "req.jsonl", tmp_path / "out.jsonl"
+    write_requests(requests, 3)
+    job = Job(requests, out, ExecOptions(urls=[url], quiet=True))
+    job.prepare()
+    with pytest.raises(OutputError, match="another Job of this same process") as caught:
+        execute(requests, out, urls=[url], quiet=True)
+    assert "with Job(" in str(caught.value) and "pid" not in str(caught.value)
+    job.close()
+    assert execute(requests, out, urls=[url], quiet=True).succeeded == 3
+    assert _lock_files(tmp_path) == []
+
+
+def test_job_is_a_context_manager_and_a_dropped_job_frees_the_output(tmp_path, mock_server):
+    url = mock_server()
+    requests, out = tmp_path / "req.jsonl", tmp_path / "out.jsonl"
+    write_requests(requests, 3)
+    with Job(requests, out, ExecOptions(urls=[url], quiet=True)) as job:
+        assert job.prepare().pending
+        assert _lock_files(tmp_path) == [".out.jsonl.lock"]
+    assert _lock_files(tmp_path) == []
+
+    job = Job(requests, out, ExecOptions(urls=[url], quiet=True))
+    job.prepare()
+    del job  # prepared, never run, never closed
+    gc.collect()
+    assert _lock_files(tmp_path) == []
+    assert execute(requests, out, urls=[url], quiet=True).succeeded == 3
+
+
+def test_a_failed_serve_leaves_no_lock_file(tmp_path):
+    write_requests(tmp_path / "req.jsonl", 2)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = exec_cli(
+            tmp_path / "req.jsonl", tmp_path / "out.jsonl", "--serve", "mock", "--port", str(port)
+        )
+    assert proc.returncode == 2, proc.stderr
+    assert "not available" in proc.stderr
+    assert _lock_files(tmp_path) == []
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_ready_timeout_is_honoured_against_a_dead_port(tmp_path):
+    port = free_port()  # nobody listens there
+    write_requests(tmp_path / "req.jsonl", 2)
+    started = time.monotonic()
+    with pytest.raises(ServerUnavailableError, match="--ready-timeout 2s"):
+        execute(
+            tmp_path / "req.jsonl",
+            tmp_path / "out.jsonl",
+            urls=[f"http://127.0.0.1:{port}/v1"],
+            ready_timeout=2.0,
+            quiet=True,
+        )
+    # The backoff between probes used to run past the deadline (2 s took 3.75 s).
+    assert time.monotonic() - started < 3.0
+
+
+def test_serve_backend_mock_answers_the_models_requests_name(tmp_path):
+    write_requests(tmp_path / "req.jsonl", 4, model="Qwen/Qwen3-8B")
+    server = start_cli("serve", "--backend", "mock", "--port", str(free_port()), "--quiet")
+    url = server.stdout.readline().strip()
+    assert url.startswith("http://127.0.0.1:"), server.stderr.read()
+    proc = exec_cli(tmp_path / "req.jsonl", tmp_path / "out.jsonl", "--url", url, "-q")
+    assert proc.returncode == 0, proc.stderr
+    results = read_results(tmp_path / "out.jsonl")
+    assert {r["response"]["body"]["model"] for r in results.values()} == {"Qwen/Qwen3-8B"}
+
+
+def test_a_pinned_mock_name_still_refuses_other_models(tmp_path, mock_server):
+    url = mock_server(served_models=("pinned",))
+    write_requests(tmp_path / "req.jsonl", 2, model="Qwen/Qwen3-8B")
+    proc = exec_cli(tmp_path / "req.jsonl", tmp_path / "out.jsonl", "--url", url)
+    assert proc.returncode != 0
+    assert "'Qwen/Qwen3-8B' (2 requests use it) is not served" in proc.stderr
+    assert "it serves: pinned" in proc.stderr
