@@ -56,7 +56,14 @@ def test_markdown(runs: tuple[Path, Path], tmp_path: Path) -> None:
     text = target.read_text()
     assert text.startswith("# jsonlbatch report: a.jsonl\n")
     titles = [line[3:] for line in text.splitlines() if line.startswith("## ")]
-    assert titles[:4] == ["Outcomes", "Finish reasons (choices)", "Tokens", "Throughput"]
+    assert titles[:5] == [
+        "At a glance",
+        "Outcomes",
+        "Finish reasons (choices)",
+        "Tokens",
+        "Throughput",
+    ]
+    assert "| requests ok | 50 |" in text and "| TTFT p99 | 1.000 s |" in text
     assert {"Latency", "SLA", "Cost", "By endpoint"} <= set(titles)
     # Every table is well formed: each row has the header's number of cells.
     for block in text.split("\n## ")[1:]:
@@ -127,11 +134,12 @@ def test_html_is_self_contained_with_embedded_charts(
     page = _parse(target)
     _assert_self_contained(page)
     images = [attrs for tag, attrs in page.tags if tag == "img"]
-    assert [img["alt"] for img in images] == [
-        "Latency histograms",
-        "Latency CDFs",
-        "Throughput over time",
-    ]
+    alts = [img["alt"] for img in images]
+    assert alts[:2] == ["Requests/s over time", "Output tokens/s over time"]
+    for name in ("E2E latency", "TTFT", "TPOT"):
+        assert f"{name}: distribution" in alts and f"{name}: CDF" in alts
+    text = "".join(page.text)
+    assert text.index("requests ok") < text.index("Charts") < text.index("Outcomes")
     for img in images:
         src = img["src"] or ""
         assert src.startswith("data:image/png;base64,")
@@ -153,6 +161,7 @@ def test_html_without_matplotlib_still_written_and_says_so(
         env=ENV,
     )
     _ok(result)
+    assert "no charts: matplotlib is missing (pip install 'jsonlbatch[report]')" in result.stderr
     page = _parse(target)
     _assert_self_contained(page)
     assert not [tag for tag, _ in page.tags if tag == "img"]
@@ -171,7 +180,7 @@ def test_comparison_side_by_side(runs: tuple[Path, Path], tmp_path: Path) -> Non
     assert rows["succeeded"].split() == ["succeeded", "50", "60", "(+20.0%)"]
     assert rows["truncated (length) share"].split()[-4:] == ["20.0%", "10.0%", "(-10.0", "pp)"]
     assert rows["failed"].split() == ["failed", "1", "1"]  # unchanged: no delta
-    latency = [line.split() for line in out.splitlines() if line.startswith("TTFT")]
+    latency = [r for r in map(str.split, lines) if r[:1] == ["TTFT"] and r[1].endswith(".jsonl")]
     assert [row[1] for row in latency] == ["a.jsonl", "b.jsonl"]
 
     target = tmp_path / "compare.json"
@@ -191,7 +200,7 @@ def test_comparison_side_by_side(runs: tuple[Path, Path], tmp_path: Path) -> Non
     page = _parse(html)
     _assert_self_contained(page)
     assert "a.jsonl" in page.text and "b.jsonl" in page.text
-    assert any("(+20.0%)" in text for text in page.text)
+    assert "+20.0%" in page.text  # the change of succeeded, beside the value
 
 
 def test_changes_below_the_shown_precision_read_as_unchanged() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from jsonlbatch.report import FORMATS, build_report, parse_price, parse_sla, render, write_report
+from jsonlbatch.report.charts import INSTALL_HINT, charts_available
 
 
 @click.command()
@@ -66,3 +67,5 @@ def report(
         return
     used = write_report(built, output, fmt)
     click.echo(f"wrote {used} report to {output}", err=True)
+    if used == "html" and not charts_available():  # said in the page too, but who looks there
+        click.echo(f"note: the page has no charts: matplotlib is missing ({INSTALL_HINT})", err=True)

@@ -1,27 +1,60 @@
 """Charts for the HTML report, drawn by matplotlib (the optional `report` extra) as PNG bytes.
 
-Only matplotlib's object API is used (no pyplot), so drawing changes no global backend state
-and needs no display. Runs of a comparison share each chart, one colour per run.
+One small figure per chart, so the page can lay them out in a grid that reflows with the window:
+throughput over time first (completed requests/s and output tokens/s, binned to a round width
+that holds enough completions to read as a rate), then a histogram and a CDF per latency metric
+with the SLA bounds drawn in. Runs of a comparison share each chart, one colour per run; a
+single run gets no legend. Only matplotlib's object API is used (no pyplot), so drawing changes
+no global backend state and needs no display.
 """
 
 from __future__ import annotations
 
 import io
+import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from jsonlbatch.report.model import Report
+from jsonlbatch.report.options import format_duration
 from jsonlbatch.report.tables import LATENCY_NAMES, present_latencies
 
 INSTALL_HINT = "pip install 'jsonlbatch[report]'"
-_MAX_BINS = 60
+
+_SIZE = (6.4, 3.3)  # inches; drawn at _DPI and shown at about 100 px an inch: sharp on HiDPI
+_DPI = 150
+_COLORS = ("#0969da", "#e16f24", "#1a7f37", "#8250df", "#bf3989", "#57606a")
+_SLA_COLOR = "#cf222e"
+_STYLE = {
+    "font.size": 10,
+    "axes.titlesize": 11.5,
+    "axes.titleweight": "bold",
+    "axes.titlelocation": "left",
+    "axes.labelsize": 10,
+    "axes.labelcolor": "#424a53",
+    "axes.edgecolor": "#8c959f",
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.grid": True,
+    "grid.color": "#d8dee4",
+    "grid.linewidth": 0.7,
+    "xtick.color": "#424a53",
+    "ytick.color": "#424a53",
+    "legend.frameon": False,
+    "legend.fontsize": 9,
+}
+#: Throughput bins: at least this many completions each on average, and at most _MAX_BINS.
+_PER_BIN, _MAX_BINS, _MIN_BINS = 40, 60, 5
+_NICE_WIDTHS = (0.05, 0.1, 0.2, 0.25, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800)
 
 
 @dataclass
 class Chart:
     title: str
     png: bytes
+    alt: str = ""  # what the chart shows, for screen readers and a missing image
 
 
 def charts_available() -> bool:
@@ -33,62 +66,66 @@ def charts_available() -> bool:
 
 
 def draw_charts(report: Report) -> list[Chart]:
-    """Latency histograms and CDFs, and throughput over time; empty if nothing was timed."""
+    """Throughput over time, then a histogram and a CDF per measured latency; empty if nothing
+    was timed."""
+    import matplotlib
     from matplotlib.figure import Figure
 
-    names = present_latencies(report.runs)
-    charts = []
-    if names:
-        series = {name: _latency_series(report, name) for name in names}
-        charts.append(Chart("Latency histograms", _latency(Figure, series, cdf=False)))
-        charts.append(Chart("Latency CDFs", _latency(Figure, series, cdf=True)))
-    if any(run.wall_s for run in report.runs):
-        charts.append(Chart("Throughput over time", _throughput(Figure, report)))
+    charts: list[Chart] = []
+    with matplotlib.rc_context(_STYLE):
+        if any(run.wall_s for run in report.runs):
+            charts += _throughput(Figure, report)
+        for name in present_latencies(report.runs):
+            series = _latency_series(report, name)
+            bounds = [sla.bound_s for sla in report.sla if sla.metric == name]
+            title = LATENCY_NAMES[name]
+            charts.append(
+                Chart(
+                    f"{title}: distribution",
+                    _histogram(Figure, title, series, bounds),
+                    f"Histogram of {title} per request",
+                )
+            )
+            charts.append(
+                Chart(
+                    f"{title}: CDF",
+                    _cdf(Figure, title, series, bounds),
+                    f"Share of requests within each {title}",
+                )
+            )
     return charts
 
 
-def _latency_series(report: Report, name: str) -> list[tuple[str, list[float]]]:
-    """(run label, sorted latencies in ms) of the runs that measured `name`."""
-    series = [
-        (data.label, sorted(v * 1000 for v in data.columns[name] if not math.isnan(v)))
-        for data in report.data
+# -- throughput --------------------------------------------------------------------------------
+
+
+def bin_width(span_s: float, completions: int) -> float:
+    """A round bin width (seconds) for rates over `span_s`: wide enough that a bin holds about
+    `_PER_BIN` completions (so a steady run draws a steady line, not counting noise), narrow
+    enough for `_MIN_BINS`..`_MAX_BINS` bins."""
+    if span_s <= 0:
+        return 1.0
+    bins = max(_MIN_BINS, min(_MAX_BINS, completions // _PER_BIN))
+    wanted = span_s / bins
+    return next((w for w in _NICE_WIDTHS if w >= wanted), math.ceil(wanted / 3600) * 3600.0)
+
+
+def _throughput(figure: Any, report: Report) -> list[Chart]:
+    timed = [
+        (data, run)
+        for data, run in zip(report.data, report.runs, strict=True)
+        if run.wall_s and run.start_time is not None
     ]
-    return [(label, values) for label, values in series if values]
-
-
-def _latency(
-    figure: Any, series_by_name: dict[str, list[tuple[str, list[float]]]], *, cdf: bool
-) -> bytes:
-    names = list(series_by_name)
-    fig = figure(figsize=(4.2 * len(names), 3.4), layout="constrained")
-    axes = fig.subplots(1, len(names), squeeze=False)[0]
-    for ax, name in zip(axes, names, strict=True):
-        series = series_by_name[name]
-        # One set of bin edges for every run, so bars of a comparison line up.
-        span = (min(v[0] for _, v in series), max(v[-1] for _, v in series))
-        bins = min(40, max(5, max(len(v) for _, v in series) // 5))
-        for label, values in series:
-            if cdf:
-                shares = [(i + 1) / len(values) for i in range(len(values))]
-                ax.step(values, shares, where="post", label=label)
-            else:
-                ax.hist(values, bins=bins, range=span, alpha=0.55, label=label)
-        ax.set_title(LATENCY_NAMES[name])
-        ax.set_xlabel("ms")
-        ax.set_ylabel("share of requests" if cdf else "requests")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize="small")
-    return _png(fig)
-
-
-def _throughput(figure: Any, report: Report) -> bytes:
-    fig = figure(figsize=(9, 3.4), layout="constrained")
-    requests_ax, tokens_ax = fig.subplots(1, 2)
-    for data, run in zip(report.data, report.runs, strict=True):
-        if not run.wall_s or run.start_time is None:
-            continue
-        bins = max(1, min(_MAX_BINS, run.succeeded // 5))
-        width = run.wall_s / bins
+    span = max(run.wall_s or 0.0 for _, run in timed)
+    width = bin_width(span, max(run.succeeded for _, run in timed))
+    many = len(report.runs) > 1
+    req_fig, req_ax = _axes(figure)
+    tok_fig, tok_ax = _axes(figure)
+    for i, (data, run) in enumerate(timed):
+        assert run.start_time is not None and run.wall_s is not None
+        # The last bin runs to the end of the run and spans half to one and a half widths: a
+        # sliver of a bin would turn a few completions into a spike.
+        bins = max(1, int(run.wall_s / width + 0.5))
         done, tokens = [0] * bins, [0.0] * bins
         for end, count in zip(data.columns["end"], data.columns["completion"], strict=True):
             if math.isnan(end):
@@ -96,19 +133,146 @@ def _throughput(figure: Any, report: Report) -> bytes:
             slot = min(bins - 1, max(0, int((end - run.start_time) / width)))
             done[slot] += 1
             tokens[slot] += 0.0 if math.isnan(count) else count
-        xs = [(i + 0.5) * width for i in range(bins)]
-        requests_ax.plot(xs, [d / width for d in done], marker=".", label=data.label)
-        tokens_ax.plot(xs, [t / width for t in tokens], marker=".", label=data.label)
-    for ax, title in ((requests_ax, "requests/s"), (tokens_ax, "output tokens/s")):
-        ax.set_title(f"{title} (completed, per interval)")
-        ax.set_xlabel("seconds since the run started")
+        edges = [k * width for k in range(bins)] + [run.wall_s]
+        spans = [b - a for a, b in itertools.pairwise(edges)]  # the last may be short
+        color = _COLORS[i % len(_COLORS)]
+        for ax, counts, mean in (
+            (req_ax, done, run.requests_per_s),
+            (tok_ax, tokens, run.output_tokens_per_s),
+        ):
+            rates = [c / s if s > 0 else 0.0 for c, s in zip(counts, spans, strict=True)]
+            ax.stairs(rates, edges, color=color, linewidth=1.8, label=data.label, baseline=None)
+            ax.fill_between(
+                edges, [*rates, rates[-1]], step="post", color=color, alpha=0.08, linewidth=0
+            )
+            if mean:
+                ax.axhline(mean, color=color, linestyle=":", linewidth=1.2)
+    note = f"completed per {format_duration(width)}; dotted: the run's mean"
+    charts = []
+    for fig, ax, title in (
+        (req_fig, req_ax, "Requests/s"),
+        (tok_fig, tok_ax, "Output tokens/s"),
+    ):
+        ax.set_title(title)
+        ax.set_xlabel(f"seconds since the run started ({note})")
+        ax.set_xlim(0, span)
         ax.set_ylim(bottom=0)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize="small")
+        _legend(fig, ax, many)
+        charts.append(Chart(f"{title} over time", _png(fig), f"{title} over time, {note}"))
+    return charts
+
+
+# -- latency -----------------------------------------------------------------------------------
+
+
+def _latency_series(report: Report, name: str) -> list[tuple[str, list[float]]]:
+    """(run label, sorted latencies in seconds) of the runs that measured `name`."""
+    series = [
+        (data.label, sorted(v for v in data.columns[name] if not math.isnan(v)))
+        for data in report.data
+    ]
+    return [(label, values) for label, values in series if values]
+
+
+def _unit(series: Sequence[tuple[str, list[float]]], bounds: Sequence[float]) -> tuple[str, float]:
+    top = max([v[-1] for _, v in series] + list(bounds))
+    return ("s", 1.0) if top >= 5 else ("ms", 1000.0)
+
+
+def _histogram(
+    figure: Any, title: str, series: list[tuple[str, list[float]]], bounds: Sequence[float]
+) -> bytes:
+    from matplotlib.ticker import MaxNLocator
+
+    unit, scale = _unit(series, bounds)
+    fig, ax = _axes(figure)
+    # One set of bin edges for every run, so the bars of a comparison line up.
+    low = min(v[0] for _, v in series) * scale
+    high = max(v[-1] for _, v in series) * scale
+    bins = min(40, max(8, max(len(v) for _, v in series) // 10))
+    many = len(series) > 1
+    for i, (label, values) in enumerate(series):
+        ax.hist(
+            [v * scale for v in values],
+            bins=bins,
+            range=(low, high) if high > low else None,
+            color=_COLORS[i % len(_COLORS)],
+            alpha=0.55 if many else 0.85,
+            label=label,
+            histtype="stepfilled",
+            edgecolor=_COLORS[i % len(_COLORS)],
+            linewidth=1.0,
+        )
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # requests come in whole numbers
+    ax.set_title(title)
+    ax.set_xlabel(unit)
+    ax.set_ylabel("requests")
+    _sla_lines(ax, bounds, scale)
+    _legend(fig, ax, many)
     return _png(fig)
+
+
+def _cdf(
+    figure: Any, title: str, series: list[tuple[str, list[float]]], bounds: Sequence[float]
+) -> bytes:
+    from matplotlib.ticker import PercentFormatter
+
+    unit, scale = _unit(series, bounds)
+    fig, ax = _axes(figure)
+    for i, (label, values) in enumerate(series):
+        shares = [(k + 1) / len(values) for k in range(len(values))]
+        ax.step(
+            [v * scale for v in values],
+            shares,
+            where="post",
+            color=_COLORS[i % len(_COLORS)],
+            linewidth=1.8,
+            label=label,
+        )
+    ax.set_ylim(0, 1.02)
+    ax.set_yticks([0, 0.25, 0.5, 0.75, 0.9])
+    ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
+    ax.set_title(f"{title}: share of requests within")
+    ax.set_xlabel(unit)
+    _sla_lines(ax, bounds, scale, top=False)
+    _legend(fig, ax, len(series) > 1)
+    return _png(fig)
+
+
+def _sla_lines(ax: Any, bounds: Sequence[float], scale: float, *, top: bool = True) -> None:
+    """A dashed line at each SLA bound, labelled at the top (histograms) or the bottom (CDFs,
+    whose curves run along the top)."""
+    for bound in bounds:
+        ax.axvline(bound * scale, color=_SLA_COLOR, linestyle="--", linewidth=1.4)
+        ax.annotate(
+            f"SLA {format_duration(bound)}",
+            xy=(bound * scale, 1 if top else 0),
+            xycoords=("data", "axes fraction"),
+            xytext=(4, -4 if top else 4),
+            textcoords="offset points",
+            va="top" if top else "bottom",
+            color=_SLA_COLOR,
+            fontsize=9,
+            bbox={"boxstyle": "square,pad=0.1", "facecolor": "white", "edgecolor": "none"},
+        )
+
+
+# -- plumbing ----------------------------------------------------------------------------------
+
+
+def _legend(fig: Any, ax: Any, many: bool) -> None:
+    """One entry per run, above the plot where it hides no data; none for a single run."""
+    if many:
+        handles, labels = ax.get_legend_handles_labels()
+        fig.legend(handles, labels, loc="outside upper right", ncols=min(4, len(labels)))
+
+
+def _axes(figure: Any) -> tuple[Any, Any]:
+    fig = figure(figsize=_SIZE, layout="constrained")
+    return fig, fig.add_subplot()
 
 
 def _png(fig: Any) -> bytes:
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=96)
+    fig.savefig(buffer, format="png", dpi=_DPI)
     return buffer.getvalue()

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from jsonlbatch.report.model import Report
-from jsonlbatch.report.tables import Table, build_tables, format_cell
+from jsonlbatch.report.tables import Table, build_tables, format_cell, headline
 
 
 def render_markdown(report: Report) -> str:
     parts = [f"# {_escape(report.title)}", ""]
-    for table in build_tables(report):
+    for table in [headline(report), *build_tables(report)]:
         parts += [*_table(table), ""]
     return "\n".join(parts)
 

@@ -37,11 +37,13 @@ NOTE_PERCENTILES = (
 @dataclass(frozen=True)
 class Cell:
     """One value, how to show it (count, seconds, rate, share, number, usd or text), and in a
-    comparison the baseline value it changed from."""
+    comparison the baseline value it changed from; `better` ("higher" or "lower") lets a
+    renderer colour the change."""
 
     value: Any
     kind: str = "text"
     base: Any = None
+    better: str | None = None
 
 
 @dataclass
@@ -89,6 +91,46 @@ def format_cell(cell: Cell) -> str:
     text = format_value(cell.value, cell.kind)
     delta = format_delta(cell)
     return f"{text} ({delta})" if delta else text
+
+
+def headline(report: Report) -> Table:
+    """The report at a glance, first in every format: what a reader wants before any table."""
+    runs = report.runs
+    present = present_latencies(runs)
+    rows: list[tuple[str, str, Callable[[RunStats], Any], str | None]] = [
+        ("requests ok", "count", lambda r: r.succeeded, "higher"),
+        ("requests failed", "count", lambda r: r.failed, "lower"),
+        ("wall time", "seconds", lambda r: r.wall_s, "lower"),
+        ("requests/s", "rate", lambda r: r.requests_per_s, "higher"),
+        ("output tokens/s", "rate", lambda r: r.output_tokens_per_s, "higher"),
+    ]
+    for name in ("e2e", "ttft"):
+        if name in present:
+            for p in (50, 99):
+                rows.append((f"{name.upper()} p{p}", "seconds", _percentile(name, p), "lower"))
+    if report.sla:
+        rows.append(("meeting every SLA", "share", _good_share, "higher"))
+    if report.price is not None:
+        rows.append(("cost", "usd", lambda r: r.cost.total_usd if r.cost else None, "lower"))
+    out = []
+    for label, kind, get, better in rows:
+        base = get(runs[0])
+        cells = [Cell(base, kind, better=better)]
+        cells += [Cell(get(run), kind, base, better) for run in runs[1:]]
+        out.append([Cell(label), *cells])
+    return Table("At a glance", _header(runs), out)
+
+
+def _percentile(name: str, p: int) -> Callable[[RunStats], Any]:
+    def get(run: RunStats) -> Any:
+        dist = run.latency[name]
+        return getattr(dist, f"p{p}") if dist else None
+
+    return get
+
+
+def _good_share(run: RunStats) -> float | None:
+    return run.good / run.succeeded if run.good is not None and run.succeeded else None
 
 
 def build_tables(report: Report) -> list[Table]:
@@ -203,7 +245,7 @@ def _tokens(runs: list[RunStats]) -> Table:
 
 def _throughput(runs: list[RunStats]) -> Table:
     rows: list[tuple[str, str, Callable[[RunStats], Any]]] = [
-        ("started (UTC)", "text", lambda r: _utc(r.start_time)),
+        ("started (UTC)", "text", lambda r: utc_text(r.start_time)),
         ("wall window", "seconds", lambda r: r.wall_s),
         ("requests/s", "rate", lambda r: r.requests_per_s),
         ("output tokens/s", "rate", lambda r: r.output_tokens_per_s),
@@ -216,7 +258,7 @@ def _throughput(runs: list[RunStats]) -> Table:
     return Table("Throughput", _header(runs), _by_run(runs, rows), notes)
 
 
-def _utc(timestamp: float | None) -> str | None:
+def utc_text(timestamp: float | None) -> str | None:
     if timestamp is None:
         return None
     return datetime.fromtimestamp(timestamp, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
@@ -277,11 +319,7 @@ def _sla(runs: list[RunStats]) -> Table:
         )
     rows += [
         ("meeting every SLA", "count", lambda r: r.good),
-        (
-            "share meeting every SLA",
-            "share",
-            lambda r: r.good / r.succeeded if r.good is not None and r.succeeded else None,
-        ),
+        ("share meeting every SLA", "share", _good_share),
         ("goodput (requests/s)", "rate", lambda r: r.goodput_per_s),
     ]
     notes = [
