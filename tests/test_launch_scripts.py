@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -116,3 +117,31 @@ def test_the_slurm_example_shards_and_merges(standins: Standins) -> None:
     assert len(read_results(standins.tmp / "out" / "responses.jsonl")) == 40
     pinned = sorted(r["env"]["CUDA_VISIBLE_DEVICES"] for r in standins.records())
     assert pinned == ["0", "0", "1", "1"]  # two replicas per task, one GPU each
+
+
+def test_the_slurm_submit_script_passes_absolute_paths(tmp_path: Path) -> None:
+    """`REQUESTS=requests.jsonl ./submit.sh` means the file where the user stands, though the
+    jobs start in the script's folder: a stand-in sbatch records what the jobs would get."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    record = tmp_path / "sbatch.txt"
+    sbatch = bin_dir / "sbatch"
+    sbatch.write_text(f'#!/bin/bash\necho "$REQUESTS $OUT $*" >> {record}\necho 7\n')
+    sbatch.chmod(0o755)
+    (tmp_path / "requests.jsonl").write_text("")
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "REQUESTS": "requests.jsonl"}
+    env.pop("OUT", None)
+    submit = ROOT / "examples" / "slurm" / "submit.sh"
+    done = subprocess.run(
+        ["bash", str(submit), "2"], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    calls = record.read_text().splitlines()
+    assert len(calls) == 2
+    for call in calls:
+        assert call.startswith(f"{tmp_path}/requests.jsonl {tmp_path}/out ")
+    missing = subprocess.run(
+        ["bash", str(submit)], cwd=tmp_path, env={**env, "REQUESTS": "nope.jsonl"},
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert missing.returncode == 2 and "no request file" in missing.stderr

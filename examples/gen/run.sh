@@ -5,6 +5,7 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 out="${OUT:-$here/../../out/gen-example}"
 mkdir -p "$out"
+out="$(cd "$out" && pwd)"  # shown in messages: no `examples/gen/../../` in the paths
 
 # 1. Agentless-style: 4 samples per problem, sample 0 greedy, the others at temperature 0.8.
 jsonlbatch gen --data "$here/problems.jsonl" --template "$here/prompt.j2" \

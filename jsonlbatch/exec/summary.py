@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from jsonlbatch.exec.server_metrics import ServerStats
 from jsonlbatch.records import Result
+from jsonlbatch.stats import plural
 
 
 @dataclass
@@ -66,16 +67,18 @@ class RunSummary:
             parts.append(f"{self.failed_before} of them failed")
         if self.remaining:
             parts.append(f"{self.remaining} not sent")
-        lines = [f"{self.output}: {', '.join(parts)} (of {self.requests} requests)"]
+        lines = [f"{self.output}: {', '.join(parts)} (of {plural(self.requests, 'request')})"]
         if self.failures:
             lines.append(
                 "  failures: " + ", ".join(f"{k} x{v}" for k, v in self.failures.most_common())
             )
-        lines.append(
-            f"  {self.wall_s:.1f}s wall, {self.requests_per_s:.1f} req/s, {self.retries} retries, "
-            f"tokens in/out {self.prompt_tokens}/{self.completion_tokens} "
-            f"({self.output_tokens_per_s:.0f} out tok/s)"
-        )
+        if self.succeeded or self.failed:  # nothing sent: no rates of nothing to show
+            lines.append(
+                f"  {self.wall_s:.1f}s wall, {self.requests_per_s:.1f} req/s, "
+                f"{plural(self.retries, 'retry', 'retries')}, tokens in/out "
+                f"{self.prompt_tokens:,}/{self.completion_tokens:,} "
+                f"({self.output_tokens_per_s:,.0f} out tok/s)"
+            )
         lines += self._endpoint_lines()
         return "\n".join(lines)
 
