@@ -175,7 +175,7 @@ def test_option_errors(tmp_path, kwargs, message):
 def test_duplicate_ids_and_invalid_requests_are_errors(tmp_path):
     with RequestWriter(tmp_path / "r.jsonl", model="m", samples=2) as w:
         w.add("a", MSG)
-        with pytest.raises(RequestError, match=r"request 'a\|0': custom_id: repeats"):
+        with pytest.raises(RequestError, match=r"request 'a\|0': custom_id: 'a\|0' repeats the id of prompt 1"):
             w.add("a", MSG)
         with pytest.raises(RequestError, match=r"messages\[0\]\.role: unknown role"):
             w.add("b", [{"role": "human", "content": "x"}])
@@ -282,7 +282,7 @@ def test_write_requests_names_the_row_on_errors(tmp_path):
     prompt = Prompt(user=RowTemplate("say {{ k }}"))
     with pytest.raises(InputError) as exc, RequestWriter(tmp_path / "r.jsonl", model="m") as w:
         write_requests(rows, w, prompt, custom_id=RowTemplate("{{ k }}"))
-    assert "t.csv:4: custom_id: row 2: repeats an earlier request's id" in str(exc.value)
+    assert "t.csv:4: custom_id: row 2: 'a' repeats the id of row 0" in str(exc.value)
     assert os.listdir(tmp_path) == []
     with RequestWriter(tmp_path / "r.jsonl", model="m") as w:
         write_requests(rows, w, prompt)  # default ids: the row index
@@ -291,9 +291,9 @@ def test_write_requests_names_the_row_on_errors(tmp_path):
     with pytest.raises(InputError, match=empty), RequestWriter(tmp_path / "e.jsonl") as w:
         write_requests(rows, w, prompt, custom_id=RowTemplate("  "))
     system = Prompt(user=RowTemplate("x"), system=RowTemplate("s"))
-    chat = r"t\.csv:2: body\.prompt: row 0: .* not chat messages"
+    chat = r"--system builds chat messages, but /v1/completions takes a prompt string"
     with (
-        pytest.raises(InputError, match=chat),
+        pytest.raises(UsageError, match=chat),  # up front, before any row is read
         RequestWriter(tmp_path / "c.jsonl", model="m", url="/v1/completions") as w,
     ):
         write_requests(rows, w, system)
