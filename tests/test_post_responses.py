@@ -220,3 +220,11 @@ def test_votes_and_patches_cli_take_unicode_digit_ids(tmp_path: Path) -> None:
     assert "Traceback" not in votes.stderr
     patches = post("patches", path, "-o", tmp_path / "p.jsonl")
     assert "Traceback" not in patches.stderr
+
+
+def test_a_request_file_is_refused_once_not_per_line(tmp_path: Path) -> None:
+    line = {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {}}
+    path = write_jsonl(tmp_path / "requests.jsonl", [line, {**line, "custom_id": "b"}])
+    with pytest.raises(InputError, match="holds requests, not responses") as caught:
+        list(iter_groups(str(path)))
+    assert len(caught.value.problems) == 1

@@ -208,8 +208,15 @@ def _scan(paths: Sequence[str], key: KeyFunc | None, unused: Unused | None) -> _
     scan = _Scan()
     problems: list[Problem] = []
     for source, path, lineno, item in _lines(paths):
+        first = source not in scan.last_line
         scan.last_line[source] = lineno
         if isinstance(item, Problem):
+            if first and item.message.startswith("a request line"):  # say it once, not per line
+                raise InputError(
+                    f"{path} holds requests, not responses: post reads what `jsonlbatch exec` "
+                    "wrote",
+                    [item],
+                )
             if item.field == "torn":
                 scan.torn.add((source, lineno))
                 if unused is not None:
