@@ -199,6 +199,7 @@ def test_validate_names_a_torn_last_line_and_what_exec_does(tmp_path, mock_serve
     assert f"{out}:3: torn last line (no newline at its end: a write cut short); exec cuts it" in (
         proc.stdout
     )
+    assert "1 problem in responses" in proc.stderr
     req = tmp_path / "req.jsonl"
     req.write_bytes(req.read_bytes()[:-30])
     proc = cli("validate", str(req))
@@ -206,7 +207,6 @@ def test_validate_names_a_torn_last_line_and_what_exec_does(tmp_path, mock_serve
     assert f"{req}:3: torn last line (no newline at its end: a write cut short); exec refuses" in (
         proc.stdout
     )
-    assert "1 problem in responses" in proc.stderr
 
 
 def test_validate_refuses_n_0_and_hints_only_at_options_that_exist(tmp_path):
