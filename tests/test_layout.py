@@ -14,7 +14,7 @@ import pytest
 import jsonlbatch
 
 ROOT = Path(jsonlbatch.__file__).parent
-CORE = {"answers", "errors", "idset", "jsonl", "records", "redact", "samples", "stats"}
+CORE = {"answers", "cost", "errors", "idset", "jsonl", "records", "redact", "samples", "stats"}
 STAGES = {"gen", "exec", "serve", "post", "report", "mock", "experiment", "batchapi"}
 #: For each stage, the other stages it may import. Everything else between stages is a mistake.
 ALLOWED = {

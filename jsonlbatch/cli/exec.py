@@ -19,6 +19,7 @@ from jsonlbatch.cli.params import (
     NonEmpty,
 )
 from jsonlbatch.cli.serve_options import serve_options, serve_options_from_kwargs
+from jsonlbatch.cost import parse_price
 from jsonlbatch.errors import Interrupted, UsageError
 from jsonlbatch.exec.job import ExecOptions, Job, run_coroutine
 from jsonlbatch.exec.router import POLICIES, RouteOptions
@@ -30,6 +31,8 @@ from jsonlbatch.serve.launch import serving
 
 #: Exit status of a run that finished but recorded failed requests.
 EXIT_SOME_FAILED = 3
+#: Exit status of a run that --max-cost stopped before every request was sent.
+EXIT_BUDGET = 4
 
 
 def parse_headers(values: tuple[str, ...]) -> dict[str, str]:
@@ -169,6 +172,43 @@ def parse_headers(values: tuple[str, ...]) -> dict[str, str]:
     metavar="F",
     help="... and more than F times as many.",
 )
+@click.option(
+    "--rpm",
+    type=click.FloatRange(min=0, min_open=True),
+    metavar="N",
+    help="Requests per minute, across all workers and endpoints (a token bucket).",
+)
+@click.option(
+    "--tpm",
+    type=click.FloatRange(min=0, min_open=True),
+    metavar="N",
+    help="Tokens per minute: prompt estimate + output cap, corrected by the real usage.",
+)
+@click.option(
+    "--rate-limits",
+    type=click.Choice(["on", "off"]),
+    default="on",
+    show_default=True,
+    help="Learn limits from OpenAI/Azure/Anthropic rate-limit headers and pace by them.",
+)
+@click.option(
+    "--price",
+    metavar="in=$,out=$",
+    help="Dollars per million tokens (as report --price): spend shown while running.",
+)
+@click.option(
+    "--max-cost",
+    type=float,
+    metavar="USD",
+    help="Stop sending once spent + in flight could pass this (whole output file; needs "
+    "--price). Exit status 4; the same command with a higher budget resumes.",
+)
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Validate and count requests, prompt tokens (tiktoken if installed), output caps "
+    "and, with --price, the cost range; send nothing, touch no output.",
+)
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or notes; errors only.")
 @serve_options
 @batch_api_options
@@ -178,13 +218,17 @@ def exec_(
     urls: tuple[str, ...],
     headers: tuple[str, ...],
     shard: str | None,
+    rate_limits: str,
+    price: str | None,
+    dry_run: bool,
     **kwargs: Any,
 ) -> None:
     """Send the REQUESTS file (OpenAI Batch JSONL) and write one result line per request.
 
     Stop it at any time (Ctrl-C, kill -9, power loss): the same command again resumes and
     ends with exactly one line per request. Exit status: 0 all ok, 3 some requests failed
-    (their lines say why; --retry-failed sends them again), 130 interrupted.
+    (their lines say why; --retry-failed sends them again), 4 stopped by --max-cost,
+    130 interrupted.
     """
     if requests == "-":  # read once into a temporary file, like any other pipe
         requests = "/dev/stdin"
@@ -192,6 +236,8 @@ def exec_(
     if batch["batch_api"]:
         if shard:
             raise UsageError("--shard does not go with --batch-api")
+        if dry_run:
+            raise UsageError("--dry-run counts a direct run: leave out --batch-api to count")
         run_batch_api(requests, output, urls, parse_headers(headers), batch, kwargs)
         return
     serve = serve_options_from_kwargs(kwargs)
@@ -200,11 +246,18 @@ def exec_(
         urls=urls,
         headers=parse_headers(headers),
         shard=parse_shard(shard) if shard else None,
+        rate_limits=rate_limits == "on",
+        price=parse_price(price),
         **kwargs,
     )
     # The block releases the output's lock (and removes its file) however the run ends, also
     # when a launched server cannot even start (a busy --port).
     with Job(requests, output, options) as job:
+        if dry_run:
+            from jsonlbatch.exec.dryrun import dry_run as count
+
+            click.echo(count(job).format())
+            return
         _run(job, serve, urls, options)
 
 
@@ -234,8 +287,10 @@ def _run(job: Job, serve: ServeOptions | None, urls: tuple[str, ...], options: E
         if isinstance(exc.summary, RunSummary) and not options.quiet:
             click.echo(exc.summary.format(), err=True)
         raise
-    if not options.quiet or summary.failed or summary.failed_before:
+    if not options.quiet or summary.failed or summary.failed_before or summary.budget_stopped:
         click.echo(summary.format(), err=True)
+    if summary.budget_stopped:
+        sys.exit(EXIT_BUDGET)
     if summary.failed or summary.failed_before:
         click.echo("some requests failed; re-run with --retry-failed to send them again", err=True)
         sys.exit(EXIT_SOME_FAILED)

@@ -31,6 +31,7 @@ import aiohttp
 import orjson
 
 from jsonlbatch.answers import unusable_reason, usage_metrics
+from jsonlbatch.cost import Price
 from jsonlbatch.errors import (
     AuthenticationError,
     InputError,
@@ -40,6 +41,7 @@ from jsonlbatch.errors import (
     OutputError,
     UsageError,
 )
+from jsonlbatch.exec.budget import Budget, BudgetReached, Meter, Ticket, spent_in_output
 from jsonlbatch.exec.endpoints import (
     Endpoint,
     EndpointPool,
@@ -47,6 +49,7 @@ from jsonlbatch.exec.endpoints import (
     describe_exception,
     parse_endpoint,
 )
+from jsonlbatch.exec.limits import RateLimiter
 from jsonlbatch.exec.progress import Progress
 from jsonlbatch.exec.retry import Backoff, Verdict, classify, parse_retry_after
 from jsonlbatch.exec.router import RouteOptions, Router, ordered_lines
@@ -113,6 +116,11 @@ class ExecOptions:
     order_window: int = RouteOptions.order_window
     balance_abs_threshold: int = RouteOptions.balance_abs_threshold
     balance_rel_threshold: float = RouteOptions.balance_rel_threshold
+    rpm: float | None = None  # requests per minute, across all workers and endpoints
+    tpm: float | None = None  # tokens per minute (prompt estimate + output cap, then real usage)
+    rate_limits: bool = True  # learn limits from the providers' rate-limit headers
+    price: Price | None = None  # dollars per million tokens: spend shown, --max-cost enforced
+    max_cost: float | None = None  # dollars for the whole output file, resumed runs included
 
     def __post_init__(self) -> None:
         self.route_options()  # checks the routing options
@@ -124,6 +132,13 @@ class ExecOptions:
             raise UsageError("--timeout must be positive and --ready-timeout not negative")
         if self.changed not in CHANGED_POLICIES:
             raise UsageError(f"--changed must be one of: {', '.join(CHANGED_POLICIES)}")
+        if (self.rpm is not None and self.rpm <= 0) or (self.tpm is not None and self.tpm <= 0):
+            raise UsageError("--rpm and --tpm must be positive")
+        if self.max_cost is not None:
+            if self.max_cost < 0:
+                raise UsageError("--max-cost must not be negative")
+            if self.price is None:
+                raise UsageError("--max-cost needs --price in=DOLLARS,out=DOLLARS (per 1M tokens)")
 
     def route_options(self) -> RouteOptions:
         return RouteOptions(
@@ -184,11 +199,12 @@ class Job:
             raise
         _PREPARED[key] = self
 
-    def prepare(self) -> InputScan:
+    def prepare(self, *, lock: bool = True) -> InputScan:
         """Validate the options, the existing output and the whole input.
 
         Raises before anything is sent or modified. Takes the output's lock (so no second run
-        writes it meanwhile) until `run` ends or `close` is called.
+        writes it meanwhile) until `run` ends or `close` is called; `lock=False` only reads
+        (a dry run, which must not even create the lock file).
         """
         opts = self.options
         for url in opts.urls:
@@ -199,7 +215,8 @@ class Job:
 
             k, n = opts.shard
             select = lambda cid: in_shard(cid, k, n)  # noqa: E731
-        self._acquire()
+        if lock:
+            self._acquire()
         try:
             removed = remove_stale_rewrites(self.output)
             if removed:
@@ -357,11 +374,20 @@ class _Run:
         )
         self.progress = Progress(len(self.scan.pending), quiet=self.opts.quiet)
         self.backoff = Backoff(self.opts.backoff_base, self.opts.backoff_cap)
+        opts = self.opts
+        budget = None
+        if opts.price is not None:
+            spent = spent_in_output(job.output, opts.price) if opts.max_cost is not None else 0.0
+            budget = Budget(opts.price, opts.max_cost, spent)
+            self.summary.spent_before = spent
+        self.meter = Meter(RateLimiter(opts.rpm, opts.tpm, learn=opts.rate_limits), budget)
+        self.progress.extra_source = self.meter.status
         self.model_override: str | None = None
         self.stopping = asyncio.Event()
         self.abort: JsonlbatchError | None = None
         self.signals = 0
         self.retrying = 0
+        self._cancel_scheduled = False
         self._out: list[Result] = []
         self._flush_scheduled = False
         self.writer: AppendWriter | None = None
@@ -438,6 +464,7 @@ class _Run:
                 for sig in (signal.SIGINT, signal.SIGTERM):
                     loop.remove_signal_handler(sig)
             self._close_output()
+            self._meter_summary()
             self.progress.close(self.summary)
             self.summary.wall_s = time.monotonic() - started
         if self.abort is not None:
@@ -450,6 +477,13 @@ class _Run:
                 summary=self.summary,
             )
         return self.summary
+
+    def _meter_summary(self) -> None:
+        limiter, budget = self.meter.limiter, self.meter.budget
+        self.summary.rate_limited = limiter.rate_limited
+        self.summary.limits = limiter.describe()
+        if budget is not None:
+            self.summary.spent = budget.spent
 
     def _prepare_output(self) -> None:
         """Cut a torn tail and drop lines about to be retried; only now is the output touched."""
@@ -614,6 +648,23 @@ class _Run:
     async def _attempts(
         self, req: Request, session: aiohttp.ClientSession, pool: EndpointPool
     ) -> Result:
+        """Send one request, metered: within the rate limits and the budget."""
+        try:
+            ticket = self.meter.start(req)
+        except BudgetReached:
+            self._stop_for_budget()
+            raise _Stop from None
+        try:
+            result = await self._send(req, session, pool, ticket)
+        except BaseException:
+            self.meter.abandon(ticket)
+            raise
+        self.meter.finish(ticket, result)
+        return result
+
+    async def _send(
+        self, req: Request, session: aiohttp.ClientSession, pool: EndpointPool, ticket: Ticket
+    ) -> Result:
         """Send one request until it succeeds, fails for good, or runs out of retries."""
         if self.opts.stream and req.url in STREAM_URLS:
             stream_body(req.body)
@@ -623,6 +674,7 @@ class _Run:
         attempts = 0
         raced = False
         while True:
+            await self.meter.before_send(ticket)
             endpoint = await pool.acquire(route_key)
             if self.stopping.is_set():
                 pool.release(endpoint)
@@ -650,6 +702,7 @@ class _Run:
                     request_id = resp.headers.get("x-request-id")
                     if status == 429 or status >= 500:
                         retry_after = parse_retry_after(resp.headers.get("Retry-After"))
+                    self.meter.after_answer(ticket, status, resp.headers, retry_after)
             except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
                 # Refused, unresolvable or silent: the server is down or cold, not this
                 # request's fault. Wait for it without using an attempt.
@@ -766,11 +819,28 @@ class _Run:
 
     # -- stopping ------------------------------------------------------------------------------
 
-    def _stop(self, abort: JsonlbatchError | None = None) -> None:
-        """Send nothing more; let requests in flight finish within the grace period."""
+    def _stop_for_budget(self) -> None:
+        """--max-cost: send nothing more; requests in flight finish (however long they take)."""
+        if self.summary.budget_stopped or self.stopping.is_set():
+            return
+        self.summary.budget_stopped = True
+        budget = self.meter.budget
+        assert budget is not None
+        self.progress.note(
+            f"budget: ${budget.spent:,.4f} spent and up to ${budget.reserved:,.4f} in flight; the "
+            f"next request could pass --max-cost ${budget.max_cost:,.2f}: sending nothing more"
+        )
+        self._stop(cancel=False)
+
+    def _stop(self, abort: JsonlbatchError | None = None, cancel: bool = True) -> None:
+        """Send nothing more; let requests in flight finish within the grace period (or
+        without a limit, `cancel=False`)."""
         if abort is not None and self.abort is None:
             self.abort = abort
         if self.stopping.is_set():
+            if cancel and not self._cancel_scheduled:  # Ctrl-C after a budget stop
+                self._cancel_scheduled = True
+                asyncio.get_running_loop().call_later(self.opts.grace, self._cancel_workers)
             return
         self.stopping.set()
         if self.preflight is not None and not self.preflight.done():
@@ -782,8 +852,10 @@ class _Run:
                 self.queue.get_nowait()
             for _ in self.workers:
                 self.queue.put_nowait(None)
-        delay = 0.0 if abort is not None else self.opts.grace
-        asyncio.get_running_loop().call_later(delay, self._cancel_workers)
+        if cancel or abort is not None:
+            self._cancel_scheduled = True
+            delay = 0.0 if abort is not None else self.opts.grace
+            asyncio.get_running_loop().call_later(delay, self._cancel_workers)
 
     def _cancel_workers(self) -> None:
         for task in self.workers:

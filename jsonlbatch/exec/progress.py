@@ -23,6 +23,8 @@ class Progress:
         self.quiet = quiet
         self.bar: tqdm | None = None
         self.status_source: Callable[[], str] | None = None
+        #: Appended to the bar, e.g. "paced: 3,000 rpm spent=$0.12 of $5.00".
+        self.extra_source: Callable[[], str] | None = None
         self._shown = 0
         self._last_status = (0.0, "")
         self._ttfts: deque[float] = deque(maxlen=_TTFT_WINDOW)
@@ -61,6 +63,7 @@ class Progress:
             self.bar.update(written - self._shown)
             self._shown = written
         elapsed = self.bar.format_dict["elapsed"] or 1e-9
+        extra = self.extra_source() if self.extra_source else ""
         self.bar.set_postfix_str(
             f"ok={summary.succeeded} failed={summary.failed} retrying={retrying} "
             f"out_tok/s={summary.completion_tokens / elapsed:.0f}"
@@ -70,6 +73,7 @@ class Progress:
                 if len(summary.endpoints) > 1
                 else ""
             )
+            + (f" {extra}" if extra else "")
             + (" [waiting for server]" if status else ""),
             refresh=True,
         )

@@ -29,6 +29,11 @@ class RunSummary:
     interrupted: bool = False
     endpoints: Counter[str] = field(default_factory=Counter)  # results written, by endpoint
     servers: list[ServerStats] = field(default_factory=list)  # from their /metrics, if any
+    budget_stopped: bool = False  # --max-cost stopped sending; the same command resumes
+    spent: float | None = None  # dollars, output file in total, when a price was given
+    spent_before: float = 0.0  # of which, by earlier runs
+    rate_limited: int = 0  # attempts answered 429
+    limits: str = ""  # the rate limits in force at the end, e.g. "3,000 rpm (headers)"
 
     @property
     def written(self) -> int:
@@ -71,6 +76,19 @@ class RunSummary:
         if self.failures:
             lines.append(
                 "  failures: " + ", ".join(f"{k} x{v}" for k, v in self.failures.most_common())
+            )
+        if self.limits or self.rate_limited:
+            lines.append(
+                f"  rate limits: {self.limits or 'none known'}; {self.rate_limited} attempts "
+                "answered 429"
+            )
+        if self.spent is not None:
+            before = f" (${self.spent_before:,.4f} before this run)" if self.spent_before else ""
+            lines.append(f"  spent: ${self.spent:,.4f}{before}")
+        if self.budget_stopped:
+            lines.append(
+                "  stopped by --max-cost before every request was sent; the same command with a "
+                "higher --max-cost resumes"
             )
         if self.succeeded or self.failed:  # nothing sent: no rates of nothing to show
             lines.append(

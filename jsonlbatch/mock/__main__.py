@@ -39,6 +39,12 @@ _OPTIONS: tuple[tuple[str, str, type, str, str], ...] = (
     ("--warmup", "warmup", float, "S",
      "answer /health and generation 503 for S seconds after binding"),
     ("--seed", "seed", int, "N", "seed of fault injection and jitter"),
+    ("--rpm", "rpm", float, "N", "enforce N requests per minute (429 + rate-limit headers)"),
+    ("--tpm", "tpm", float, "N", "enforce N tokens per minute (prompt + output cap)"),
+    ("--rate-limit-burst", "rate_limit_burst", float, "S",
+     "the --rpm/--tpm buckets hold S seconds of their rate"),
+    ("--rate-limit-headers", "rate_limit_headers", str, "STYLE",
+     "header family sent with --rpm/--tpm: openai (also Azure) or anthropic"),
 )  # fmt: skip
 _SWITCHES = (
     ("--accept-any-model", "accept_any_model", "answer whatever model a request names"),

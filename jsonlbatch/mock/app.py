@@ -24,6 +24,7 @@ from aiohttp import web
 from jsonlbatch.errors import UsageError
 from jsonlbatch.mock import content
 from jsonlbatch.mock.gpu import GpuEngine, GpuModel
+from jsonlbatch.mock.limits import MockLimits, add_headers
 from jsonlbatch.records import check_messages
 
 #: Where the mock server (`python -m jsonlbatch.mock`) reads its API key.
@@ -58,6 +59,10 @@ class MockConfig:
     reasoning: bool = False
     seed: int = 0
     gpu: GpuModel | None = None  # behave like a GPU server (mock/gpu.py); None: fixed latency
+    rpm: float | None = None  # enforced limits (mock/limits.py), with provider headers
+    tpm: float | None = None
+    rate_limit_burst: float = 1.0  # seconds of rate a limit's bucket holds
+    rate_limit_headers: str = "openai"  # or "anthropic"
 
     def __post_init__(self) -> None:
         if isinstance(self.served_models, str):
@@ -199,6 +204,11 @@ class _Mock:
         self.served = frozenset(config.served_models)
         self.step_delay = 1.0 / config.tokens_per_second if config.tokens_per_second else 0.0
         self.gpu = GpuEngine(config.gpu, config.served_models[0]) if config.gpu else None
+        self.limits = None
+        if config.rpm or config.tpm:
+            self.limits = MockLimits(config.rpm, config.tpm, burst=config.rate_limit_burst,
+                                     style=config.rate_limit_headers,
+                                     default_max_tokens=config.default_max_tokens)  # fmt: skip
         self.ready_at = float("inf")  # set when the app starts
         created = int(time.time())
         cards = [
@@ -300,6 +310,9 @@ class _Mock:
         except _Reject as exc:
             kind = _ERROR_TYPES.get(exc.status, "BadRequestError")
             return self.respond(_error_body(exc.status, str(exc), kind, exc.param), exc.status)
+        refused = self.limits and self.limits.admit(request, body, prompt)
+        if refused:
+            return self.respond(refused[0], 429, refused[1])
         fault = self.draw_fault()
         if fault == _DROP:
             self.stats.dropped += 1
@@ -481,6 +494,8 @@ def create_app(config: MockConfig) -> web.Application:
     app = web.Application(client_max_size=_MAX_BODY)
     app[MOCK_KEY] = mock
     app.on_startup.append(mock.on_startup)
+    if mock.limits is not None:
+        app.on_response_prepare.append(add_headers)
     add = app.router
     add.add_post("/v1/chat/completions", mock.chat)
     add.add_post("/v1/completions", mock.completions)

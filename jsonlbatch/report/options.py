@@ -10,6 +10,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from jsonlbatch.cost import Price, parse_price  # noqa: F401 - the report's --price
 from jsonlbatch.errors import UsageError
 
 #: SLA metric names and the per-request column each one bounds.
@@ -34,14 +35,6 @@ class Sla:
 
     def __str__(self) -> str:
         return f"{self.metric} <= {format_duration(self.bound_s)}"
-
-
-@dataclass(frozen=True)
-class Price:
-    """Dollars per million tokens, input (prompt) and output (completion, reasoning included)."""
-
-    input_per_m: float = 0.0
-    output_per_m: float = 0.0
 
 
 def parse_duration(text: str) -> float:
@@ -80,24 +73,3 @@ def parse_sla(values: Iterable[str]) -> list[Sla]:
         except ValueError as exc:
             raise UsageError(f"--sla {item}: {exc}") from None
     return list(out.values())
-
-
-def parse_price(text: str | None) -> Price | None:
-    """`in=0.15,out=0.60` (dollars per million tokens) -> Price; a missing side costs 0."""
-    if text is None:
-        return None
-    sides = {"in": 0.0, "out": 0.0}
-    aliases = {"in": "in", "input": "in", "prompt": "in", "out": "out", "output": "out"}
-    for part in text.split(","):
-        key, sep, value = part.partition("=")
-        side = aliases.get(key.strip().lower())
-        try:
-            number = float(value)
-        except ValueError:
-            number = math.nan
-        if not sep or side is None or not math.isfinite(number) or number < 0:
-            raise UsageError(
-                f"--price wants in=DOLLARS,out=DOLLARS per million tokens, got {text!r}"
-            )
-        sides[side] = number
-    return Price(sides["in"], sides["out"])

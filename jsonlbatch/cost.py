@@ -1,0 +1,126 @@
+"""Token estimates and prices: what a request may cost before it is sent.
+
+Shared by exec (pacing by tokens per minute, `--max-cost`, `--dry-run`) and report (`--price`).
+The estimate counts the text a request sends: about four characters a token, as OpenAI's own
+rule of thumb says, or tiktoken's count when it is installed and asked for (`--dry-run`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from jsonlbatch.errors import UsageError
+
+#: Output tokens assumed for a request that sets no cap on them, when a cap is needed (the
+#: `--max-cost` reservation); the real usage replaces it when the answer arrives.
+UNCAPPED_OUTPUT_TOKENS = 1024
+_CHARS_PER_TOKEN = 4
+_PER_MESSAGE = 4  # role and separators: what chat templates add around each message
+_OUTPUT_KEYS = ("max_completion_tokens", "max_output_tokens", "max_tokens")
+_TEXT_KEYS = ("messages", "prompt", "input", "system", "instructions")
+
+
+@dataclass(frozen=True)
+class Price:
+    """Dollars per million tokens, input (prompt) and output (completion, reasoning included)."""
+
+    input_per_m: float = 0.0
+    output_per_m: float = 0.0
+
+    def of(self, prompt: float, completion: float) -> float:
+        """Dollars for these token counts."""
+        return (prompt * self.input_per_m + completion * self.output_per_m) / 1e6
+
+
+def parse_price(text: str | None) -> Price | None:
+    """`in=0.15,out=0.60` (dollars per million tokens) -> Price; a missing side costs 0."""
+    if text is None:
+        return None
+    sides = {"in": 0.0, "out": 0.0}
+    aliases = {"in": "in", "input": "in", "prompt": "in", "out": "out", "output": "out"}
+    for part in text.split(","):
+        key, sep, value = part.partition("=")
+        side = aliases.get(key.strip().lower())
+        try:
+            number = float(value)
+        except ValueError:
+            number = math.nan
+        if not sep or side is None or not math.isfinite(number) or number < 0:
+            raise UsageError(
+                f"--price wants in=DOLLARS,out=DOLLARS per million tokens, got {text!r}"
+            )
+        sides[side] = number
+    return Price(sides["in"], sides["out"])
+
+
+def max_output_tokens(body: dict[str, Any]) -> int | None:
+    """The request's cap on output tokens, whichever endpoint's name it uses, times `n`."""
+    for key in _OUTPUT_KEYS:
+        value = body.get(key)
+        if type(value) is int and value > 0:
+            n = body.get("n")
+            return value * (n if type(n) is int and n > 1 else 1)
+    return None
+
+
+def _texts(value: Any, out: list[str]) -> None:
+    """Collect the strings of a prompt, message list or content-part list (not image data)."""
+    if isinstance(value, str):
+        out.append(value)
+    elif isinstance(value, list):
+        for item in value:
+            _texts(item, out)
+    elif isinstance(value, dict):
+        for key in ("content", "text", "input", "arguments"):
+            if key in value:
+                _texts(value[key], out)
+        tool_calls = value.get("tool_calls")
+        if tool_calls:
+            _texts([call.get("function") for call in tool_calls if isinstance(call, dict)], out)
+
+
+def prompt_texts(body: dict[str, Any]) -> tuple[list[str], int]:
+    """The prompt's strings and its message count (for per-message overhead)."""
+    out: list[str] = []
+    for key in _TEXT_KEYS:
+        if key in body:
+            _texts(body[key], out)
+    messages = body.get("messages")
+    return out, len(messages) if isinstance(messages, list) else 0
+
+
+def estimate_prompt_tokens(
+    body: dict[str, Any], counter: Callable[[str], int] | None = None
+) -> int:
+    """Prompt tokens of a request body: `counter` per text (tiktoken) or characters / 4."""
+    texts, messages = prompt_texts(body)
+    if counter is None:
+        chars = sum(map(len, texts))
+        tokens = -(-chars // _CHARS_PER_TOKEN)
+    else:
+        tokens = sum(map(counter, texts))
+    return tokens + _PER_MESSAGE * messages
+
+
+def tiktoken_counter(model: str | None = None) -> Callable[[str], int] | None:
+    """A tiktoken count for `model` (o200k_base when the model is not one it knows), or None
+    when tiktoken is not installed or has no encoding at hand (it downloads them once)."""
+    try:
+        import tiktoken
+    except ImportError:
+        return None
+    try:
+        try:
+            encoding = tiktoken.encoding_for_model(model or "")
+        except KeyError:
+            encoding = tiktoken.get_encoding("o200k_base")
+    except Exception:
+        return None
+
+    def count(text: str) -> int:
+        return len(encoding.encode(text, disallowed_special=()))
+
+    return count

@@ -1,0 +1,179 @@
+"""What a run spends, and the one place a request is metered: rate limits and `--max-cost`.
+
+`Meter` is all the executor's workers see of pacing and cost. Per request: `start` (estimate its
+tokens, reserve its worst-case cost), then per attempt `before_send` (wait for the rate limits)
+and `after_answer` (learn from headers, slow down on a 429), and `finish` (settle the real
+usage) or `abandon` (not sent after all). When nothing is limited or priced, each of these is a
+few attribute checks.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+from jsonlbatch.cost import UNCAPPED_OUTPUT_TOKENS, Price, estimate_prompt_tokens, max_output_tokens
+from jsonlbatch.exec.limits import Cost, RateLimiter
+from jsonlbatch.jsonl import iter_lines
+from jsonlbatch.records import Request, Result
+
+_UNIT = Cost()  # the cost of a request when no token count is needed
+
+
+class BudgetReached(Exception):
+    """The next request could take the spend past `--max-cost`."""
+
+
+class Budget:
+    """Spent dollars, and the worst case of what is in flight, against an optional cap.
+
+    A request reserves what it may cost at most (its prompt estimate plus its output cap) before
+    it is sent and settles at the real usage when it ends, so the cap holds even with hundreds of
+    requests in flight.
+    """
+
+    def __init__(self, price: Price, max_cost: float | None = None, spent: float = 0.0) -> None:
+        self.price = price
+        self.max_cost = max_cost
+        self.spent = spent
+        self.reserved = 0.0
+
+    def reserve(self, prompt: float, max_output: float) -> float:
+        worst = self.price.of(prompt, max_output)
+        if self.max_cost is not None and self.spent + self.reserved + worst > self.max_cost:
+            raise BudgetReached
+        self.reserved += worst
+        return worst
+
+    def settle(self, reserved: float, prompt: float, completion: float) -> None:
+        self.reserved -= reserved
+        self.spent += self.price.of(prompt, completion)
+
+    def release(self, reserved: float) -> None:
+        self.reserved -= reserved
+
+    def status(self) -> str:
+        shown = f"${self.spent:,.4f}" if self.spent < 1 else f"${self.spent:,.2f}"
+        return f"spent={shown}" + (f" of ${self.max_cost:,.2f}" if self.max_cost else "")
+
+
+def spent_in_output(path: str, price: Price) -> float:
+    """Dollars the successful lines of an existing response file cost (for resuming under a
+    budget): from the token counts exec writes in `metrics`, else the body's `usage`."""
+    if not os.path.exists(path):
+        return 0.0
+    total = 0.0
+    for _, raw in iter_lines(path):
+        try:
+            obj = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            continue
+        if (
+            not isinstance(obj, dict)
+            or obj.get("error")
+            or not isinstance(obj.get("response"), dict)
+        ):
+            continue
+        prompt, completion = _usage_of(obj)
+        total += price.of(prompt, completion)
+    return total
+
+
+def _usage_of(line: dict[str, Any]) -> tuple[float, float]:
+    metrics = line.get("metrics")
+    if isinstance(metrics, dict) and "prompt_tokens" in metrics:
+        return _num(metrics.get("prompt_tokens")), _num(metrics.get("completion_tokens"))
+    body = line["response"].get("body")
+    usage = body.get("usage") if isinstance(body, dict) else None
+    if not isinstance(usage, dict):
+        return 0.0, 0.0
+    prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
+    completion = usage.get("completion_tokens", usage.get("output_tokens"))
+    return _num(prompt), _num(completion)
+
+
+def _num(value: Any) -> float:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
+
+
+class Ticket:
+    """One request's metering state between `Meter.start` and `Meter.finish`."""
+
+    __slots__ = ("body", "cost", "raw_prompt", "reserved", "sent")
+
+    def __init__(self, body: dict[str, Any], cost: Cost, reserved: float = 0.0) -> None:
+        self.body = body
+        self.cost = cost  # _UNIT until a token count is needed
+        self.reserved = reserved
+        self.raw_prompt = 0  # the character estimate, before the learned correction
+        self.sent: tuple[int, float] = (0, 0.0)
+
+
+class Meter:
+    """Rate limits and budget for every worker of one run."""
+
+    def __init__(self, limiter: RateLimiter, budget: Budget | None = None) -> None:
+        self.limiter = limiter
+        self.budget = budget
+
+    def start(self, req: Request) -> Ticket:
+        """Estimate a request and reserve its worst-case cost; raises `BudgetReached`."""
+        ticket = Ticket(req.body, _UNIT)
+        budget = self.budget
+        if budget is not None:
+            cost = self._estimate(ticket)
+            cap = max_output_tokens(req.body)
+            output = cap if cap is not None else UNCAPPED_OUTPUT_TOKENS
+            ticket.reserved = budget.reserve(cost.input_tokens, output)
+        return ticket
+
+    def _estimate(self, ticket: Ticket) -> Cost:
+        if ticket.cost is _UNIT:
+            limiter = self.limiter
+            ticket.raw_prompt = estimate_prompt_tokens(ticket.body)
+            prompt = ticket.raw_prompt * limiter.prompt_scale
+            cap = max_output_tokens(ticket.body)
+            ticket.cost = Cost.of(prompt, cap if cap is not None else limiter.typical_output)
+        return ticket.cost
+
+    async def before_send(self, ticket: Ticket) -> None:
+        limiter = self.limiter
+        if limiter.active and limiter.gated:
+            await limiter.first_answer()
+        if limiter.active:
+            if ticket.cost is _UNIT and limiter.needs_tokens():
+                self._estimate(ticket)
+            ticket.sent = await limiter.acquire(ticket.cost)
+        else:
+            ticket.sent = limiter.count_unpaced(ticket.cost)
+
+    def after_answer(
+        self, ticket: Ticket, status: int, headers: Mapping[str, str], retry_after: float | None
+    ) -> None:
+        self.limiter.observe(headers, ticket.sent)
+        if status == 429:
+            self.limiter.on_429(retry_after)
+
+    def finish(self, ticket: Ticket, result: Result) -> None:
+        metrics = result.metrics
+        prompt = metrics.get("prompt_tokens", 0) if result.ok else 0
+        completion = metrics.get("completion_tokens", 0) if result.ok else 0
+        if ticket.cost is not _UNIT:
+            self.limiter.settle(ticket.cost, prompt, completion, ok=result.ok)
+            if result.ok and ticket.raw_prompt and prompt:
+                self.limiter.calibrate(ticket.raw_prompt, prompt)
+        if self.budget is not None:
+            self.budget.settle(ticket.reserved, prompt, completion)
+
+    def abandon(self, ticket: Ticket) -> None:
+        if self.budget is not None:
+            self.budget.release(ticket.reserved)
+
+    def status(self) -> str:
+        parts = [self.limiter.status()]
+        if self.budget is not None:
+            parts.append(self.budget.status())
+        return " ".join(p for p in parts if p)

@@ -1,0 +1,385 @@
+"""Pacing against a provider's limits: token buckets, limits learned from headers, 429 slowdown.
+
+One `RateLimiter` serves every worker and endpoint of a run, so the limits are global, as the
+provider counts them. It keeps up to four continuously refilled buckets, one per kind of limit
+(requests, tokens, input tokens, output tokens), each holding at most one second of its rate so
+that a run never bursts past what the provider can take at once. A request takes its cost from
+every bucket before it is sent (allowed to go into debt, so one request larger than a bucket
+still goes) and the token buckets are corrected with the real usage when the answer arrives.
+
+Limits come from `--rpm`/`--tpm` and, unless learning is off, from response headers: OpenAI's
+and Azure's `x-ratelimit-{limit,remaining,reset}-{requests,tokens}` and Anthropic's
+`anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,remaining,reset}`. The
+limit sets a bucket's rate; what remains pulls the bucket down when the provider counts less
+left than we do (never up: our own count already holds requests the server has not seen yet).
+
+A 429 slows the whole run: nothing is sent before its `Retry-After`, and sending is throttled to
+half the rate that led to it. The throttle doubles back every `RECOVERY_S` seconds without a 429
+and is lifted once it is well above the rate that caused it.
+
+The hot path stays cheap when nothing limits the run: `active` is False, workers skip the
+limiter, and `observe` is two header lookups that find nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as _dt
+import math
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+#: Kinds of limit, in the order a `Cost` lists them.
+KINDS = ("requests", "tokens", "input_tokens", "output_tokens")
+_SHORT = {
+    "requests": "rpm",
+    "tokens": "tpm",
+    "input_tokens": "input tpm",
+    "output_tokens": "output tpm",
+}
+
+BURST_S = 1.0  # a bucket holds this many seconds of its rate
+RECOVERY_S = 5.0  # the 429 throttle doubles after this long without a 429
+_HALVE_EVERY_S = 1.0  # 429s closer together than this are one event (one burst, one halving)
+_MIN_RATE = 0.05  # requests/s: the throttle never stops a run entirely
+_MAX_HOLD_S = 300.0  # a Retry-After longer than this holds the run only this long
+#: While limits are being learned, the first request goes alone, and the others wait for its
+#: answer (and the limits its headers tell) at most this long: a cold local server must not
+#: hold a run up, and a hosted API must not see a burst of hundreds before its limits are known.
+FIRST_ANSWER_WAIT_S = 2.0
+
+_OPENAI = {
+    "requests": ("x-ratelimit-limit-requests", "x-ratelimit-remaining-requests"),
+    "tokens": ("x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens"),
+}
+_ANTHROPIC = {
+    kind: (
+        f"anthropic-ratelimit-{kind.replace('_', '-')}-limit",
+        f"anthropic-ratelimit-{kind.replace('_', '-')}-remaining",
+    )
+    for kind in KINDS
+}
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_reset(value: str | None, now: float | None = None) -> float | None:
+    """Seconds until a limit resets: OpenAI's Go-style durations (`1s`, `6m0s`, `250ms`,
+    `1h2m3.5s`), a bare number of seconds, or Anthropic's RFC 3339 time."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    parts = _DURATION.findall(value)
+    if parts and "".join(n + u for n, u in parts) == value:
+        return sum(float(n) * _DURATION_UNITS[u] for n, u in parts)
+    try:
+        when = _dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=_dt.timezone.utc)
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+def _number(value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        return None
+    return number if math.isfinite(number) and number >= 0 else None
+
+
+@dataclass(slots=True)
+class Cost:
+    """What one request takes from each kind of bucket (tokens are estimates until settled)."""
+
+    requests: float = 1.0
+    tokens: float = 0.0
+    input_tokens: float = 0.0
+    output_tokens: float = 0.0
+
+    @classmethod
+    def of(cls, prompt: float, max_output: float) -> Cost:
+        return cls(1.0, prompt + max_output, prompt, max_output)
+
+
+class Bucket:
+    """A continuously refilled token bucket of `rate` per second holding `BURST_S` of it.
+
+    The level may go below zero (debt): a request costing more than the bucket holds is sent
+    once the bucket is full, and the debt is repaid by waiting.
+    """
+
+    __slots__ = ("capacity", "level", "rate", "source", "stamp")
+
+    def __init__(self, per_minute: float, source: str) -> None:
+        self.source = source  # "--rpm", "headers", ...
+        self.rate = self.capacity = self.level = 0.0
+        self.stamp = time.monotonic()
+        self.set_limit(per_minute, fill=True)
+
+    def set_limit(self, per_minute: float, fill: bool = False) -> None:
+        self.refill(time.monotonic())
+        self.rate = per_minute / 60.0
+        self.capacity = max(1.0, self.rate * BURST_S)
+        self.level = self.capacity if fill else min(self.level, self.capacity)
+
+    def refill(self, now: float) -> None:
+        if now > self.stamp:
+            self.level = min(self.capacity, self.level + (now - self.stamp) * self.rate)
+            self.stamp = now
+
+    def wait_for(self, amount: float, now: float) -> float:
+        """Seconds until `amount` may be taken (0 when it may be taken now)."""
+        self.refill(now)
+        need = min(amount, self.capacity)
+        if self.level >= need or self.rate <= 0:
+            return 0.0
+        return (need - self.level) / self.rate
+
+    @property
+    def per_minute(self) -> float:
+        return self.rate * 60.0
+
+
+class RateLimiter:
+    """The run's shared pacing state. Workers call `acquire` before sending, `observe` with
+    each answer's headers, `on_429` when limited, and `settle` with the real usage."""
+
+    def __init__(
+        self, rpm: float | None = None, tpm: float | None = None, learn: bool = True
+    ) -> None:
+        self.learn = learn
+        self.buckets: dict[str, Bucket] = {}
+        if rpm:
+            self.buckets["requests"] = Bucket(rpm, "--rpm")
+        if tpm:
+            self.buckets["tokens"] = Bucket(tpm, "--tpm")
+        self.fixed = frozenset(self.buckets)  # user limits: headers may lower them, not raise
+        self.hold_until = 0.0  # no request leaves before this (monotonic): Retry-After
+        self.throttle: Bucket | None = None  # the 429 slowdown, on top of any limit
+        self._throttle_base = 0.0  # requests/s that led to the first 429 of this episode
+        self._throttle_since = 0.0
+        self._last_halving = -math.inf
+        self.sent = 0  # requests sent so far, for the send rate and the header reconciliation
+        self._tokens_sent = 0.0
+        self._rate_mark = (time.monotonic(), 0)
+        self._recent_rate = 0.0
+        self.paced_at = -math.inf  # monotonic time a request last had to wait
+        self.rate_limited = 0  # 429s seen
+        #: Output tokens assumed for a request without a cap: a running mean of real answers.
+        self.typical_output = 256.0
+        #: Real prompt tokens per estimated one (from usage): corrects the character estimate.
+        self.prompt_scale = 1.0
+        self._lock = asyncio.Lock()
+        self._gate: asyncio.Event | None = asyncio.Event() if learn else None
+        self._probe_sent = False
+        self.active = bool(self.buckets) or learn
+
+    # -- sending -------------------------------------------------------------------------------
+
+    def needs_tokens(self) -> bool:
+        """Whether requests must carry a token estimate (some token bucket is in use)."""
+        return len(self.buckets) > ("requests" in self.buckets)
+
+    async def acquire(self, cost: Cost) -> tuple[int, float]:
+        """Wait until `cost` fits every bucket (and any 429 hold is over), then take it.
+
+        Waiters queue on one lock, so they leave in order and a large request is not starved.
+        Returns a ticket for `observe`: the requests sent before this one and the tokens sent
+        up to and including it.
+        """
+        async with self._lock:
+            while True:
+                now = time.monotonic()
+                wait = self.hold_until - now
+                for kind, bucket in self.buckets.items():
+                    wait = max(wait, bucket.wait_for(getattr(cost, kind), now))
+                if self.throttle is not None:
+                    self._recover(now)
+                    if self.throttle is not None:
+                        wait = max(wait, self.throttle.wait_for(1.0, now))
+                if wait <= 0:
+                    break
+                self.paced_at = now
+                await asyncio.sleep(min(wait, 1.0))  # re-check: limits change while we wait
+            for kind, bucket in self.buckets.items():
+                bucket.level -= getattr(cost, kind)
+            if self.throttle is not None:
+                self.throttle.level -= 1.0
+        return self._count(cost)
+
+    def count_unpaced(self, cost: Cost | None = None) -> tuple[int, float]:
+        """Note a request sent without waiting (the limiter is not active)."""
+        return self._count(cost)
+
+    def _count(self, cost: Cost | None) -> tuple[int, float]:
+        if cost is not None:
+            self._tokens_sent += cost.tokens
+        ticket = (self.sent, self._tokens_sent)
+        self.sent += 1
+        return ticket
+
+    def settle(self, estimate: Cost, prompt: float, completion: float, ok: bool = True) -> None:
+        """Correct the token buckets with a finished request's real usage (a failed request
+        keeps its estimate: what the provider counted for it is unknown). Buckets learned from
+        headers are left alone: what the provider says remains is the truer count (OpenAI
+        charges the output cap, not the answer's length)."""
+        if not ok:
+            return
+        self.typical_output += (completion - self.typical_output) * 0.05
+        for kind, real in (
+            ("tokens", prompt + completion),
+            ("input_tokens", prompt),
+            ("output_tokens", completion),
+        ):
+            bucket = self.buckets.get(kind)
+            if bucket is not None and bucket.source != "headers":
+                bucket.level = min(bucket.capacity, bucket.level + getattr(estimate, kind) - real)
+
+    def calibrate(self, estimated: float, real: float) -> None:
+        """Move the prompt estimate's correction towards what the usage said (a running mean,
+        bounded so one odd answer cannot swing it)."""
+        ratio = min(4.0, max(0.25, real / estimated))
+        self.prompt_scale += (ratio - self.prompt_scale) * 0.05
+
+    # -- learning ------------------------------------------------------------------------------
+
+    @property
+    def gated(self) -> bool:
+        return self._gate is not None
+
+    async def first_answer(self) -> None:
+        """Let the first request go; hold the others until its answer (or FIRST_ANSWER_WAIT_S)."""
+        if self._gate is None:
+            return
+        if not self._probe_sent:
+            self._probe_sent = True
+            return
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._gate.wait(), FIRST_ANSWER_WAIT_S)
+        self._open_gate()
+
+    def _open_gate(self) -> None:
+        if self._gate is not None:
+            self._gate.set()
+            self._gate = None
+            self.active = bool(self.buckets) or self.throttle is not None
+
+    def observe(self, headers: Mapping[str, str], ticket: tuple[int, float]) -> None:
+        """Learn limits and what is left from an answer's headers (any status)."""
+        if not self.learn:
+            return
+        self._learn_from(headers, ticket)
+        if self._gate is not None:
+            self._open_gate()
+
+    def _learn_from(self, headers: Mapping[str, str], ticket: tuple[int, float]) -> None:
+        if "x-ratelimit-limit-requests" in headers or "x-ratelimit-limit-tokens" in headers:
+            family = _OPENAI
+        elif "anthropic-ratelimit-requests-limit" in headers:
+            family = _ANTHROPIC
+        else:
+            return
+        for kind, (limit_name, remaining_name) in family.items():
+            limit = _number(headers.get(limit_name))
+            if not limit:
+                continue
+            self._learn(kind, limit, _number(headers.get(remaining_name)), ticket)
+        self.active = True
+
+    def _learn(
+        self, kind: str, limit: float, remaining: float | None, ticket: tuple[int, float]
+    ) -> None:
+        bucket = self.buckets.get(kind)
+        if bucket is None:
+            bucket = self.buckets[kind] = Bucket(limit, "headers")
+        elif bucket.source == "headers" and bucket.per_minute != limit:
+            bucket.set_limit(limit)
+        elif kind in self.fixed and limit < bucket.per_minute:
+            bucket.set_limit(limit)  # the provider allows less than --rpm/--tpm said
+            bucket.source = "headers"
+        if remaining is None:
+            return
+        # The server counted up to this request; those sent after it are in our count but may
+        # not be in its `remaining` yet.
+        later = self.sent - ticket[0] - 1 if kind == "requests" else self._tokens_sent - ticket[1]
+        bucket.refill(time.monotonic())
+        bucket.level = min(bucket.level, remaining - max(0.0, later))
+
+    # -- 429 -----------------------------------------------------------------------------------
+
+    def on_429(self, retry_after: float | None) -> None:
+        """Slow every worker: hold until Retry-After and halve the sending rate."""
+        now = time.monotonic()
+        self.rate_limited += 1
+        self.active = True
+        if retry_after:
+            self.hold_until = max(self.hold_until, now + min(retry_after, _MAX_HOLD_S))
+        if now - self._last_halving < _HALVE_EVERY_S:
+            return
+        self._last_halving = now
+        if self.throttle is None:
+            current = self._send_rate(now)
+            limit = self.buckets.get("requests")
+            if limit is not None:
+                current = min(current, limit.rate) if current else limit.rate
+            self._throttle_base = max(current, _MIN_RATE)
+            self.throttle = Bucket(self._throttle_base * 60.0, "429")
+        self._recover(now)
+        if self.throttle is not None:
+            self.throttle.set_limit(max(_MIN_RATE, self.throttle.rate / 2) * 60.0)
+            self.throttle.level = min(self.throttle.level, 0.0)
+        self._throttle_since = now
+
+    def _recover(self, now: float) -> None:
+        """Let the throttle grow back: double every RECOVERY_S without a 429; lift it once it
+        is twice the rate that ran into the limit."""
+        assert self.throttle is not None
+        steps = int((now - self._throttle_since) / RECOVERY_S)
+        if steps <= 0:
+            return
+        rate = self.throttle.rate * 2**steps
+        self._throttle_since += steps * RECOVERY_S
+        if rate >= 2 * self._throttle_base:
+            self.throttle = None
+            self.active = bool(self.buckets) or self._gate is not None
+        else:
+            self.throttle.set_limit(rate * 60.0)
+
+    def _send_rate(self, now: float) -> float:
+        """Requests per second over the last few seconds."""
+        mark_time, mark_sent = self._rate_mark
+        if now - mark_time >= 0.5:
+            self._recent_rate = (self.sent - mark_sent) / (now - mark_time)
+            if now - mark_time >= 5.0:
+                self._rate_mark = (now, self.sent)
+        return self._recent_rate or (self.sent / max(now - mark_time, 1e-3))
+
+    # -- display -------------------------------------------------------------------------------
+
+    def status(self, window: float = 2.0) -> str:
+        """`paced: 3,000 rpm` while a limit made requests wait lately, else ''."""
+        now = time.monotonic()
+        if now - self.paced_at > window:
+            return ""
+        if self.hold_until > now:
+            return f"paced: holding {self.hold_until - now:.0f}s (Retry-After)"
+        parts = [f"{b.per_minute:,.0f} {_SHORT[k]}" for k, b in self.buckets.items()]
+        if self.throttle is not None:
+            parts.append(f"{self.throttle.per_minute:,.0f} rpm after 429")
+        return "paced: " + ", ".join(parts) if parts else ""
+
+    def describe(self) -> str:
+        """The limits in force, for the end-of-run summary."""
+        parts = [f"{b.per_minute:,.0f} {_SHORT[k]} ({b.source})" for k, b in self.buckets.items()]
+        return ", ".join(parts)
