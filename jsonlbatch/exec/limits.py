@@ -335,6 +335,7 @@ class RateLimiter:
                 current = min(current, limit.rate) if current else limit.rate
             self._throttle_base = max(current, _MIN_RATE)
             self.throttle = Bucket(self._throttle_base * 60.0, "429")
+            self._throttle_since = now
         self._recover(now)
         if self.throttle is not None:
             self.throttle.set_limit(max(_MIN_RATE, self.throttle.rate / 2) * 60.0)

@@ -29,7 +29,12 @@ from aiohttp import web
 from jsonlbatch.errors import UsageError
 
 HEADER_STYLES = ("openai", "anthropic")
-LIMIT_HEADERS_KEY = "jsonlbatch_ratelimit_headers"  # where a request keeps its answer's headers
+#: Where an admitted request keeps its answer's headers (a typed key where aiohttp has them).
+LIMIT_HEADERS_KEY: Any = (
+    web.RequestKey("jsonlbatch_ratelimit_headers", dict)
+    if hasattr(web, "RequestKey")
+    else "jsonlbatch_ratelimit_headers"
+)
 
 _LIMITED = orjson.dumps(
     {

@@ -1,0 +1,176 @@
+"""Rate limits: the mock's provider headers, limits learned from them, --rpm/--tpm, and how a
+429 slows the whole run. Real HTTP against the mock on 127.0.0.1; small, quick runs."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import urllib.request
+
+import pytest
+from batchutil import exec_cli, failures, read_results, write_requests
+
+from jsonlbatch.exec import limits
+from jsonlbatch.exec.job import execute
+from jsonlbatch.exec.limits import Cost, RateLimiter, parse_reset
+from jsonlbatch.mock.limits import go_duration
+
+
+def test_reset_values_of_both_families_parse():
+    assert parse_reset("1s") == 1.0
+    assert parse_reset("6m0s") == 360.0
+    assert parse_reset("250ms") == 0.25
+    assert parse_reset("1h2m3.5s") == pytest.approx(3723.5)
+    assert parse_reset("20") == 20.0
+    assert parse_reset("2026-11-24T06:00:30Z", now=1795500000.0) == pytest.approx(30.0)
+    assert parse_reset("soon") is None and parse_reset(None) is None
+    for seconds in (0.25, 1.0, 1.5, 360.0, 3723.5):
+        assert parse_reset(go_duration(seconds)) == pytest.approx(seconds)
+
+
+def _post(url: str, body: bytes = b'{"model":"mock","messages":[{"role":"user","content":"hi"}]}'):
+    request = urllib.request.Request(
+        url + "/chat/completions", data=body, headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            return resp.status, dict(resp.headers)
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers)
+
+
+def test_mock_enforces_rpm_with_the_openai_header_set(mock_server):
+    url = mock_server(rpm=120, tpm=100_000)  # a bucket of 2 requests (1 s of 120 rpm)
+    answers = [_post(url) for _ in range(3)]
+    assert [status for status, _ in answers] == [200, 200, 429]
+    headers = answers[0][1]
+    assert headers["x-ratelimit-limit-requests"] == "120"
+    assert headers["x-ratelimit-remaining-requests"] == "1"
+    assert headers["x-ratelimit-limit-tokens"] == "100000"
+    assert parse_reset(headers["x-ratelimit-reset-requests"]) == pytest.approx(0.5, abs=0.1)
+    assert parse_reset(headers["x-ratelimit-reset-tokens"]) is not None
+    limited = answers[2][1]
+    assert limited["x-ratelimit-remaining-requests"] == "0"
+    assert 0 < float(limited["Retry-After"]) <= 0.5
+
+
+def test_mock_sends_the_anthropic_header_set(mock_server):
+    url = mock_server(rpm=60, tpm=6000, rate_limit_headers="anthropic")
+    status, headers = _post(url)
+    assert status == 200
+    assert headers["anthropic-ratelimit-requests-limit"] == "60"
+    assert headers["anthropic-ratelimit-requests-remaining"] == "0"
+    assert headers["anthropic-ratelimit-tokens-limit"] == "6000"
+    assert 0 < parse_reset(headers["anthropic-ratelimit-requests-reset"]) <= 2
+    assert not any(k.startswith("x-ratelimit") for k in headers)
+
+
+def test_mock_refuses_a_bad_limit_config(mock_server):
+    with pytest.raises(Exception, match="header style"):
+        mock_server(rpm=60, rate_limit_headers="azure")
+
+
+@pytest.mark.parametrize("style", ["openai", "anthropic"])
+def test_exec_learns_the_limit_from_headers_and_stays_under_it(tmp_path, mock_server, style):
+    url = mock_server(rpm=1200, rate_limit_headers=style)  # 20 a second, a bucket of 20
+    write_requests(tmp_path / "req.jsonl", 50, max_tokens=4)
+    started = time.monotonic()
+    summary = execute(
+        tmp_path / "req.jsonl", tmp_path / "out.jsonl", urls=[url], concurrency=32, quiet=True,
+        backoff_base=0.05,
+    )  # fmt: skip
+    elapsed = time.monotonic() - started
+    assert summary.succeeded == 50
+    assert summary.rate_limited == 0, summary.format()
+    assert "1,200 rpm (headers)" in summary.limits
+    assert elapsed >= (50 - 20) / 20 * 0.9  # paced: the first second's bucket, then 20/s
+
+
+def test_without_learning_the_same_run_runs_into_429s(tmp_path, mock_server):
+    url = mock_server(rpm=1200)
+    write_requests(tmp_path / "req.jsonl", 50, max_tokens=4)
+    summary = execute(
+        tmp_path / "req.jsonl", tmp_path / "out.jsonl", urls=[url], concurrency=32, quiet=True,
+        backoff_base=0.05, max_retries=50, rate_limits=False,
+    )  # fmt: skip
+    assert summary.succeeded == 50
+    assert summary.rate_limited > 0
+    assert summary.limits == ""
+
+
+def test_learned_token_limit_paces_by_tokens(tmp_path, mock_server):
+    # The mock charges prompt words + max_tokens: 2 + 48 = 50 tokens a request; 6,000 tpm is
+    # 2 requests a second (a bucket of 100 tokens).
+    url = mock_server(tpm=6000)
+    write_requests(tmp_path / "req.jsonl", 8, max_tokens=48)
+    started = time.monotonic()
+    summary = execute(
+        tmp_path / "req.jsonl", tmp_path / "out.jsonl", urls=[url], concurrency=8, quiet=True,
+        backoff_base=0.05,
+    )  # fmt: skip
+    assert summary.succeeded == 8
+    assert summary.rate_limited <= 1, summary.format()
+    assert "6,000 tpm (headers)" in summary.limits
+    assert time.monotonic() - started >= 2.0
+
+
+def test_rpm_option_paces_a_server_that_sends_no_headers(tmp_path, mock_server):
+    url = mock_server()
+    write_requests(tmp_path / "req.jsonl", 40)
+    started = time.monotonic()
+    summary = execute(
+        tmp_path / "req.jsonl", tmp_path / "out.jsonl", urls=[url], concurrency=16, quiet=True,
+        rpm=1200,
+    )  # fmt: skip
+    elapsed = time.monotonic() - started
+    assert summary.succeeded == 40
+    assert summary.limits == "1,200 rpm (--rpm)"
+    assert elapsed >= (40 - 20) / 20 * 0.9
+
+
+def test_a_429_holds_every_worker_until_retry_after_and_halves_the_rate():
+    async def scenario() -> tuple[float, float]:
+        limiter = RateLimiter(learn=False)
+        for _ in range(50):  # a send rate to halve
+            limiter.count_unpaced()
+        limiter.on_429(0.3)
+        assert limiter.active and limiter.throttle is not None
+        started = time.monotonic()
+        await limiter.acquire(Cost())  # another worker's request: held by the first's 429
+        held = time.monotonic() - started
+        first_rate = limiter.throttle.rate
+        limiter.on_429(None)  # 429s within a second are one burst: one halving
+        return held, first_rate / limiter.throttle.rate
+
+    held, ratio = asyncio.run(scenario())
+    assert held >= 0.28
+    assert ratio == 1.0
+
+
+def test_the_429_throttle_recovers_when_errors_stop(monkeypatch):
+    monkeypatch.setattr(limits, "RECOVERY_S", 0.05)
+
+    async def scenario() -> RateLimiter:
+        limiter = RateLimiter(learn=False)
+        limiter._send_rate = lambda now: 100.0  # type: ignore[method-assign]
+        limiter.on_429(None)
+        assert limiter.throttle is not None and limiter.throttle.rate == pytest.approx(50.0)
+        await asyncio.sleep(0.2)  # four recovery steps: 50 -> 800/s, above twice the old rate
+        await limiter.acquire(Cost())
+        return limiter
+
+    limiter = asyncio.run(scenario())
+    assert limiter.throttle is None and not limiter.active
+
+
+def test_a_429_storm_is_slowed_for_all_workers_and_paced_is_shown(tmp_path, mock_server):
+    url = mock_server(rpm=600)
+    write_requests(tmp_path / "req.jsonl", 40, max_tokens=2)
+    out = tmp_path / "out.jsonl"
+    proc = exec_cli(tmp_path / "req.jsonl", out, "--url", url, "-c", "16", "--backoff", "0.05",
+                    "--max-retries", "40")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    results = read_results(out)
+    assert len(results) == 40 and not failures(results)
+    assert "paced: 600 rpm" in proc.stderr
+    assert "rate limits: 600 rpm (headers)" in proc.stderr
