@@ -29,14 +29,20 @@ from jsonlbatch.redact import redact_line
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
 EMBEDDINGS_URL = "/v1/embeddings"
+RESPONSES_URL = "/v1/responses"  # OpenAI's Responses API
+MODERATIONS_URL = "/v1/moderations"
+MESSAGES_URL = "/v1/messages"  # Anthropic's Messages API (and servers that mimic it, vLLM too)
 
-#: Endpoint paths a request line may name: the OpenAI Batch API's and `vllm run-batch`'s.
+#: Endpoint paths a request line may name: the OpenAI Batch API's, `vllm run-batch`'s and
+#: Anthropic's Messages API.
 KNOWN_URLS = frozenset(
     {
         CHAT_URL,
         COMPLETIONS_URL,
         EMBEDDINGS_URL,
-        "/v1/responses",
+        RESPONSES_URL,
+        MODERATIONS_URL,
+        MESSAGES_URL,
         "/v1/score",
         "/v1/rerank",
         "/score",
@@ -115,7 +121,7 @@ def check_request(obj: Any, *, require_model: bool = True) -> list[tuple[str, st
         return out
     model = body.get("model")
     if model is None:
-        if require_model:
+        if require_model and url != MODERATIONS_URL:  # moderations has a default model
             out.append(("body.model", "missing (give it here, or run exec with --model)"))
     elif not isinstance(model, str) or not model:
         out.append(("body.model", "must be a non-empty string"))
@@ -130,7 +136,66 @@ def check_request(obj: Any, *, require_model: bool = True) -> list[tuple[str, st
         out.append(("body.prompt", "missing or not a string/list"))
     elif url == EMBEDDINGS_URL and not isinstance(body.get("input"), (str, list)):
         out.append(("body.input", "missing or not a string/list"))
+    elif url in _HOSTED_CHECKS:
+        out += _HOSTED_CHECKS[url](body)
     return out
+
+
+def _cap(body: dict[str, Any], key: str, required: bool = False) -> list[tuple[str, str]]:
+    value = body.get(key)
+    if value is None:
+        return [(f"body.{key}", "missing (the endpoint requires it)")] if required else []
+    if type(value) is not int or value < 1:
+        return [(f"body.{key}", f"must be an integer of at least 1, got {value!r}")]
+    return []
+
+
+def _check_responses(body: dict[str, Any]) -> list[tuple[str, str]]:
+    """The Responses API: `input` is a string or a list of items (messages or typed items)."""
+    value = body.get("input")
+    out = _cap(body, "max_output_tokens")
+    if isinstance(value, str):
+        return out
+    if not isinstance(value, list) or not value:
+        return [("body.input", "missing, or not a string or a non-empty list of items"), *out]
+    for i, item in enumerate(value):
+        if not isinstance(item, dict) or not (
+            isinstance(item.get("role"), str) or isinstance(item.get("type"), str)
+        ):
+            out.append((f"body.input[{i}]", "must be an object with a 'role' or a 'type'"))
+    instructions = body.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        out.append(("body.instructions", "must be a string"))
+    return out
+
+
+def _check_moderations(body: dict[str, Any]) -> list[tuple[str, str]]:
+    value = body.get("input")
+    if isinstance(value, str) or (isinstance(value, list) and value):
+        return []
+    return [("body.input", "missing, or not a string or a non-empty list")]
+
+
+def _check_messages_api(body: dict[str, Any]) -> list[tuple[str, str]]:
+    """Anthropic's Messages API: user/assistant `messages`, a required `max_tokens`, and the
+    system prompt as a top-level `system`, not a message."""
+    out = check_messages(body.get("messages"))
+    for i, msg in enumerate(body.get("messages") or ()):
+        if isinstance(msg, dict) and msg.get("role") not in ("user", "assistant", None):
+            out.append((f"body.messages[{i}].role", "must be 'user' or 'assistant' (the "
+                        "system prompt goes in body.system)"))  # fmt: skip
+    out += _cap(body, "max_tokens", required=True)
+    system = body.get("system")
+    if system is not None and not isinstance(system, (str, list)):
+        out.append(("body.system", "must be a string or a list of text blocks"))
+    return out
+
+
+_HOSTED_CHECKS = {
+    RESPONSES_URL: _check_responses,
+    MODERATIONS_URL: _check_moderations,
+    MESSAGES_URL: _check_messages_api,
+}
 
 
 def parse_request(raw: bytes | str, *, path: str, line: int, require_model: bool = True) -> Request:

@@ -33,6 +33,9 @@ SET_ASIDE_SECONDS = 2.0
 _MAX_LOOKUPS = 20  # models looked up by name per endpoint when its listing leaves them out
 
 _AZURE_SUFFIXES = (".openai.azure.com", ".cognitiveservices.azure.com", ".services.ai.azure.com")
+_ANTHROPIC_HOSTS = ("anthropic.com",)
+#: Sent to Anthropic's API unless a `--header anthropic-version=...` says otherwise.
+ANTHROPIC_VERSION = "2023-06-01"
 
 
 @dataclass(eq=False)
@@ -43,6 +46,7 @@ class Endpoint:
     name: str
     query: str = ""
     azure: bool = False
+    anthropic: bool = False  # the key goes in `x-api-key`, with an `anthropic-version`
     proxy: str | None = None
     in_flight: int = 0
     up: bool = True
@@ -96,6 +100,8 @@ def parse_endpoint(url: str) -> Endpoint:
         name=name,
         query=split.query,
         azure=host.endswith(_AZURE_SUFFIXES),
+        anthropic=host == "anthropic.com"
+        or host.endswith(tuple("." + h for h in _ANTHROPIC_HOSTS)),
         proxy=proxy,
     )
 
@@ -104,9 +110,15 @@ def auth_headers(
     endpoint: Endpoint, api_key: str | None, extra: Mapping[str, str] | None = None
 ) -> dict[str, str]:
     headers = {"Content-Type": "application/json", "Accept": "application/json"}
+    given = {key.lower() for key in extra or {}}
+    anthropic = endpoint.anthropic or "anthropic-version" in given
+    if anthropic and "anthropic-version" not in given:
+        headers["anthropic-version"] = ANTHROPIC_VERSION
     if api_key:
         register_secret(api_key)
-        if endpoint.azure:
+        if anthropic:
+            headers["x-api-key"] = api_key
+        elif endpoint.azure:
             headers["api-key"] = api_key
         else:
             headers["Authorization"] = f"Bearer {api_key}"

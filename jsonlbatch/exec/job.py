@@ -64,6 +64,7 @@ from jsonlbatch.exec.scan import (
 )
 from jsonlbatch.exec.server_metrics import compare, keep_servers, scrape_all
 from jsonlbatch.exec.streaming import (
+    NO_STREAM_URLS,
     STREAM_URLS,
     StreamError,
     StreamReader,
@@ -242,6 +243,13 @@ class Job:
         except BaseException:
             self.close()
             raise
+        refused = sorted(u for u in self.input.urls if u in NO_STREAM_URLS) if opts.stream else []
+        if refused:
+            self.close()
+            raise UsageError(
+                f"--stream is not supported for {', '.join(refused)} (their typed event "
+                "streams are not read yet): run these requests without --stream"
+            )
         return self.input
 
     def _note(self, message: str) -> None:

@@ -42,6 +42,10 @@ _SHORT = {
 }
 
 BURST_S = 1.0  # a bucket holds this many seconds of its rate
+#: Limits learned from headers are paced at this share of what they allow: sending exactly at
+#: the limit leaves the provider's bucket empty, and then any jitter on the way (a request
+#: that arrives a millisecond early) is a 429.
+LEARNED_SHARE = 0.95
 RECOVERY_S = 5.0  # the 429 throttle doubles after this long without a 429
 _HALVE_EVERY_S = 1.0  # 429s closer together than this are one event (one burst, one halving)
 _MIN_RATE = 0.05  # requests/s: the throttle never stops a run entirely
@@ -119,17 +123,19 @@ class Bucket:
     once the bucket is full, and the debt is repaid by waiting.
     """
 
-    __slots__ = ("capacity", "level", "rate", "source", "stamp")
+    __slots__ = ("capacity", "level", "limit", "rate", "share", "source", "stamp")
 
-    def __init__(self, per_minute: float, source: str) -> None:
+    def __init__(self, per_minute: float, source: str, share: float = 1.0) -> None:
         self.source = source  # "--rpm", "headers", ...
-        self.rate = self.capacity = self.level = 0.0
+        self.share = share  # of the limit that is used
+        self.limit = self.rate = self.capacity = self.level = 0.0
         self.stamp = time.monotonic()
         self.set_limit(per_minute, fill=True)
 
     def set_limit(self, per_minute: float, fill: bool = False) -> None:
         self.refill(time.monotonic())
-        self.rate = per_minute / 60.0
+        self.limit = per_minute
+        self.rate = per_minute * self.share / 60.0
         self.capacity = max(1.0, self.rate * BURST_S)
         self.level = self.capacity if fill else min(self.level, self.capacity)
 
@@ -148,7 +154,8 @@ class Bucket:
 
     @property
     def per_minute(self) -> float:
-        return self.rate * 60.0
+        """The limit (not the share of it that is used)."""
+        return self.limit
 
 
 class RateLimiter:
@@ -302,12 +309,15 @@ class RateLimiter:
     ) -> None:
         bucket = self.buckets.get(kind)
         if bucket is None:
-            bucket = self.buckets[kind] = Bucket(limit, "headers")
+            bucket = self.buckets[kind] = Bucket(limit, "headers", LEARNED_SHARE)
+            # Start empty: requests sent before this answer may not have reached the provider
+            # yet, and a full bucket on top of them is a burst it may refuse.
+            bucket.level = 0.0
         elif bucket.source == "headers" and bucket.per_minute != limit:
             bucket.set_limit(limit)
         elif kind in self.fixed and limit < bucket.per_minute:
+            bucket.source, bucket.share = "headers", LEARNED_SHARE
             bucket.set_limit(limit)  # the provider allows less than --rpm/--tpm said
-            bucket.source = "headers"
         if remaining is None:
             return
         # The server counted up to this request; those sent after it are in our count but may

@@ -290,6 +290,7 @@ class InputScan:
     total: int = 0
     pending: array = field(default_factory=lambda: array("Q"))  # byte offsets of lines to send
     models: Counter[str] = field(default_factory=Counter)
+    urls: Counter[str] = field(default_factory=Counter)  # endpoint paths of the pending lines
     already_done: int = 0  # have a line in the output (a success, or a failure not retried)
     failed_before: int = 0  # of those, failures
     replace: IdSet = field(default_factory=IdSet)  # ids whose old lines go before sending
@@ -395,6 +396,7 @@ def scan_input(
         model = obj["body"].get("model")
         if model is not None:
             scan.models[model] += 1
+        scan.urls[obj["url"]] += 1
         if at >= 0 or kept_failure:
             scan.replace.add(cid)
             scan.retried += kept_failure and at < 0 and retry_failed

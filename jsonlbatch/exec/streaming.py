@@ -26,12 +26,14 @@ import orjson
 
 from jsonlbatch.answers import usage_metrics
 from jsonlbatch.errors import JsonlbatchError
-from jsonlbatch.records import CHAT_URL, COMPLETIONS_URL
+from jsonlbatch.records import CHAT_URL, COMPLETIONS_URL, MESSAGES_URL, RESPONSES_URL
 from jsonlbatch.redact import redact
 from jsonlbatch.stats import percentile
 
 #: Endpoints whose requests `exec --stream` sends with `stream: true`.
 STREAM_URLS = frozenset({CHAT_URL, COMPLETIONS_URL})
+#: Endpoints whose streams exec cannot read yet (typed `event:` streams): refused up front.
+NO_STREAM_URLS = frozenset({RESPONSES_URL, MESSAGES_URL})
 
 _DONE = b"[DONE]"
 _ITL_PERCENTILES = (("itl_p50_s", 50), ("itl_p90_s", 90), ("itl_p99_s", 99))

@@ -29,12 +29,26 @@ from jsonlbatch.records import (
     CHAT_URL,
     COMPLETIONS_URL,
     EMBEDDINGS_URL,
+    MESSAGES_URL,
+    MODERATIONS_URL,
+    RESPONSES_URL,
     check_request,
     request_line,
 )
 
 #: The endpoints the generator writes bodies for, and the body field each one's prompt goes in.
-PROMPT_FIELDS = {CHAT_URL: "messages", COMPLETIONS_URL: "prompt", EMBEDDINGS_URL: "input"}
+PROMPT_FIELDS = {
+    CHAT_URL: "messages",
+    COMPLETIONS_URL: "prompt",
+    EMBEDDINGS_URL: "input",
+    RESPONSES_URL: "input",
+    MESSAGES_URL: "messages",
+    MODERATIONS_URL: "input",
+}
+#: Endpoints that take chat messages (a string prompt becomes one user message).
+_CHAT_LIKE = frozenset({CHAT_URL, RESPONSES_URL, MESSAGES_URL})
+#: Endpoints that generate nothing: generation fields have no meaning there.
+_NO_GENERATION = frozenset({EMBEDDINGS_URL, MODERATIONS_URL})
 
 #: Body fields that only make sense when something is generated.
 GENERATION_FIELDS = ("temperature", "top_p", "top_k", "min_p", "max_tokens", "n", "seed", "stop")
@@ -163,7 +177,7 @@ class RequestWriter:
             think_budget,
         )
         base = merge_patch(body or {}, body_defaults)
-        if url == EMBEDDINGS_URL and (pointless := [k for k in GENERATION_FIELDS if k in base]):
+        if url in _NO_GENERATION and (pointless := [k for k in GENERATION_FIELDS if k in base]):
             raise UsageError(
                 f"{', '.join(pointless)}: no meaning for {url}, which generates nothing"
             )
@@ -211,6 +225,8 @@ class RequestWriter:
         payload = self._payload(custom_id, messages_or_prompt)
         body = merge_patch(self._base, body_overrides)
         body.update(payload)
+        if self.url == RESPONSES_URL and "max_tokens" in body:  # the Responses API's name
+            body["max_output_tokens"] = body.pop("max_tokens")
         requests = self._expand(custom_id, body)
         ids = [cid for cid, _ in requests]
         for cid in ids:
@@ -239,7 +255,7 @@ class RequestWriter:
 
     def _payload(self, custom_id: str, prompt: str | list[Any]) -> dict[str, Any]:
         field = PROMPT_FIELDS[self.url]
-        if self.url != CHAT_URL:
+        if self.url not in _CHAT_LIKE:
             is_chat = isinstance(prompt, list) and any(isinstance(m, dict) for m in prompt)
             if is_chat or not isinstance(prompt, (str, list)):
                 msg = f"{self.url} takes a string or a list of strings, not chat messages"
@@ -248,6 +264,15 @@ class RequestWriter:
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
         if self.suffix:
             messages = _with_suffix(custom_id, messages, self.suffix)
+        if self.url == RESPONSES_URL and isinstance(prompt, str) and not self.suffix:
+            return {field: prompt}
+        if self.url == MESSAGES_URL:  # Anthropic takes the system prompt beside the messages
+            system = [m for m in messages if isinstance(m, dict) and m.get("role") == "system"]
+            rest = [m for m in messages if not (isinstance(m, dict) and m.get("role") == "system")]
+            if system:
+                text = "\n\n".join(str(m.get("content") or "") for m in system)
+                return {"system": text, field: rest}
+            return {field: rest}
         return {field: messages}
 
     def _expand(self, custom_id: str, body: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
@@ -420,6 +445,6 @@ def _text_chars(value: Any) -> int:
         return sum(_text_chars(v) for v in value)
     if isinstance(value, dict):
         return sum(
-            _text_chars(value.get(k)) for k in ("messages", "prompt", "input", "content", "text")
+            _text_chars(value.get(k)) for k in ("system", "messages", "prompt", "input", "content", "text")
         )
     return 0

@@ -22,7 +22,7 @@ import orjson
 from aiohttp import web
 
 from jsonlbatch.errors import UsageError
-from jsonlbatch.mock import content
+from jsonlbatch.mock import content, hosted
 from jsonlbatch.mock.gpu import GpuEngine, GpuModel
 from jsonlbatch.mock.limits import MockLimits, add_headers
 from jsonlbatch.records import check_messages
@@ -238,7 +238,7 @@ class _Mock:
             return True
         given = request.headers.get("Authorization", "")
         given = given[7:].strip() if given[:7].lower() == "bearer " else ""
-        given = given or request.headers.get("api-key", "")
+        given = given or request.headers.get("api-key", "") or request.headers.get("x-api-key", "")
         return hmac.compare_digest(given.encode(), self.key)
 
     def delay(self) -> float:
@@ -328,6 +328,16 @@ class _Mock:
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         return await self.handle(request, _check_chat, self.answer_chat)
+
+    def hosted_route(self, check: Callable[..., None], answer: Callable[..., Any]) -> Any:
+        """A handler for one of `hosted.ROUTES` (Responses, Messages, Moderations)."""
+
+        async def route(request: web.Request) -> web.StreamResponse:
+            return await self.handle(
+                request, lambda body: check(body, _Reject), lambda *args: answer(self, *args)
+            )
+
+        return route
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self.handle(request, _check_completion, self.answer_completion)
@@ -500,6 +510,8 @@ def create_app(config: MockConfig) -> web.Application:
     add.add_post("/v1/chat/completions", mock.chat)
     add.add_post("/v1/completions", mock.completions)
     add.add_post("/v1/embeddings", mock.embeddings)
+    for path, check, answer in hosted.ROUTES:
+        add.add_post(path, mock.hosted_route(check, answer))
     add.add_get("/v1/models", mock.models_list)
     add.add_get("/v1/models/{model:.+}", mock.model_card)
     add.add_get("/health", mock.health)
