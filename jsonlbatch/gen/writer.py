@@ -445,6 +445,7 @@ def _text_chars(value: Any) -> int:
         return sum(_text_chars(v) for v in value)
     if isinstance(value, dict):
         return sum(
-            _text_chars(value.get(k)) for k in ("system", "messages", "prompt", "input", "content", "text")
+            _text_chars(value.get(k))
+            for k in ("system", "messages", "prompt", "input", "content", "text")
         )
     return 0
