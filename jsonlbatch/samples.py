@@ -111,6 +111,111 @@ def _failure_reason(obj: dict[str, Any]) -> str:
     return ": ".join(parts) or "failed"
 
 
+# -- hosted-API answers, read as chat choices ----------------------------------------------------
+
+_STOP_REASONS = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length",
+                 "tool_use": "tool_calls"}  # fmt: skip
+
+
+def _choice(text: str, reasoning: str, calls: list[dict[str, Any]], finish: Any) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if reasoning:
+        message["reasoning"] = reasoning
+    if calls:
+        message["tool_calls"] = calls
+    return {"index": 0, "message": message, "finish_reason": finish}
+
+
+def _texts(parts: Any, kind: str, key: str = "text") -> list[str]:
+    """The `key` strings of the parts of type `kind` in a list of typed parts."""
+    if not isinstance(parts, list):
+        return []
+    return [
+        p[key]
+        for p in parts
+        if isinstance(p, dict) and p.get("type") == kind and isinstance(p.get(key), str)
+    ]
+
+
+def _responses_choice(body: dict[str, Any]) -> dict[str, Any]:
+    """A Responses API answer: text in `output[]` messages' `output_text` parts."""
+    texts: list[str] = []
+    reasoning: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for item in body["output"]:
+        if not isinstance(item, dict):
+            continue
+        kind = item.get("type")
+        if kind == "message":
+            texts += _texts(item.get("content"), "output_text")
+        elif kind == "reasoning":
+            reasoning += _texts(item.get("summary"), "summary_text")
+            reasoning += _texts(item.get("content"), "reasoning_text")
+        elif kind == "function_call":
+            function = {"name": item.get("name"), "arguments": item.get("arguments")}
+            calls.append({"id": item.get("call_id"), "type": "function", "function": function})
+    details = body.get("incomplete_details")
+    if body.get("status") == "incomplete":
+        reason = details.get("reason") if isinstance(details, dict) else None
+        finish: Any = "length" if reason == "max_output_tokens" else reason or "incomplete"
+    else:
+        finish = "tool_calls" if calls else "stop"
+    return _choice("".join(texts), "".join(reasoning), calls, finish)
+
+
+def _messages_choice(body: dict[str, Any]) -> dict[str, Any]:
+    """An Anthropic Messages answer: text in `content[]` blocks of type `text`."""
+    blocks = body["content"]
+    calls = [
+        {"id": b.get("id"), "type": "function",
+         "function": {"name": b.get("name"), "arguments": orjson.dumps(b.get("input")).decode()}}
+        for b in blocks if isinstance(b, dict) and b.get("type") == "tool_use"
+    ]  # fmt: skip
+    reason = body.get("stop_reason")
+    finish = _STOP_REASONS.get(reason, reason) if isinstance(reason, str) else None
+    thinking = "".join(_texts(blocks, "thinking", "thinking"))
+    return _choice("".join(_texts(blocks, "text")), thinking, calls, finish)
+
+
+def _moderation_choices(results: list[Any]) -> list[dict[str, Any]]:
+    """A moderation answer: one choice per input, its text the flagged categories."""
+    out = []
+    for i, result in enumerate(results):
+        result = result if isinstance(result, dict) else {}
+        categories = result.get("categories")
+        hits = (
+            [k for k, v in categories.items() if v is True] if isinstance(categories, dict) else []
+        )
+        text = ("flagged: " + ", ".join(hits)) if result.get("flagged") else "not flagged"
+        out.append({**_choice(text, "", [], "stop"), "index": i})
+    return out
+
+
+def hosted_choices(body: Any) -> list[dict[str, Any]] | None:
+    """Chat-style `choices` for an answer of the Responses, Messages or Moderations API (None
+    for any other body), so every reader of chat answers reads these too."""
+    if not isinstance(body, dict):
+        return None
+    if isinstance(body.get("output"), list):
+        return [_responses_choice(body)]
+    if body.get("type") == "message" and isinstance(body.get("content"), list):
+        return [_messages_choice(body)]
+    if isinstance(body.get("results"), list) and body["results"]:
+        return _moderation_choices(body["results"])
+    return None
+
+
+def chat_usage(usage: Any) -> dict[str, Any] | None:
+    """`usage` with chat's names: the Responses and Messages APIs say `input_tokens` and
+    `output_tokens` where chat says `prompt_tokens` and `completion_tokens`."""
+    if not isinstance(usage, dict):
+        return None
+    if "prompt_tokens" in usage or "input_tokens" not in usage:
+        return usage
+    return {**usage, "prompt_tokens": usage.get("input_tokens"),
+            "completion_tokens": usage.get("output_tokens")}  # fmt: skip
+
+
 def is_answer_line(obj: dict[str, Any]) -> bool:
     return "answer" in obj and "response" not in obj
 
@@ -136,10 +241,12 @@ def samples_of(
         return [Sample(cid, error=_failure_reason(obj), **where)]
     body = obj["response"]["body"]
     choices = body.get("choices") if isinstance(body, dict) else None
+    if choices is None:
+        choices = hosted_choices(body)
     if not isinstance(choices, list) or not choices:
         return [Sample(cid, error="response body has no choices", **where)]
     model = body.get("model") if isinstance(body.get("model"), str) else None
-    usage = body.get("usage") if isinstance(body.get("usage"), dict) else None
+    usage = chat_usage(body.get("usage"))
     out = []
     for pos, choice in enumerate(choices):
         choice = choice if isinstance(choice, dict) else {}

@@ -24,6 +24,7 @@ import orjson
 from jsonlbatch.errors import InputError, Problem, UsageError
 from jsonlbatch.jsonl import ends_with_newline, iter_lines
 from jsonlbatch.records import check_response, is_failure, reasoning_tokens
+from jsonlbatch.samples import chat_usage, hosted_choices
 
 #: Per-request columns, each an `array('d')` aligned with the successful requests.
 COLUMNS = ("e2e", "ttft", "tpot", "itl", "prompt", "completion", "reasoning", "end")
@@ -251,7 +252,7 @@ def _parse(obj: Any, path: str, number: int, problems: list[Problem]) -> _Line |
     response = obj.get("response") if isinstance(obj.get("response"), dict) else {}
     body = response.get("body")
     body = body if isinstance(body, dict) else {}
-    usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
+    usage = chat_usage(body.get("usage")) or {}
 
     def num(key: str) -> float:
         value = metrics.get(key)
@@ -279,6 +280,8 @@ def _parse(obj: Any, path: str, number: int, problems: list[Problem]) -> _Line |
     reasons = []
     if ok:
         choices = body.get("choices")
+        if choices is None:
+            choices = hosted_choices(body)
         for choice in choices if isinstance(choices, list) else ():
             if isinstance(choice, dict):
                 reasons.append(str(choice.get("finish_reason") or "(none)"))
