@@ -8,7 +8,10 @@ means depends on the endpoint, so each kind has one `AnswerKind` in `KINDS`:
 - chat completions: `choices`, each with a `message` that has content, tool calls or reasoning
   (or says why it stopped);
 - completions: `choices`, each with a `text`;
-- embeddings: `data`, each with an `embedding`.
+- embeddings: `data`, each with an `embedding`;
+- responses (OpenAI's Responses API): an `output` list of typed items, and not `status: failed`;
+- messages (Anthropic's Messages API): a `content` list of typed blocks;
+- moderations: `results`, each with a `flagged`.
 
 Token counts come from the body's `usage`, but only values that are numbers (a server may send
 `"prompt_tokens": "12"` or `null`): the body is kept as the server sent it, and the line's
@@ -25,7 +28,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from jsonlbatch.records import CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL
+from jsonlbatch.records import (
+    CHAT_URL,
+    COMPLETIONS_URL,
+    EMBEDDINGS_URL,
+    MESSAGES_URL,
+    MODERATIONS_URL,
+    RESPONSES_URL,
+)
 
 #: A path into a body, e.g. ("usage", "prompt_tokens").
 Path = tuple[str, ...]
@@ -109,6 +119,25 @@ def _embedding(body: Mapping[str, Any]) -> bool:
     )
 
 
+def _typed_list(value: Any) -> bool:
+    return value.__class__ is list and all(
+        isinstance(item, dict) and isinstance(item.get("type"), str) for item in value
+    )
+
+
+def _response(body: Mapping[str, Any]) -> bool:
+    return _typed_list(body.get("output")) and body.get("status") != "failed"
+
+
+def _message(body: Mapping[str, Any]) -> bool:
+    return _typed_list(body.get("content")) and body.get("type", "message") == "message"
+
+
+def _moderation(body: Mapping[str, Any]) -> bool:
+    results = _items(body, "results")
+    return results is not None and all(isinstance(r, dict) and "flagged" in r for r in results)
+
+
 def _not_an_error(body: Mapping[str, Any]) -> bool:
     """For kinds without rules of their own: anything but an empty or error-only object."""
     return bool(body) and not body.keys() <= _ERROR_KEYS
@@ -121,6 +150,13 @@ _GENERATION_USAGE: dict[str, tuple[Path, ...]] = {
         ("usage", "completion_tokens_details", "reasoning_tokens"),  # OpenAI
         ("usage", "reasoning_tokens"),  # SGLang
     ),
+}
+
+#: Usage as the Responses and Messages APIs name it.
+_IO_USAGE: dict[str, tuple[Path, ...]] = {
+    "prompt_tokens": (("usage", "input_tokens"),),
+    "completion_tokens": (("usage", "output_tokens"),),
+    "reasoning_tokens": (("usage", "output_tokens_details", "reasoning_tokens"),),
 }
 
 #: Rules by request URL.
@@ -137,6 +173,9 @@ KINDS: dict[str, AnswerKind] = {
         {"prompt_tokens": (("usage", "prompt_tokens"),)},
         "data with embeddings",
     ),
+    RESPONSES_URL: AnswerKind("response", _response, _IO_USAGE, "output items"),
+    MESSAGES_URL: AnswerKind("message", _message, _IO_USAGE, "content blocks"),
+    MODERATIONS_URL: AnswerKind("moderation", _moderation, {}, "results with flagged"),
 }
 
 #: Rules for a URL without an entry in `KINDS`.
