@@ -174,3 +174,19 @@ def test_a_429_storm_is_slowed_for_all_workers_and_paced_is_shown(tmp_path, mock
     assert len(results) == 40 and not failures(results)
     assert "paced: 600 rpm" in proc.stderr
     assert "rate limits: 600 rpm (headers)" in proc.stderr
+
+
+def test_a_reset_far_beyond_a_minute_reveals_a_daily_window():
+    async def learn(headers: dict[str, str]) -> RateLimiter:
+        limiter = RateLimiter()
+        limiter.observe(headers, (0, 0.0))
+        return limiter
+
+    daily = asyncio.run(learn({"x-ratelimit-limit-requests": "10000",
+                               "x-ratelimit-remaining-requests": "9000",
+                               "x-ratelimit-reset-requests": "2h24m0s"}))  # fmt: skip
+    assert daily.buckets["requests"].per_minute == pytest.approx(1000 / 144)  # 1,000 in 144 min
+    minute = asyncio.run(learn({"anthropic-ratelimit-requests-limit": "50",
+                                "anthropic-ratelimit-requests-remaining": "49",
+                                "anthropic-ratelimit-requests-reset": "2020-01-01T00:00:00Z"}))  # fmt: skip
+    assert minute.buckets["requests"].per_minute == 50

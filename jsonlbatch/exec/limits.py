@@ -32,6 +32,8 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from jsonlbatch.exec.retry import parse_retry_after
+
 #: Kinds of limit, in the order a `Cost` lists them.
 KINDS = ("requests", "tokens", "input_tokens", "output_tokens")
 _SHORT = {
@@ -56,16 +58,21 @@ _MAX_HOLD_S = 300.0  # a Retry-After longer than this holds the run only this lo
 FIRST_ANSWER_WAIT_S = 2.0
 
 _OPENAI = {
-    "requests": ("x-ratelimit-limit-requests", "x-ratelimit-remaining-requests"),
-    "tokens": ("x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens"),
+    kind: (
+        f"x-ratelimit-limit-{kind}",
+        f"x-ratelimit-remaining-{kind}",
+        f"x-ratelimit-reset-{kind}",
+    )
+    for kind in ("requests", "tokens")
 }
 _ANTHROPIC = {
-    kind: (
-        f"anthropic-ratelimit-{kind.replace('_', '-')}-limit",
-        f"anthropic-ratelimit-{kind.replace('_', '-')}-remaining",
-    )
+    kind: tuple(f"anthropic-ratelimit-{kind.replace('_', '-')}-{part}"
+                for part in ("limit", "remaining", "reset"))
     for kind in KINDS
-}
+}  # fmt: skip
+#: A limit whose reset is this much longer than a per-minute refill would take is a longer
+#: window (requests per day): the rate then follows from what is used and when it is back.
+_LONG_WINDOW = 2.0
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
@@ -76,10 +83,8 @@ def parse_reset(value: str | None, now: float | None = None) -> float | None:
     if not value:
         return None
     value = value.strip()
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
+    if value.replace(".", "", 1).isdigit():
+        return parse_retry_after(value, now)
     parts = _DURATION.findall(value)
     if parts and "".join(n + u for n, u in parts) == value:
         return sum(float(n) * _DURATION_UNITS[u] for n, u in parts)
@@ -297,11 +302,17 @@ class RateLimiter:
             family = _ANTHROPIC
         else:
             return
-        for kind, (limit_name, remaining_name) in family.items():
+        for kind, (limit_name, remaining_name, reset_name) in family.items():
             limit = _number(headers.get(limit_name))
             if not limit:
                 continue
-            self._learn(kind, limit, _number(headers.get(remaining_name)), ticket)
+            remaining = _number(headers.get(remaining_name))
+            if remaining is not None and remaining < limit:
+                reset = parse_reset(headers.get(reset_name))
+                if reset and reset > _LONG_WINDOW * 60.0 * (limit - remaining) / limit:
+                    # Back to full only after `reset`: refilled at (limit - remaining) / reset.
+                    limit = 60.0 * (limit - remaining) / reset
+            self._learn(kind, limit, remaining, ticket)
         self.active = True
 
     def _learn(
