@@ -82,7 +82,7 @@ def dry_run(job: Job, *, use_tiktoken: bool = True) -> DryRunReport:
         price=opts.price,
     )
     counters: dict[str, object] = {}
-    for raw in read_lines_at(job.requests, scan.pending):
+    for raw in read_lines_at(job.source, scan.pending):
         obj = orjson.loads(raw)
         body = obj["body"]
         model = opts.model if opts.model not in (None, "auto") else body.get("model")

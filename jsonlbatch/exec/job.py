@@ -219,7 +219,7 @@ class Job:
         if lock:
             self._acquire()
         try:
-            removed = remove_stale_rewrites(self.output)
+            removed = remove_stale_rewrites(self.output) if lock else 0
             if removed:
                 self._note(f"removed {removed} temporary files left by killed rewrites")
             if self.source == self.requests and not is_regular(self.requests):
