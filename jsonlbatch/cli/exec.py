@@ -174,13 +174,13 @@ def parse_headers(values: tuple[str, ...]) -> dict[str, str]:
 )
 @click.option(
     "--rpm",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Finite(min=0, min_open=True),
     metavar="N",
     help="Requests per minute, across all workers and endpoints (a token bucket).",
 )
 @click.option(
     "--tpm",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Finite(min=0, min_open=True),
     metavar="N",
     help="Tokens per minute: prompt estimate + output cap, corrected by the real usage.",
 )
@@ -198,7 +198,7 @@ def parse_headers(values: tuple[str, ...]) -> dict[str, str]:
 )
 @click.option(
     "--max-cost",
-    type=float,
+    type=Finite(min=0),
     metavar="USD",
     help="Stop sending once spent + in flight could pass this (whole output file; needs "
     "--price). Exit status 4; the same command with a higher budget resumes.",
