@@ -375,8 +375,9 @@ def write_requests(
 
 def check_prompt(prompt: Prompt, url: str) -> None:
     """Refuse chat-only prompt parts (a system text, a messages template) for the endpoints
-    that take a plain prompt, before any row is read."""
-    if url == CHAT_URL or (prompt.system is None and prompt.messages is None):
+    that take a plain prompt, before any row is read (the Responses and Messages APIs take
+    messages too)."""
+    if url in _CHAT_LIKE or (prompt.system is None and prompt.messages is None):
         return
     what = "--system" if prompt.system is not None else "--messages"
     raise UsageError(
