@@ -22,6 +22,7 @@ from typing import Any
 
 import orjson
 
+from jsonlbatch.answers import number as json_number
 from jsonlbatch.errors import InputError, Problem, UsageError
 from jsonlbatch.idset import IdSet
 from jsonlbatch.jsonl import iter_lines
@@ -266,9 +267,9 @@ def _row(samples: list[Sample], key: KeyFunc, per: str) -> dict[str, Any]:
 
 
 def _number(value: Any, kind: type) -> Any:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return kind(value)
+    """A metric as its column's type, when it is a number as `answers` accepts them."""
+    found = json_number(value)
+    return None if found is None else kind(found)
 
 
 def _rows(
