@@ -37,9 +37,10 @@ def test_whole_run_in_parts_then_nothing_to_do(tmp_path, mock_server):
     batches = server.client().batches.list().data
     assert len(batches) == 3 and sorted(b.request_counts.total for b in batches) == [5, 10, 10]
     assert {r["metrics"]["batch_id"] for r in results.values()} == {b.id for b in batches}
-    for x in lines:  # marked as exec marks its lines, so a later run sees edited requests
-        assert results[x["custom_id"]]["metrics"]["fingerprint"] == (
-            f"{fingerprint(x['url'], x['body']):016x}"
+    for raw in requests.read_bytes().splitlines():  # marked as exec marks its lines, so a
+        x = orjson.loads(raw)  # later run sees edited requests
+        assert results[x["custom_id"]]["metrics"]["fingerprint"] == fingerprint(
+            raw, x["url"], x["body"]
         )
     assert all(p["merged"] for p in _state(out)["parts"])
 

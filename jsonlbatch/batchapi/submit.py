@@ -220,7 +220,7 @@ class Submitter:
                 obj = orjson.loads(raw)
                 key = (obj["url"], opts.model or obj["body"].get("model") or "")
                 # as exec marks its lines: the request as the file asks it, before any rewrite
-                mark = f"{fingerprint(obj['url'], obj['body']):016x}"
+                mark = fingerprint(raw, obj["url"], obj["body"])
                 line = rewrite(obj) if rewrite else raw.rstrip(b"\r\n") + b"\n"
                 current = open_parts.get(key)
                 if current is not None and (
