@@ -197,7 +197,7 @@ def bwrap_problem() -> str | None:
         return "bubblewrap (bwrap) is not installed"
     try:
         probe = subprocess.run(
-            [*bwrap_command(tempfile.gettempdir()), "true"],
+            [*bwrap_command(tempfile.gettempdir()), sys.executable, "-c", ""],  # as scripts run
             capture_output=True,
             timeout=10,
             stdin=subprocess.DEVNULL,
@@ -216,9 +216,11 @@ def bwrap_command(work: str) -> list[str]:
     argv = ["bwrap", "--unshare-all", "--die-with-parent", "--cap-drop", "ALL"]
     pythons = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
     pythons.add(os.path.dirname(os.path.dirname(os.path.realpath(sys.executable))))
-    for path in (*_SYSTEM, *sorted(pythons)):
+    for path in _SYSTEM:
         argv += ["--ro-bind-try", path, path]
     argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    for path in sorted(pythons):  # after the private /tmp: a venv under /tmp must show through
+        argv += ["--ro-bind-try", path, path]
     argv += ["--bind", work, work, "--chdir", work]
     return [*argv, "--remount-ro", "/"]  # the sandbox's own root: no writes that vanish
 
