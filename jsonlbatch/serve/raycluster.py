@@ -404,10 +404,18 @@ class RayServers(Servers):
     def stop(self) -> None:
         """Stop every server, then remove every actor and placement group (and a local cluster
         this run started)."""
+        ray = _ray()
+        self._closing.set()
         try:
-            super().stop()
+            placed = [r.actor for r in self.replicas if r.actor is not None]
+            if placed and ray.is_initialized():
+                self.note("stopping server(s)")
+                # every actor stops its server at once; bounded, as a Ctrl-C may have cut a call
+                # short: what is still up goes with its actor below (its reaper sees the pipe
+                # close), so teardown never waits on a Ray call that will not come back
+                refs = [actor.stop.remote(STOP_GRACE) for actor in placed]
+                ray.wait(refs, num_returns=len(refs), timeout=STOP_GRACE + 15.0)
         finally:
-            ray = _ray()
             if ray.is_initialized():
                 for replica in self.replicas:
                     try:
