@@ -71,7 +71,6 @@ def test_exec_serve_vllm_replicas_stream_with_model_auto_and_n(
         # random weights may end a choice at once (EOS first): no content delta, recorded as
         # null, as the reassembly writes an empty content (see streaming.ChoiceState.text)
         assert all(isinstance(c["message"]["content"], str | None) for c in body["choices"])
-        assert any(c["message"]["content"] for c in body["choices"]) or body["choices"]
         usage = body["usage"]
         assert usage["completion_tokens"] > 0
         assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
