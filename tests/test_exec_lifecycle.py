@@ -85,7 +85,14 @@ def test_ready_timeout_is_honoured_against_a_dead_port(tmp_path):
 def test_serve_backend_mock_answers_the_models_requests_name(tmp_path):
     write_requests(tmp_path / "req.jsonl", 4, model="Qwen/Qwen3-8B")
     server = start_cli(
-        "serve", "--backend", "mock", "--port", str(free_port()), "--server-log-dir", str(tmp_path), "-q"
+        "serve",
+        "--backend",
+        "mock",
+        "--port",
+        str(free_port()),
+        "--server-log-dir",
+        str(tmp_path),
+        "-q",
     )
     url = server.stdout.readline().strip()
     assert url.startswith("http://127.0.0.1:"), server.stderr.read()

@@ -175,7 +175,9 @@ def test_option_errors(tmp_path, kwargs, message):
 def test_duplicate_ids_and_invalid_requests_are_errors(tmp_path):
     with RequestWriter(tmp_path / "r.jsonl", model="m", samples=2) as w:
         w.add("a", MSG)
-        with pytest.raises(RequestError, match=r"request 'a\|0': custom_id: 'a\|0' repeats the id of prompt 1"):
+        with pytest.raises(
+            RequestError, match=r"request 'a\|0': custom_id: 'a\|0' repeats the id of prompt 1"
+        ):
             w.add("a", MSG)
         with pytest.raises(RequestError, match=r"messages\[0\]\.role: unknown role"):
             w.add("b", [{"role": "human", "content": "x"}])

@@ -306,7 +306,9 @@ def test_script_option_finds_the_file_among_several_and_says_what_it_saw(tmp_pat
         assert result.returncode == 0, result.stderr
         assert (out / "s" / "done.txt").read_text() == "ok", given
     result = post("files", responses, "--out-dir", tmp_path / "x", "--run", "--script", "nope.py")
-    assert "no file nope.py in the answer (its .py files: helper.py, src/render.py)" in result.stderr
+    assert (
+        "no file nope.py in the answer (its .py files: helper.py, src/render.py)" in result.stderr
+    )
     result = post("files", responses, "--out-dir", tmp_path / "y", "--run")
     assert "several .py files (helper.py, src/render.py) and no main.py" in result.stderr
 

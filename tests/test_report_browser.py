@@ -48,7 +48,9 @@ def _measure(page: Path, width: int, profile: Path) -> tuple[int, int]:
         timeout=90,
     )  # fmt: skip
     found = re.search(r"<title>measured (\d+) (\d+)</title>", result.stdout)
-    assert found, f"Chromium gave no measurement (exit {result.returncode}): {result.stderr[-2000:]}"
+    assert found, (
+        f"Chromium gave no measurement (exit {result.returncode}): {result.stderr[-2000:]}"
+    )
     return int(found[1]), int(found[2])
 
 

@@ -68,4 +68,6 @@ def report(
     used = write_report(built, output, fmt)
     click.echo(f"wrote {used} report to {output}", err=True)
     if used == "html" and not charts_available():  # said in the page too, but who looks there
-        click.echo(f"note: the page has no charts: matplotlib is missing ({INSTALL_HINT})", err=True)
+        click.echo(
+            f"note: the page has no charts: matplotlib is missing ({INSTALL_HINT})", err=True
+        )

@@ -81,7 +81,7 @@ code { font-size: .92em; background: var(--soft); padding: 1px 4px; border-radiu
 
 def render_html(report: Report) -> str:
     body = [
-        '<h1>jsonlbatch report</h1>',
+        "<h1>jsonlbatch report</h1>",
         f'<p class="sub">{_subtitle(report)}</p>',
         _glance(headline(report), many=len(report.runs) > 1),
         "<h2>Charts</h2>",
@@ -168,7 +168,7 @@ def _charts(report: Report) -> str:
 def _table(table: Table) -> str:
     text = [bool(table.rows) and table.rows[0][i].kind == "text" for i in range(len(table.header))]
     head = "".join(
-        f'<th{" class=l" if left else ""}>{escape(h)}</th>'
+        f"<th{' class=l' if left else ''}>{escape(h)}</th>"
         for h, left in zip(table.header, text, strict=True)
     )
     rows = []
@@ -177,7 +177,7 @@ def _table(table: Table) -> str:
         again = n > 0 and len(table.header) > 4 and row[0] == table.rows[n - 1][0]
         cells = ["<td></td>" if again else _cell(row[0], True)]
         cells += [_cell(cell, False) for cell in row[1:]]
-        rows.append(f'<tr{" class=again" if again else ""}>' + "".join(cells) + "</tr>")
+        rows.append(f"<tr{' class=again' if again else ''}>" + "".join(cells) + "</tr>")
     notes = "".join(f"<li>{escape(note)}</li>" for note in table.notes)
     return (
         f"<section><h3>{escape(table.title)}</h3>"
