@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import random
+import signal
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -135,3 +138,27 @@ def odd_server(
         thread.join(10)
 
     return f"http://127.0.0.1:{port}/v1", stop
+
+
+def kill_at_random(
+    args: Sequence[str],
+    *,
+    rounds: int,
+    seed: int,
+    wait: tuple[float, float],
+    after_kill: Callable[[], object] = lambda: None,
+) -> int:
+    """Start the CLI with `args` and SIGKILL it after a random wait, `rounds` times at most
+    (bounded; it stops early once a run finishes by itself). Returns the number of kills."""
+    rng = random.Random(seed)
+    kills = 0
+    for _ in range(rounds):
+        proc = start_cli(*args)
+        time.sleep(rng.uniform(*wait))
+        if proc.poll() is not None:
+            break
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        kills += 1
+        after_kill()
+    return kills

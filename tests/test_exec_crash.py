@@ -3,11 +3,18 @@ with exactly one line per request, each belonging to its request."""
 
 from __future__ import annotations
 
-import random
 import signal
 import time
 
-from batchutil import cli, content, failures, read_results, start_cli, write_requests
+from batchutil import (
+    cli,
+    content,
+    failures,
+    kill_at_random,
+    read_results,
+    start_cli,
+    write_requests,
+)
 
 from jsonlbatch.mock import reply_text
 
@@ -17,17 +24,15 @@ def test_sigkill_at_random_moments_then_resume_is_exactly_once(tmp_path, mock_se
     requests = write_requests(tmp_path / "req.jsonl", 1000)
     out = tmp_path / "out.jsonl"
     args = ("exec", str(tmp_path / "req.jsonl"), "-o", str(out), "--url", url, "-c", "16")
-    rng = random.Random(1234)
-    kills = 0
-    for _ in range(4):  # bounded: four crashes at random points, then a clean finish
-        proc = start_cli(*args)
-        time.sleep(rng.uniform(0.6, 2.0))
-        if proc.poll() is not None:
-            break
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=10)
-        kills += 1
-        read_results(out) if out.exists() else None  # every kill leaves a readable file
+    kills = kill_at_random(  # four crashes at random points, then a clean finish
+        args,
+        rounds=4,
+        seed=1234,
+        wait=(0.6, 2.0),
+        after_kill=lambda: (
+            read_results(out) if out.exists() else None
+        ),  # each leaves a readable file
+    )
     assert kills >= 2, "the run finished before it could be killed; slow the mock down"
     final = cli(*args)
     assert final.returncode == 0, final.stderr

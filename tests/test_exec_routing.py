@@ -4,12 +4,10 @@ own hit rates, the summary shows the spread, and grouping never costs exactly-on
 from __future__ import annotations
 
 import random
-import signal
-import time
 from pathlib import Path
 
 import orjson
-from batchutil import cli, content, failures, read_results, start_cli
+from batchutil import cli, content, failures, kill_at_random, read_results
 
 from jsonlbatch.mock import reply_text
 from jsonlbatch.mock.gpu import GpuModel
@@ -90,16 +88,8 @@ def test_kill_9_while_grouping_then_resume_is_exactly_once(tmp_path, mock_server
     out = tmp_path / "out.jsonl"
     args = ["exec", str(tmp_path / "req.jsonl"), "-o", str(out), "-c", "8", "--order-window",
             "64", *(a for u in urls for a in ("--url", u))]  # fmt: skip
-    rng = random.Random(99)
-    kills = 0
-    for _ in range(3):  # bounded: three crashes at random moments, then a clean finish
-        proc = start_cli(*args)
-        time.sleep(rng.uniform(0.8, 1.6))
-        if proc.poll() is not None:
-            break
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=10)
-        kills += 1
+    # three crashes at random moments, then a clean finish
+    kills = kill_at_random(args, rounds=3, seed=99, wait=(0.8, 1.6))
     assert kills >= 2, "the run finished before it could be killed; slow the mock down"
     final = cli(*args)
     assert final.returncode == 0, final.stderr
