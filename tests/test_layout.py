@@ -15,11 +15,13 @@ import jsonlbatch
 
 ROOT = Path(jsonlbatch.__file__).parent
 CORE = {"answers", "cost", "errors", "idset", "jsonl", "records", "redact", "samples", "stats"}
-STAGES = {"gen", "exec", "serve", "post", "report", "mock", "experiment", "batchapi"}
+STAGES = {"gen", "exec", "serve", "post", "report", "mock", "experiment", "batchapi", "cache"}
 #: For each stage, the other stages it may import. Everything else between stages is a mistake.
 ALLOWED = {
     "gen": set(),
-    "exec": set(),
+    # exec looks answers up in the cache before sending and stores them before writing.
+    "exec": {"cache"},
+    "cache": set(),
     "serve": {"exec", "mock"},  # exec's endpoint probe; the mock is a backend it launches
     "post": set(),
     "report": set(),

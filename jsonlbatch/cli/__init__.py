@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from jsonlbatch.cli import batches as _batches
+from jsonlbatch.cli import cache as _cache
 from jsonlbatch.cli import exec as _exec
 from jsonlbatch.cli import export as _export
 from jsonlbatch.cli import gen as _gen
@@ -52,6 +53,7 @@ def main() -> None:
 
 for _command in (
     _batches.batches,
+    _cache.cache,
     _exec.exec_,
     _export.export_,
     _gen.gen,
