@@ -15,7 +15,9 @@ import jsonlbatch
 
 ROOT = Path(jsonlbatch.__file__).parent
 CORE = {"answers", "cost", "errors", "idset", "jsonl", "records", "redact", "samples", "stats"}
-STAGES = {"gen", "exec", "serve", "post", "report", "mock", "experiment", "batchapi", "cache"}
+STAGES = {
+    "gen", "exec", "serve", "post", "report", "mock", "experiment", "batchapi", "cache", "view",
+}  # fmt: skip
 #: For each stage, the other stages it may import. Everything else between stages is a mistake.
 ALLOWED = {
     "gen": set(),
@@ -33,6 +35,8 @@ ALLOWED = {
     # Both sides of the Batch API run on exec: the server's batches go through exec.Job (same
     # retries, exactly-once resume), the client reuses exec's input scan, endpoints and backoff.
     "batchapi": {"exec"},
+    # The viewer shows the report's headline and charts for the files it serves.
+    "view": {"report"},
 }
 
 

@@ -23,6 +23,7 @@ from jsonlbatch.cli import report as _report
 from jsonlbatch.cli import run as _run
 from jsonlbatch.cli import serve as _serve
 from jsonlbatch.cli import validate as _validate
+from jsonlbatch.cli import view as _view
 from jsonlbatch.errors import JsonlbatchError
 from jsonlbatch.redact import RedactingStream, redact, register_environment
 
@@ -63,5 +64,6 @@ for _command in (
     _run.run,
     _serve.serve,
     _validate.validate,
+    _view.view,
 ):
     main.add_command(_command)

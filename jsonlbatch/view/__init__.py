@@ -1,0 +1,122 @@
+"""Look at a run: a local, read-only web page over response files (`jsonlbatch view`).
+
+    from jsonlbatch.view import serve_viewer
+    serve_viewer(["responses.jsonl"], requests=["requests.jsonl"])   # blocks; Ctrl-C stops
+
+The files are indexed, not loaded (`index.LineIndex`: offsets and a few numbers per line), so
+a million lines open in seconds and memory stays small; a file still being written is followed.
+`exec --view` runs the same server inside the run (`start_viewer`), with the run's live state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+import webbrowser
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from jsonlbatch.cost import Price
+from jsonlbatch.errors import UsageError
+from jsonlbatch.view.index import LineIndex
+from jsonlbatch.view.query import Query, Searcher
+from jsonlbatch.view.server import LiveSource, Viewer
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+@dataclass
+class RunningViewer:
+    url: str
+    runner: web.AppRunner
+    viewer: Viewer
+
+
+def _hosts(host: str, port: int) -> list[str]:
+    """The `Host` values a browser sends for this address (checked against DNS rebinding)."""
+    if host in LOOPBACK:
+        names = ["127.0.0.1", "localhost", "[::1]"]
+        return [f"{name}:{port}" for name in names] + names
+    return []  # bound to a chosen interface: the user decided who may reach it
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+async def start_viewer(
+    paths: Sequence[str],
+    *,
+    requests: Sequence[str] = (),
+    host: str = "127.0.0.1",
+    port: int = 0,
+    price: Price | None = None,
+    live: LiveSource | None = None,
+) -> RunningViewer:
+    """Start the viewer in the running event loop; `port=0` picks a free port."""
+    viewer = Viewer(paths, requests=requests, price=price, live=live)
+    runner = web.AppRunner(viewer.app(), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise UsageError(
+            f"the viewer cannot listen on {host}:{port}: {exc.strerror or exc}"
+        ) from None
+    bound = runner.addresses[0][1] if runner.addresses else port
+    viewer.allowed_hosts = tuple(_hosts(host, bound))  # known once the port is
+    return RunningViewer(f"http://{_url_host(host)}:{bound}/", runner, viewer)
+
+
+@contextlib.asynccontextmanager
+async def viewing(paths: Sequence[str], **kwargs: object) -> AsyncIterator[RunningViewer]:
+    """`start_viewer` as an async context manager: the server stops at the end."""
+    running = await start_viewer(paths, **kwargs)  # type: ignore[arg-type]
+    try:
+        yield running
+    finally:
+        await running.runner.cleanup()
+
+
+def serve_viewer(
+    paths: Sequence[str],
+    *,
+    requests: Sequence[str] = (),
+    host: str = "127.0.0.1",
+    port: int = 0,
+    price: Price | None = None,
+    open_browser: bool = False,
+    announce: bool = True,
+) -> None:
+    """Serve the viewer until interrupted (Ctrl-C or SIGTERM)."""
+
+    async def main() -> None:
+        async with viewing(paths, requests=requests, host=host, port=port, price=price) as running:
+            if announce:
+                print(
+                    f"jsonlbatch view: {running.url}  (Ctrl-C to stop)", file=sys.stderr, flush=True
+                )
+            if open_browser:
+                webbrowser.open(running.url)
+            await asyncio.Event().wait()
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(main())
+
+
+__all__ = [
+    "LineIndex",
+    "LiveSource",
+    "Query",
+    "RunningViewer",
+    "Searcher",
+    "Viewer",
+    "serve_viewer",
+    "start_viewer",
+    "viewing",
+]

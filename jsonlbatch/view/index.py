@@ -1,0 +1,306 @@
+"""An index of a response file's lines: where each starts, plus the few numbers a table needs.
+
+The viewer never holds a file's lines in memory. It keeps, per line, its byte offset and a
+fixed-size summary (status, finish reason, tokens, latency, cost, verdict) in typed arrays, so
+a million lines cost about 60 MB and any page of the table is a handful of `pread`s. Small
+vocabularies (error codes, finish reasons, models, endpoints) are stored once and referred to
+by number.
+
+A file that is still being written (a live `exec`) is followed: `refresh()` indexes the complete
+lines appended since the last call and leaves a torn last line for later; a file that shrank or
+was replaced (a rewrite by `--retry-failed`) is indexed again from the start.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+from array import array
+from bisect import bisect_left
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from jsonlbatch.cost import Price
+from jsonlbatch.records import is_failure
+from jsonlbatch.samples import chat_usage, hosted_choices
+
+#: Lines indexed per step before yielding, so a web request never waits behind a long scan.
+STEP_LINES = 5000
+_READ = 1 << 20
+NAN = math.nan
+
+#: Verdict codes: no verdict recorded, valid/passed, invalid/failed.
+VERDICT_NONE, VERDICT_OK, VERDICT_BAD = 0, 1, 2
+
+
+class Vocabulary:
+    """Strings seen in a column, stored once; rows hold their number (0 = none)."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = [""]
+        self._ids: dict[str, int] = {"": 0}
+
+    def id(self, name: str | None) -> int:
+        if not name:
+            return 0
+        found = self._ids.get(name)
+        if found is None:
+            found = self._ids[name] = len(self.names)
+            self.names.append(name)
+        return found
+
+
+@dataclass(slots=True)
+class Summary:
+    """What the table shows of one line (read from the line, not kept)."""
+
+    ok: bool
+    status: int  # HTTP status; 0 when no answer came back
+    error: str | None
+    finish: str | None
+    truncated: bool
+    model: str | None
+    endpoint: str | None
+    prompt_tokens: float
+    completion_tokens: float
+    latency: float
+    ttft: float
+    cost: float
+    verdict: int
+    cached: bool
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return NAN
+    return float(value)
+
+
+def _verdict(obj: dict[str, Any], metrics: dict[str, Any]) -> int:
+    """A schema or judge verdict where the line carries one (`metrics.contract.valid`,
+    `metrics.valid`, or a judge line's `passed`)."""
+    for holder, key in ((metrics.get("contract"), "valid"), (metrics, "valid"), (obj, "passed")):
+        if isinstance(holder, dict) and isinstance(holder.get(key), bool):
+            return VERDICT_OK if holder[key] else VERDICT_BAD
+    return VERDICT_NONE
+
+
+def summarize(obj: Any, price: Price | None = None) -> Summary | None:
+    """The table's view of one decoded response line; None for a line that is not one."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("custom_id"), str):
+        return None
+    metrics = obj.get("metrics") if isinstance(obj.get("metrics"), dict) else {}
+    response = obj.get("response") if isinstance(obj.get("response"), dict) else {}
+    body = response.get("body") if isinstance(response.get("body"), dict) else {}
+    status = response.get("status_code")
+    ok = "response" in obj and not is_failure(obj)
+    error = obj.get("error")
+    code = None
+    if not ok:
+        if isinstance(error, dict):
+            code = str(error.get("code") or error.get("type") or "error")
+        elif isinstance(status, int):
+            code = f"http_{status}"
+        else:
+            code = "error"
+    choices = body.get("choices")
+    if choices is None:
+        choices = hosted_choices(body) if body else None
+    reasons = (
+        [
+            str(c.get("finish_reason"))
+            for c in choices or ()
+            if isinstance(c, dict) and c.get("finish_reason")
+        ]
+        if isinstance(choices, list)
+        else []
+    )
+    usage = chat_usage(body.get("usage")) or {}
+    prompt = _number(metrics.get("prompt_tokens", usage.get("prompt_tokens")))
+    completion = _number(metrics.get("completion_tokens", usage.get("completion_tokens")))
+    cost = _number(metrics.get("cost"))
+    if math.isnan(cost) and price is not None and ok:
+        cost = price.of(0.0 if math.isnan(prompt) else prompt,
+                        0.0 if math.isnan(completion) else completion)  # fmt: skip
+    model = body.get("model") if isinstance(body.get("model"), str) else metrics.get("model")
+    endpoint = metrics.get("endpoint")
+    return Summary(
+        ok=ok,
+        status=status if isinstance(status, int) and not isinstance(status, bool) else 0,
+        error=code,
+        finish=reasons[0] if reasons else None,
+        truncated="length" in reasons,
+        model=model if isinstance(model, str) else None,
+        endpoint=endpoint if isinstance(endpoint, str) else None,
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        latency=_number(metrics.get("latency_s")),
+        ttft=_number(metrics.get("ttft_s")),
+        cost=cost,
+        verdict=_verdict(obj, metrics),
+        cached=metrics.get("cache") == "hit",
+    )
+
+
+def id_key(custom_id: str) -> int:
+    """A 63-bit key of a custom_id for the sorted id index (confirmed against the line)."""
+    digest = hashlib.blake2b(custom_id.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+class LineIndex:
+    """Offsets and summaries of one response file's lines, built and extended in steps."""
+
+    def __init__(self, path: str, *, price: Price | None = None) -> None:
+        self.path = path
+        self.price = price
+        self.errors, self.finishes = Vocabulary(), Vocabulary()
+        self.models, self.endpoints = Vocabulary(), Vocabulary()
+        self._reset()
+
+    def _reset(self) -> None:
+        self.offsets = array("q")
+        self.lengths = array("l")
+        self.status = array("h")
+        self.flags = array("B")  # 1 ok, 2 truncated, 4 cached, 8 unreadable
+        self.error = array("H")
+        self.finish = array("H")
+        self.model = array("H")
+        self.endpoint = array("H")
+        self.verdict = array("B")
+        self.prompt = array("f")
+        self.completion = array("f")
+        self.latency = array("f")
+        self.ttft = array("f")
+        self.cost = array("f")
+        self._keys: array[int] = array("q")  # id keys, unsorted, one per line
+        self._sorted: tuple[array[int], array[int]] | None = None
+        self.size = 0  # bytes indexed (up to the end of the last complete line)
+        self.file_size = 0
+        self._inode: tuple[int, int] | None = None
+        self.version = 0  # changes whenever rows are added or the index restarts
+        self._caught_up = False
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    @property
+    def done(self) -> bool:
+        """Every complete line the file had at the last look is indexed (a torn last line,
+        still being written, is not a line yet)."""
+        return self._caught_up
+
+    def refresh(self, max_lines: int = STEP_LINES) -> int:
+        """Index up to `max_lines` more complete lines; the number indexed."""
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return 0
+        inode = (st.st_dev, st.st_ino)
+        if self._inode is not None and (inode != self._inode or st.st_size < self.size):
+            self._reset()  # replaced or cut: start again
+        self._inode = inode
+        self.file_size = st.st_size
+        if self.size >= st.st_size:
+            self._caught_up = True
+            return 0
+        added = 0
+        self._caught_up = False
+        with open(self.path, "rb") as fh:
+            fh.seek(self.size)
+            pending = b""
+            start = self.size
+            while added < max_lines:
+                chunk = fh.read(_READ)
+                if not chunk:
+                    self._caught_up = True
+                    break
+                data = pending + chunk
+                pos = 0
+                while added < max_lines:
+                    end = data.find(b"\n", pos)
+                    if end < 0:
+                        break
+                    self._add(start + pos, data[pos:end])
+                    added += 1
+                    pos = end + 1
+                start += pos
+                pending = data[pos:]
+                if added >= max_lines:
+                    break
+            self.size = start
+        if added:
+            self.version += 1
+            self._sorted = None
+        return added
+
+    def _add(self, offset: int, raw: bytes) -> None:
+        if not raw.strip():
+            return
+        try:
+            obj = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            obj = None
+        row = summarize(obj, self.price)
+        self.offsets.append(offset)
+        self.lengths.append(len(raw))
+        cid = obj.get("custom_id") if isinstance(obj, dict) else None
+        self._keys.append(id_key(cid) if isinstance(cid, str) else -1)
+        if row is None:
+            self.status.append(0)
+            self.flags.append(8)
+            for column in (self.error, self.finish, self.model, self.endpoint):
+                column.append(0)
+            self.verdict.append(0)
+            for numbers in (self.prompt, self.completion, self.latency, self.ttft, self.cost):
+                numbers.append(NAN)
+            return
+        self.status.append(min(row.status, 32767))
+        self.flags.append(
+            (1 if row.ok else 0) | (2 if row.truncated else 0) | (4 if row.cached else 0)
+        )
+        self.error.append(self.errors.id(row.error))
+        self.finish.append(self.finishes.id(row.finish))
+        self.model.append(self.models.id(row.model))
+        self.endpoint.append(self.endpoints.id(row.endpoint))
+        self.verdict.append(row.verdict)
+        self.prompt.append(row.prompt_tokens)
+        self.completion.append(row.completion_tokens)
+        self.latency.append(row.latency)
+        self.ttft.append(row.ttft)
+        self.cost.append(row.cost)
+
+    def read(self, row: int) -> bytes:
+        """The raw bytes of indexed line `row` (0-based)."""
+        with open(self.path, "rb") as fh:
+            return os.pread(fh.fileno(), self.lengths[row], self.offsets[row])
+
+    def read_many(self, rows: list[int]) -> Iterator[tuple[int, bytes]]:
+        with open(self.path, "rb") as fh:
+            fd = fh.fileno()
+            for row in rows:
+                yield row, os.pread(fd, self.lengths[row], self.offsets[row])
+
+    def find(self, custom_id: str) -> list[int]:
+        """The rows whose custom_id is `custom_id` (normally one)."""
+        if self._sorted is None:
+            order = sorted(range(len(self._keys)), key=self._keys.__getitem__)
+            self._sorted = (array("q", (self._keys[i] for i in order)), array("q", order))
+        keys, rows = self._sorted
+        key = id_key(custom_id)
+        found = []
+        at = bisect_left(keys, key)
+        while at < len(keys) and keys[at] == key:
+            row = rows[at]
+            try:
+                obj = orjson.loads(self.read(row))
+            except orjson.JSONDecodeError:
+                obj = None
+            if isinstance(obj, dict) and obj.get("custom_id") == custom_id:
+                found.append(row)
+            at += 1
+        return sorted(found)
