@@ -78,7 +78,7 @@ def test_queries_filter_sort_page_and_search(tmp_path: Path) -> None:
     requests = write_requests(tmp_path / "q.jsonl", 200)
     index = _index(path)
     req_index = _index(requests)
-    searcher = Searcher(index, lambda cid: [req_index.read(r) for r in req_index.find(cid)])
+    searcher = Searcher(index, [req_index])
 
     total, rows = searcher.page(Query(status="failed"))
     assert total == len([i for i in range(200) if i % 17 == 0]) and rows[0] == 0

@@ -30,6 +30,9 @@ from jsonlbatch.samples import chat_usage, hosted_choices
 
 #: Lines indexed per step before yielding, so a web request never waits behind a long scan.
 STEP_LINES = 5000
+#: Lines appended after the id index was sorted that are searched one by one before it is
+#: sorted again.
+_TAIL = 50_000
 _READ = 1 << 20
 NAN = math.nan
 
@@ -235,7 +238,6 @@ class LineIndex:
             self.size = start
         if added:
             self.version += 1
-            self._sorted = None
         return added
 
     def _add(self, offset: int, raw: bytes) -> None:
@@ -285,22 +287,34 @@ class LineIndex:
             for row in rows:
                 yield row, os.pread(fd, self.lengths[row], self.offsets[row])
 
+    def prepare_lookup(self) -> None:
+        """Sort the id index now (about a second per million lines), so that the first
+        comparison does not wait for it; lines added later are searched linearly until the
+        unsorted tail is long enough to sort again."""
+        count = len(self._keys)
+        if self._sorted is None or count - len(self._sorted[0]) > _TAIL:
+            order = sorted(range(count), key=self._keys.__getitem__)
+            self._sorted = (array("q", map(self._keys.__getitem__, order)), array("q", order))
+
     def find(self, custom_id: str) -> list[int]:
         """The rows whose custom_id is `custom_id` (normally one)."""
-        if self._sorted is None:
-            order = sorted(range(len(self._keys)), key=self._keys.__getitem__)
-            self._sorted = (array("q", (self._keys[i] for i in order)), array("q", order))
+        self.prepare_lookup()
+        assert self._sorted is not None
         keys, rows = self._sorted
         key = id_key(custom_id)
-        found = []
+        candidates = []
         at = bisect_left(keys, key)
         while at < len(keys) and keys[at] == key:
-            row = rows[at]
+            candidates.append(rows[at])
+            at += 1
+        tail = self._keys[len(keys) :]
+        candidates += [len(keys) + i for i, k in enumerate(tail) if k == key]
+        found = []
+        for row in candidates:
             try:
                 obj = orjson.loads(self.read(row))
             except orjson.JSONDecodeError:
                 obj = None
             if isinstance(obj, dict) and obj.get("custom_id") == custom_id:
                 found.append(row)
-            at += 1
         return sorted(found)

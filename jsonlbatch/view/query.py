@@ -8,9 +8,12 @@ a view can be bookmarked; `Query.from_params` is the one place that reads it.
 from __future__ import annotations
 
 import math
+from array import array
+from bisect import bisect_right
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from itertools import compress
 from typing import Any
 
 import orjson
@@ -69,24 +72,20 @@ class Query:
         return replace(self, sort="line", desc=False, page=0, size=50)
 
 
-def _status_test(index: LineIndex, status: str) -> Callable[[int], bool] | None:
-    flags, verdict = index.flags, index.verdict
-    tests: dict[str, Callable[[int], bool]] = {
-        "ok": lambda i: flags[i] & 1 == 1,
-        "failed": lambda i: flags[i] & 1 == 0,
-        "truncated": lambda i: flags[i] & 2 == 2,
-        "cached": lambda i: flags[i] & 4 == 4,
-        "valid": lambda i: verdict[i] == VERDICT_OK,
-        "invalid": lambda i: verdict[i] == VERDICT_BAD,
-    }
-    return tests.get(status)
+#: Flag and verdict bytes that each status keeps (see `LineIndex.flags`).
+_FLAG_TESTS: dict[str, Callable[[int], bool]] = {
+    "ok": lambda f: f & 9 == 1,
+    "failed": lambda f: f & 1 == 0,
+    "truncated": lambda f: f & 2 == 2,
+    "cached": lambda f: f & 4 == 4,
+}
+_VERDICT_TESTS = {"valid": VERDICT_OK, "invalid": VERDICT_BAD}
 
 
-def _column_test(column: Any, names: list[str], wanted: str) -> Callable[[int], bool] | None:
-    if not wanted:
-        return None
-    code = names.index(wanted) if wanted in names else -1
-    return lambda i: column[i] == code
+def _byte_mask(column: array[int], keep: Callable[[int], bool]) -> bytes:
+    """One byte per row, 1 where `keep(value)`: a translation of the column's bytes, done in C."""
+    table = bytes(1 if keep(value) else 0 for value in range(256))
+    return column.tobytes().translate(table)
 
 
 def _needles(text: str) -> tuple[bytes, ...]:
@@ -98,91 +97,117 @@ def _needles(text: str) -> tuple[bytes, ...]:
 
 
 class Searcher:
-    """Answers queries over one index, keeping the last few matches (paging is then cheap)."""
+    """Answers queries over one index. Everything is done by C loops over the index's arrays
+    (byte masks, `itertools.compress`, sort keys read with `array.__getitem__`), and the last
+    few matches and orders are kept, so paging through a million rows costs a slice."""
 
-    def __init__(
-        self, index: LineIndex, requests_of: Callable[[str], list[bytes]] | None = None
-    ) -> None:
+    def __init__(self, index: LineIndex, requests: Sequence[LineIndex] = ()) -> None:
         self.index = index
-        #: The request lines of a custom_id (from `--requests`), searched beside the answer.
-        self.requests_of = requests_of
-        self._cache: dict[Query, tuple[int, list[int]]] = {}
+        #: Request files (`--requests`): the search looks in prompts too.
+        self.requests = list(requests)
+        self._cache: dict[tuple[Query, str, bool], tuple[int, Sequence[int]]] = {}
+        self._keys: dict[tuple[str, bool], tuple[int, list[float]]] = {}
+        self._facets: tuple[int, dict[str, dict[str, int]]] | None = None
 
-    def matches(self, query: Query) -> list[int]:
-        key = query.filters()
-        cached = self._cache.get(key)
-        if cached is not None and cached[0] == self.index.version:
-            return cached[1]
-        index = self.index
-        tests = [
-            t
-            for t in (
-                _status_test(index, query.status),
-                _column_test(index.error, index.errors.names, query.error),
-                _column_test(index.finish, index.finishes.names, query.finish),
-                _column_test(index.model, index.models.names, query.model),
-            )
-            if t is not None
-        ]
-        rows = [i for i in range(len(index)) if all(t(i) for t in tests)]
-        if query.q:
-            rows = self._search(rows, _needles(query.q))
+    def _remember(self, key: tuple[Query, str, bool], rows: Sequence[int]) -> Sequence[int]:
         if len(self._cache) > 16:
             self._cache.clear()
-        self._cache[key] = (index.version, rows)
+        self._cache[key] = (self.index.version, rows)
         return rows
 
-    def _search(self, rows: list[int], needles: tuple[bytes, ...]) -> list[int]:
-        found = []
-        for row, raw in self.index.read_many(rows):
-            text = raw.lower()
-            if any(n in text for n in needles) or self._in_request(raw, needles):
-                found.append(row)
-        return found
+    def _cached(self, key: tuple[Query, str, bool]) -> Sequence[int] | None:
+        found = self._cache.get(key)
+        return found[1] if found is not None and found[0] == self.index.version else None
 
-    def _in_request(self, raw: bytes, needles: tuple[bytes, ...]) -> bool:
-        if self.requests_of is None:
-            return False
-        try:
-            cid = orjson.loads(raw).get("custom_id")
-        except (orjson.JSONDecodeError, AttributeError):
-            return False
-        if not isinstance(cid, str):
-            return False
-        return any(any(n in line.lower() for n in needles) for line in self.requests_of(cid))
+    def matches(self, query: Query) -> Sequence[int]:
+        """The rows that pass the query's filters, in line order."""
+        key = (query.filters(), "line", False)
+        cached = self._cached(key)
+        if cached is not None:
+            return cached
+        index = self.index
+        count = len(index)
+        rows: Sequence[int] = range(count)
+        if query.status in _FLAG_TESTS:
+            rows = self._keep(rows, _byte_mask(index.flags, _FLAG_TESTS[query.status]))
+        elif query.status in _VERDICT_TESTS:
+            wanted = _VERDICT_TESTS[query.status]
+            rows = self._keep(rows, _byte_mask(index.verdict, lambda v: v == wanted))
+        for column, names, wanted_name in (
+            (index.error, index.errors.names, query.error),
+            (index.finish, index.finishes.names, query.finish),
+            (index.model, index.models.names, query.model),
+        ):
+            if wanted_name:
+                code = names.index(wanted_name) if wanted_name in names else -1
+                if isinstance(rows, range):
+                    rows = array("l", compress(rows, map(code.__eq__, column)))
+                else:
+                    rows = array("l", (i for i in rows if column[i] == code))
+        if query.q:
+            found = self._search(_needles(query.q))
+            rows = array("l", (i for i in rows if i in found))
+        return self._remember(key, rows)
+
+    @staticmethod
+    def _keep(rows: Sequence[int], mask: bytes) -> Sequence[int]:
+        if isinstance(rows, range):
+            return array("l", compress(rows, mask))
+        return array("l", (i for i in rows if mask[i]))
+
+    def _search(self, needles: tuple[bytes, ...]) -> set[int]:
+        """Rows whose saved line, or whose request line, holds one of `needles`."""
+        index = self.index
+        found = set(_scan(index, needles))
+        for requests in self.requests:
+            for row in _scan(requests, needles):
+                try:
+                    cid = orjson.loads(requests.read(row)).get("custom_id")
+                except (orjson.JSONDecodeError, AttributeError):
+                    continue
+                if isinstance(cid, str):
+                    found.update(index.find(cid))
+        return found
 
     def page(self, query: Query) -> tuple[int, list[int]]:
         """(how many rows match, the rows of the asked page in the asked order)."""
         rows = self.matches(query)
         if query.sort != "line" or query.desc:
-            rows = sorted(rows, key=self._sort_key(query.sort), reverse=query.desc)
+            key = (query.filters(), query.sort, query.desc)
+            ordered = self._cached(key)
+            if ordered is None:
+                if query.sort == "line":
+                    ordered = rows[::-1]
+                else:
+                    by = self._sort_key(query.sort, query.desc)
+                    ordered = self._remember(key, sorted(rows, key=by, reverse=query.desc))
+            rows = ordered
         start = query.page * query.size
-        return len(rows), rows[start : start + query.size]
+        return len(rows), list(rows[start : start + query.size])
 
-    def _sort_key(self, name: str) -> Callable[[int], Any]:
+    def _sort_key(self, name: str, desc: bool) -> Callable[[int], Any]:
+        """A C-speed key (a list's `__getitem__`) where unknown values come last either way."""
         index = self.index
-        if name == "line":
-            return lambda i: i
-        if name == "status":
-            return lambda i: (index.status[i], i)
         column = {
             "latency": index.latency,
             "ttft": index.ttft,
             "tokens": index.completion,
             "prompt": index.prompt,
             "cost": index.cost,
+            "status": index.status,
         }[name]
-
-        def key(i: int) -> tuple[bool, float, int]:
-            value = column[i]
-            missing = math.isnan(value)  # unknown values always sort last
-            return (missing, 0.0 if missing else value, i)
-
-        return key
+        cached = self._keys.get((name, desc))
+        if cached is None or cached[0] != index.version:
+            missing = -math.inf if desc else math.inf
+            values = [v if v == v else missing for v in column]
+            cached = self._keys[(name, desc)] = (index.version, values)
+        return cached[1].__getitem__
 
     def facets(self) -> dict[str, dict[str, int]]:
         """Counts per error code, finish reason and model, for the filter menus."""
         index = self.index
+        if self._facets is not None and self._facets[0] == index.version:
+            return self._facets[1]
         out: dict[str, dict[str, int]] = {}
         for name, column, vocab in (
             ("error", index.error, index.errors.names),
@@ -193,13 +218,35 @@ class Searcher:
             out[name] = {vocab[k]: v for k, v in counts.most_common() if k}
         flags = Counter(index.flags)
         out["status"] = {
-            "ok": sum(v for k, v in flags.items() if k & 1),
-            "failed": sum(v for k, v in flags.items() if not k & 1),
-            "truncated": sum(v for k, v in flags.items() if k & 2),
-            "cached": sum(v for k, v in flags.items() if k & 4),
+            name: sum(v for k, v in flags.items() if test(k)) for name, test in _FLAG_TESTS.items()
         }
         verdicts = Counter(index.verdict)
         if verdicts.get(VERDICT_OK) or verdicts.get(VERDICT_BAD):
             out["status"]["valid"] = verdicts.get(VERDICT_OK, 0)
             out["status"]["invalid"] = verdicts.get(VERDICT_BAD, 0)
+        self._facets = (index.version, out)
         return out
+
+
+_CHUNK = 4 << 20
+
+
+def _scan(index: LineIndex, needles: tuple[bytes, ...]) -> set[int]:
+    """Rows of `index` whose line holds a needle (case-insensitive), by reading the file in
+    large chunks and mapping each hit's offset to its row: no per-line work."""
+    found: set[int] = set()
+    offsets = index.offsets
+    end = index.size  # only what is indexed
+    longest = max(len(n) for n in needles)
+    with open(index.path, "rb") as fh:
+        pos = 0
+        while pos < end:
+            fh.seek(pos)
+            chunk = fh.read(min(_CHUNK + longest, end - pos)).lower()
+            for needle in needles:
+                at = chunk.find(needle)
+                while 0 <= at < _CHUNK:
+                    found.add(bisect_right(offsets, pos + at) - 1)
+                    at = chunk.find(needle, at + 1)
+            pos += _CHUNK
+    return found

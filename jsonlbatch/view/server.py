@@ -94,7 +94,7 @@ class Viewer:
         self.files = []
         for path, label in zip(paths, _labels(paths), strict=True):
             index = LineIndex(path, price=price)
-            self.files.append(ViewFile(path, label, index, Searcher(index, self._requests_of)))
+            self.files.append(ViewFile(path, label, index, Searcher(index, self.requests)))
         self.price = price
         self.live = live
         #: `Host` header values accepted (empty: any); set once the port is bound.
@@ -126,6 +126,9 @@ class Viewer:
     async def _follow(self) -> None:
         while True:
             caught_up = self.index_step()
+            if caught_up:  # idle: get the custom_id lookups ready for comparisons
+                for index in [vf.index for vf in self.files] + self.requests:
+                    index.prepare_lookup()
             await asyncio.sleep(FOLLOW_EVERY if caught_up else 0)
 
     # -- the app ----------------------------------------------------------------------------
