@@ -14,7 +14,10 @@ import pytest
 import jsonlbatch
 
 ROOT = Path(jsonlbatch.__file__).parent
-CORE = {"answers", "cost", "errors", "idset", "jsonl", "records", "redact", "samples", "stats"}
+CORE = {
+    "answers", "cost", "errors", "idset", "jsonl", "records", "redact", "safe_names", "samples",
+    "stats",
+}  # fmt: skip
 STAGES = {
     "gen", "exec", "serve", "post", "report", "mock", "experiment", "batchapi", "cache", "view",
 }  # fmt: skip

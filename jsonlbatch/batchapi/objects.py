@@ -30,17 +30,23 @@ MISSING_CODES = {
     "completed": ("missing_result", "the batch completed without a result for this request"),
 }
 
-_WINDOW = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$")
+_WINDOW = re.compile(r"^\s*(\d{1,12}(?:\.\d{1,9})?)\s*([smhd])\s*$")
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+#: The longest completion window taken: a deadline must fit the API's 64-bit timestamps (a
+#: window of 10^20 days overflowed them), and a year is beyond any batch's use.
+MAX_WINDOW = 366 * 86400
 
 
-def window_seconds(window: str) -> float:
+def window_seconds(window: object) -> float:
     """`"24h"` -> 86400. OpenAI only takes `24h`; shorter ones (`90s`, `2m`) are for tests and
     for a local server whose results are useless after a deadline."""
-    match = _WINDOW.match(str(window))
+    match = _WINDOW.match(window) if isinstance(window, str) else None
     if match is None or float(match.group(1)) <= 0:
         raise UsageError(f"completion window must look like 24h, 30m or 90s, got {window!r}")
-    return float(match.group(1)) * _UNIT[match.group(2)]
+    seconds = float(match.group(1)) * _UNIT[match.group(2)]
+    if seconds > MAX_WINDOW:
+        raise UsageError(f"completion window must be at most 366d, got {window!r}")
+    return seconds
 
 
 def new_id(prefix: str) -> str:

@@ -18,10 +18,12 @@ from typing import Any
 import aiohttp
 import orjson
 
+from jsonlbatch.batchapi.objects import ACTIVE, TERMINAL
 from jsonlbatch.errors import AuthenticationError, ServerError
 from jsonlbatch.exec.endpoints import Endpoint, auth_headers, describe_exception
 from jsonlbatch.exec.retry import Backoff, parse_retry_after
 from jsonlbatch.redact import redact
+from jsonlbatch.safe_names import is_plain_id
 
 _CHUNK = 1 << 20
 
@@ -132,23 +134,26 @@ class BatchApi:
     # -- files ---------------------------------------------------------------------------------
 
     async def upload(self, path: Path, filename: str) -> dict[str, Any]:
-        return await self._call("POST", "/v1/files", upload=(path, filename))
+        made = await self._call("POST", "/v1/files", upload=(path, filename))
+        return self._shaped(made, "file", "POST /v1/files")
 
     async def find_file(self, filename: str) -> dict[str, Any] | None:
         """A batch input file uploaded under `filename` (a crash may have hidden its id)."""
         async for obj in self._pages("/v1/files", {"purpose": "batch"}):
-            if obj.get("filename") == filename and obj.get("status") != "error":
-                return obj
+            found = isinstance(obj, dict) and obj.get("filename") == filename
+            if found and obj.get("status") != "error":
+                return self._shaped(obj, "file", "GET /v1/files")
         return None
 
     async def download(self, file_id: str, dest: Path) -> None:
         """A file's content to `dest` (streamed; complete or absent, never half there)."""
-        what = f"GET {self.endpoint.name}/v1/files/{file_id}/content"
+        path = f"/v1/files/{_quoted(file_id)}/content"
+        what = f"GET {self.endpoint.name}{path}"
         tmp = dest.with_suffix(".part")
         for attempt in range(1, self.max_retries + 2):
             try:
                 async with self.session.get(
-                    self._url(f"/v1/files/{file_id}/content"),
+                    self._url(path),
                     headers=self.headers,
                     proxy=self.endpoint.proxy,
                     allow_redirects=False,
@@ -186,37 +191,90 @@ class BatchApi:
             "completion_window": window,
             "metadata": dict(metadata),
         }
-        return await self._call("POST", "/v1/batches", json=body)
+        made = await self._call("POST", "/v1/batches", json=body)
+        return self._shaped(made, "batch", "POST /v1/batches")
 
     async def retrieve(self, batch_id: str) -> dict[str, Any]:
-        return await self._call("GET", f"/v1/batches/{batch_id}")
+        path = f"/v1/batches/{_quoted(batch_id)}"
+        return self._shaped(await self._call("GET", path), "batch", f"GET {path}")
 
     async def cancel(self, batch_id: str) -> dict[str, Any]:
-        return await self._call("POST", f"/v1/batches/{batch_id}/cancel")
+        path = f"/v1/batches/{_quoted(batch_id)}/cancel"
+        return self._shaped(await self._call("POST", path), "batch", f"POST {path}")
+
+    def _shaped(self, obj: Any, kind: str, what: str) -> dict[str, Any]:
+        """`obj` when it has the shape of the API's `kind` object (`file`, `batch`): its
+        `object`, a plain `id` (it goes into URLs and file names), a known `status` and plain
+        result file ids. A server that is not a Batch API (one that answers every path with a
+        chat completion) is stopped here, not polled forever."""
+        problem = None
+        if not isinstance(obj, dict):
+            problem = "the answer is not a JSON object"
+        elif obj.get("object") != kind:
+            problem = f"its 'object' is {obj.get('object')!r}, not {kind!r}"
+        elif not is_plain_id(obj.get("id")) or obj["id"] in (".", ".."):
+            problem = f"its 'id' {obj.get('id')!r} is not an id"
+        elif kind == "batch":
+            status = obj.get("status")
+            if status not in ACTIVE | TERMINAL:
+                problem = f"its 'status' {status!r} is not a batch status"
+            for key in ("output_file_id", "error_file_id", "input_file_id"):
+                value = obj.get(key)
+                if problem is None and value is not None and not is_plain_id(value):
+                    problem = f"its {key!r} {value!r} is not an id"
+            counts = obj.get("request_counts")
+            if problem is None and counts is not None and not isinstance(counts, dict):
+                problem = "its 'request_counts' is not an object"
+        if problem is not None:
+            raise RemoteError(
+                redact(
+                    f"{what} on {self.endpoint.name}: the answer is not a Batch API {kind} "
+                    f"({problem[:300]}); is {self.endpoint.name} a Files and Batches API?"
+                )
+            )
+        return obj
 
     async def find_batch(self, metadata: Mapping[str, str], since: float) -> dict[str, Any] | None:
         """The batch carrying `metadata`, created after `since` (newest first, so the search
         stops at the first older one)."""
         async for obj in self._pages("/v1/batches", {"limit": "100"}):
-            if (obj.get("created_at") or 0) < since:
+            if not isinstance(obj, dict):
+                continue
+            created = obj.get("created_at")
+            if not isinstance(created, (int, float)) or created < since:
                 return None
             found = obj.get("metadata") or {}
-            if all(found.get(k) == v for k, v in metadata.items()):
-                return obj
+            if isinstance(found, dict) and all(found.get(k) == v for k, v in metadata.items()):
+                return self._shaped(obj, "batch", "GET /v1/batches")
         return None
 
     async def _pages(self, path: str, query: dict[str, str]) -> AsyncIterator[dict[str, Any]]:
         after: str | None = None
+        seen: set[str] = set()  # a cursor that comes back would page forever
         while True:
             page = await self._call(
                 "GET", path, query={**query, **({"after": after} if after else {})}
             )
-            data = page.get("data") or [] if isinstance(page, dict) else []
+            data = page.get("data") if isinstance(page, dict) else None
+            if not isinstance(data, list):
+                raise RemoteError(
+                    f"GET {self.endpoint.name}{path}: the answer is not a list page; is "
+                    f"{self.endpoint.name} a Files and Batches API?"
+                )
             for obj in data:
                 yield obj
             if not data or not page.get("has_more"):
                 return
-            after = page.get("last_id") or data[-1].get("id")
+            last = data[-1]
+            after = page.get("last_id") or (last.get("id") if isinstance(last, dict) else None)
+            if not isinstance(after, str) or after in seen:
+                return
+            seen.add(after)
+
+
+def _quoted(remote_id: str) -> str:
+    """An id as one URL path segment: `../files` cannot reach another path of the API."""
+    return urllib.parse.quote(str(remote_id), safe="")
 
 
 def _message(raw: bytes) -> str:

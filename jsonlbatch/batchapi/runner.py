@@ -58,6 +58,9 @@ class BatchRunner:
         self.running: str | None = None
 
     async def run_forever(self) -> None:
+        """Advance batches until cancelled. Nothing ends the loop but a cancel: a failure
+        (a database locked past the busy timeout, a bug) is logged, and the loop starts over
+        from the stored state, which is safe to repeat at every step."""
         while True:
             try:
                 await self._settle_waiting()
@@ -73,7 +76,15 @@ class BatchRunner:
             except asyncio.CancelledError:
                 raise
             except JsonlbatchError as exc:
-                log.error("batch runner: %s", exc)
+                log.error("batch runner: %s; trying again in %g s", exc, _RETRY_BACKEND)
+                await asyncio.sleep(_RETRY_BACKEND)
+            except Exception as exc:  # never a silent death: batches would stay in_progress
+                log.error(
+                    "batch runner failed (%s: %s); restarting in %g s",
+                    type(exc).__name__,
+                    exc,
+                    _RETRY_BACKEND,
+                )
                 await asyncio.sleep(_RETRY_BACKEND)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), timeout=1.0)

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import hmac
 import itertools
+import logging
 import math
 import os
 import signal
@@ -25,7 +26,7 @@ from aiohttp import web
 
 from jsonlbatch.batchapi.objects import new_id, now, window_seconds
 from jsonlbatch.batchapi.runner import BatchRunner, RunnerOptions
-from jsonlbatch.batchapi.store import Store
+from jsonlbatch.batchapi.store import Store, StoreError
 from jsonlbatch.errors import UsageError
 from jsonlbatch.exec.endpoints import parse_endpoint
 from jsonlbatch.records import KNOWN_URLS
@@ -46,6 +47,7 @@ _HOP_HEADERS = frozenset(
     }
 )
 _CHUNK = 1 << 20
+log = logging.getLogger("jsonlbatch.batchapi")
 
 
 @dataclass
@@ -116,12 +118,17 @@ class _Api:
                 "expires_at": None,
                 "status_details": None,
             }
-            os.replace(tmp, self.store.file_path(obj["id"]))
+            final = self.store.file_path(obj["id"])
+            os.replace(tmp, final)
             tmp = None
+            try:
+                self.store.put_file(obj)
+            except BaseException:  # no bytes without a row: the client uploads again
+                final.unlink(missing_ok=True)
+                raise
         finally:
             if tmp is not None:
                 os.unlink(tmp)
-        self.store.put_file(obj)
         return _json(obj)
 
     async def list_files(self, request: web.Request) -> web.Response:
@@ -175,7 +182,7 @@ class _Api:
                 400, "the input file must have been uploaded with purpose 'batch'", "input_file_id"
             )
         endpoint = body.get("endpoint")
-        if endpoint not in KNOWN_URLS:
+        if not isinstance(endpoint, str) or endpoint not in KNOWN_URLS:
             raise _Error(
                 400, f"endpoint must be one of {', '.join(sorted(KNOWN_URLS))}", "endpoint"
             )
@@ -183,7 +190,7 @@ class _Api:
         try:
             seconds = window_seconds(window)
         except UsageError as exc:
-            raise _Error(400, str(exc), "completion_window") from None
+            raise _Error(400, f"completion_window: {exc}", "completion_window") from None
         metadata = body.get("metadata")
         if metadata is not None and not (
             isinstance(metadata, dict)
@@ -328,6 +335,21 @@ def create_app(options: BatchServerOptions) -> web.Application:
                 "code": None,
             }
             return _json({"error": error}, exc.status)
+        except StoreError as exc:  # locked past the busy timeout: a passing failure
+            log.error("%s %s: %s", request.method, request.path, exc)
+            error = {"message": str(exc), "type": "server_error", "param": None, "code": None}
+            return web.Response(
+                body=orjson.dumps({"error": error}),
+                status=503,
+                content_type="application/json",
+                headers={"Retry-After": "5"},
+            )
+        except (web.HTTPException, asyncio.CancelledError):
+            raise
+        except Exception as exc:  # a bug of ours: one log line, a JSON 500, no traceback out
+            log.error("%s %s: %s: %s", request.method, request.path, type(exc).__name__, exc)
+            error = {"message": "internal error", "type": "server_error", "param": None}
+            return _json({"error": {**error, "code": None}}, 500)
 
     app = web.Application(middlewares=[guard], client_max_size=1 << 30)
     add = app.router

@@ -8,6 +8,7 @@ columns needed to select and order them beside it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import threading
@@ -16,6 +17,22 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+
+from jsonlbatch.errors import OutputError
+from jsonlbatch.jsonl import OutputLock
+
+#: Seconds a change waits for another process's lock on the database (a backup, a `sqlite3`
+#: shell in a transaction) before it gives up: SQLite's own default of 5 s made the runner die.
+BUSY_TIMEOUT = 30.0
+#: Names of half-written files: an upload (`*.upload`) or a result split (`*.tmp`) that a
+#: `kill -9` cut short. No row points at them; they are removed when a server starts.
+_TEMP_SUFFIXES = (".upload", ".tmp")
+
+
+class StoreError(OutputError):
+    """The database refused a change (locked past `BUSY_TIMEOUT`, disk full, ...): the call is
+    refused whole, and the runner tries again."""
+
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (
@@ -43,14 +60,53 @@ class Store:
         self.work_dir = self.dir / "work"
         for d in (self.files_dir, self.work_dir):
             d.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.dir / "batches.sqlite3", check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(_SCHEMA)
+        # one server per directory: a second one would run the same batches, and the stale
+        # temp files removed below could be another server's uploads under way
+        self._dir_lock = OutputLock(self.dir / "server")
+        try:
+            self._dir_lock.acquire()
+        except OutputError:
+            raise OutputError(
+                f"{self.dir} is in use by another `serve --batch-api`; give each its own "
+                "--batch-dir"
+            ) from None
+        try:
+            self.removed_temps = self._remove_temps()
+            self._db = sqlite3.connect(
+                self.dir / "batches.sqlite3", timeout=BUSY_TIMEOUT, check_same_thread=False
+            )
+            with self._errors():
+                self._db.execute("PRAGMA journal_mode=WAL")
+                self._db.execute("PRAGMA synchronous=FULL")
+                self._db.executescript(_SCHEMA)
+        except BaseException:
+            self._dir_lock.release()
+            raise
         self._lock = threading.Lock()
 
     def close(self) -> None:
         self._db.close()
+        self._dir_lock.release()
+
+    def _remove_temps(self) -> int:
+        """Remove what a killed server left half-written (a 157 MB upload stayed forever)."""
+        removed = 0
+        for folder in (self.files_dir, self.work_dir):
+            for path in folder.iterdir():
+                if path.suffix in _TEMP_SUFFIXES and path.is_file():
+                    with contextlib.suppress(FileNotFoundError):
+                        path.unlink()
+                        removed += 1
+        return removed
+
+    @contextlib.contextmanager
+    def _errors(self) -> Iterator[None]:
+        """sqlite3's errors as the package's own: a server's call answers 503, the runner
+        logs and tries again."""
+        try:
+            yield
+        except sqlite3.Error as exc:
+            raise StoreError(f"the batch store {self.dir} refused a change: {exc}") from None
 
     # -- files ---------------------------------------------------------------------------------
 
@@ -59,7 +115,7 @@ class Store:
 
     def put_file(self, obj: dict[str, Any]) -> None:
         """Register a file whose bytes are already at `file_path(obj["id"])` (or replace it)."""
-        with self._lock, self._db:
+        with self._lock, self._errors(), self._db:
             self._db.execute(
                 "INSERT INTO files (id, purpose, object) VALUES (?, ?, ?) "
                 "ON CONFLICT(id) DO UPDATE SET object = excluded.object, deleted = 0",
@@ -71,7 +127,7 @@ class Store:
         return orjson.loads(row[0]) if row else None
 
     def delete_file(self, file_id: str) -> bool:
-        with self._lock, self._db:
+        with self._lock, self._errors(), self._db:
             cur = self._db.execute(
                 "UPDATE files SET deleted = 1 WHERE id = ? AND deleted = 0", (file_id,)
             )
@@ -101,7 +157,7 @@ class Store:
     # -- batches -------------------------------------------------------------------------------
 
     def put_batch(self, obj: dict[str, Any]) -> None:
-        with self._lock, self._db:
+        with self._lock, self._errors(), self._db:
             self._db.execute(
                 "INSERT INTO batches (id, status, object) VALUES (?, ?, ?) "
                 "ON CONFLICT(id) DO UPDATE SET status = excluded.status, object = excluded.object",
@@ -147,9 +203,9 @@ class Store:
         return [orjson.loads(r[0]) for r in rows[:limit]], len(rows) > limit
 
     def _one(self, sql: str, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
-        with self._lock:
+        with self._lock, self._errors():
             return self._db.execute(sql, args).fetchone()
 
     def _all(self, sql: str, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
-        with self._lock:
+        with self._lock, self._errors():
             return self._db.execute(sql, args).fetchall()

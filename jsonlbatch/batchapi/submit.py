@@ -49,6 +49,7 @@ from jsonlbatch.jsonl import (
     rewrite_atomically,
 )
 from jsonlbatch.records import fingerprint, is_failure
+from jsonlbatch.safe_names import safe_name
 
 #: The OpenAI Batch API's limits per input file.
 MAX_REQUESTS = 50_000
@@ -380,7 +381,8 @@ class Submitter:
         for key in ("output_file_id", "error_file_id"):
             file_id = batch.get(key)
             if file_id:
-                dest = folder / f"{part.batch_id}.{key[:-8]}.jsonl"
+                # the server's id is data: reduced to a name of ours, never a path
+                dest = folder / f"{safe_name(part.batch_id)}.{key[:-8]}.jsonl"
                 await api.download(file_id, dest)
                 downloads.append(dest)
         marks = {

@@ -1,0 +1,123 @@
+"""`serve --batch-api` under faults: a database another process locks for a while, a kill -9 in
+the middle of an upload, values that do not fit. Real server processes, the real `openai` SDK."""
+
+from __future__ import annotations
+
+import io
+import socket
+import sqlite3
+import threading
+import time
+
+import openai
+import orjson
+import pytest
+from batchapiutil import BatchServer, wait_batch
+from batchutil import chat_body, cli
+
+
+def _lines(count: int) -> bytes:
+    return b"".join(
+        orjson.dumps(
+            {
+                "custom_id": f"q-{i}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": chat_body(i),
+            }
+        )
+        + b"\n"
+        for i in range(count)
+    )
+
+
+def _create(client: openai.OpenAI, data: bytes, **extra) -> openai.types.Batch:
+    file_id = client.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch").id
+    window = extra.pop("completion_window", "24h")
+    return client.batches.create(
+        input_file_id=file_id, endpoint="/v1/chat/completions", completion_window=window, **extra
+    )
+
+
+def test_out_of_range_values_are_a_400_naming_the_field(tmp_path, mock_server):
+    client = BatchServer(tmp_path / "state", mock_server()).start().client()
+    with pytest.raises(openai.BadRequestError) as caught:
+        _create(client, _lines(1), completion_window="99999999999999999999d")
+    assert "completion_window" in str(caught.value)
+    file_id = client.files.create(file=("in.jsonl", io.BytesIO(_lines(1))), purpose="batch").id
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.batches.create(
+            input_file_id=file_id,
+            endpoint=["/v1/chat/completions"],  # type: ignore[arg-type]
+            completion_window="24h",
+        )
+    assert "endpoint" in str(caught.value)
+
+
+def test_a_database_locked_for_a_while_is_waited_out(tmp_path, mock_server):
+    """Another process holds `BEGIN EXCLUSIVE` for longer than SQLite's default 5 s wait while
+    a batch runs and a file is uploaded: both go through once it lets go."""
+    server = BatchServer(
+        tmp_path / "state", mock_server(latency=0.05), "--batch-concurrency", "1"
+    ).start()
+    client = server.client()
+    batch = _create(client, _lines(40))
+    wait_batch(client, batch.id, until=lambda b: b.request_counts.completed >= 2)
+    other = sqlite3.connect(tmp_path / "state" / "batches.sqlite3", isolation_level=None)
+    other.execute("BEGIN EXCLUSIVE")
+    uploaded: list[object] = []
+    upload_client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=60)
+    upload = threading.Thread(
+        target=lambda: uploaded.append(
+            upload_client.files.create(file=("late.jsonl", io.BytesIO(_lines(2))), purpose="batch")
+        )
+    )
+    upload.start()
+    time.sleep(6.5)  # past SQLite's default busy timeout
+    other.execute("COMMIT")
+    other.close()
+    upload.join(60)
+    assert uploaded and uploaded[0].filename == "late.jsonl", "the upload failed"  # type: ignore[attr-defined]
+    done = wait_batch(client, batch.id, timeout=60)
+    assert done.status == "completed" and done.request_counts.completed == 40
+    # every file on disk has its row and every row its bytes
+    on_disk = {p.name for p in (tmp_path / "state" / "files").iterdir()}
+    listed = {f.id for f in client.files.list()}
+    assert listed <= on_disk and on_disk - listed <= {done.output_file_id}
+
+
+def test_kill_during_an_upload_leaves_no_temp_file_after_a_restart(tmp_path, mock_server):
+    server = BatchServer(tmp_path / "state", mock_server()).start()
+    files = tmp_path / "state" / "files"
+    port = int(server.url.rsplit(":", 1)[1].split("/")[0])
+    boundary = "xyzzy"
+    head = (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="a.jsonl"\r\n'
+        "Content-Type: application/jsonl\r\n\r\n"
+    ).encode()
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(
+            b"POST /v1/files HTTP/1.1\r\nHost: x\r\n"
+            + f"Content-Type: multipart/form-data; boundary={boundary}\r\n".encode()
+            + b"Content-Length: 100000000\r\n\r\n"
+            + head
+            + b"x" * (3 << 20)  # the body goes on: the server writes it to a temp file
+        )
+        deadline = time.monotonic() + 20
+        while not list(files.glob("*.upload")):
+            assert time.monotonic() < deadline, "no temp file seen"
+            time.sleep(0.05)
+        server.kill()
+    assert list(files.glob("*.upload"))
+    server.start()
+    assert not list(files.glob("*.upload")), "a restart left the killed upload's temp file"
+    assert server.client().files.list().data == []
+
+
+def test_a_second_server_on_one_directory_is_refused(tmp_path, mock_server):
+    upstream = mock_server()
+    BatchServer(tmp_path / "state", upstream).start()
+    args = ("--batch-api", "--upstream", upstream, "--batch-dir", str(tmp_path / "state"))
+    second = cli("serve", *args, "--batch-port", "0", timeout=60)
+    assert second.returncode != 0 and "in use by another" in second.stderr, second.stderr
