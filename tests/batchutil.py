@@ -111,9 +111,6 @@ def odd_server(
     """A tiny real server on 127.0.0.1 for answers the mock does not give: `handler` answers
     POSTs to `paths` (default: chat completions); `/v1/models` lists `mock`. Returns (base URL
     ending in /v1, stop)."""
-    import asyncio
-    import threading
-
     from aiohttp import web
 
     async def models(request: web.Request) -> web.Response:
@@ -123,6 +120,16 @@ def odd_server(
     app.router.add_get("/v1/models", models)
     for path in paths or ("/v1/chat/completions",):
         app.router.add_post(path, handler)
+    return serve_app(app)
+
+
+def serve_app(app: Any) -> tuple[str, Callable[[], None]]:
+    """An aiohttp application on 127.0.0.1 in a thread: (base URL ending in /v1, stop)."""
+    import asyncio
+    import threading
+
+    from aiohttp import web
+
     loop = asyncio.new_event_loop()
     runner = web.AppRunner(app, access_log=None)
     loop.run_until_complete(runner.setup())

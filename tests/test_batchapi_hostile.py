@@ -4,14 +4,12 @@ Each server is a tiny real aiohttp app on 127.0.0.1."""
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from collections.abc import Callable, Iterator
 
 import orjson
 import pytest
 from aiohttp import web
-from batchutil import exec_cli, write_requests
+from batchutil import exec_cli, serve_app, write_requests
 
 from jsonlbatch.safe_names import is_plain_id, safe_name
 
@@ -27,22 +25,9 @@ def api_server() -> Iterator[Callable[..., str]]:
     def factory(handler: Callable[[web.Request], object]) -> str:
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", handler)  # type: ignore[arg-type]
-        loop = asyncio.new_event_loop()
-        runner = web.AppRunner(app, access_log=None)
-        loop.run_until_complete(runner.setup())
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        loop.run_until_complete(site.start())
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        thread = threading.Thread(target=loop.run_forever, daemon=True)
-        thread.start()
-
-        def stop() -> None:
-            asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join(10)
-
+        url, stop = serve_app(app)
         stops.append(stop)
-        return f"http://127.0.0.1:{port}/v1"
+        return url
 
     yield factory
     for stop in stops:
