@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 import orjson
@@ -28,14 +29,47 @@ def test_estimates_read_every_endpoints_fields():
     assert parse_price("in=1.5,out=6").of(1_000_000, 500_000) == 4.5
 
 
-def test_budget_counts_what_is_in_flight():
+async def test_budget_holds_back_while_reservations_are_in_flight():
     budget = Budget(Price(0, 1_000_000), max_cost=2.5)  # $1 per output token
-    first = budget.reserve(0, 1)
-    budget.reserve(0, 1)
-    with pytest.raises(BudgetReached):  # a third request could pass the budget
-        budget.reserve(0, 1)
+    first = await budget.reserve(0, 1)
+    await budget.reserve(0, 1)
+    third = asyncio.ensure_future(budget.reserve(0, 1))  # could pass the budget: it waits
+    await asyncio.sleep(0.01)
+    assert not third.done() and not budget.reached
     budget.settle(first, 0, 0)  # an empty answer: the reservation comes back
-    assert budget.spent == 0 and budget.reserve(0, 1) == 1.0
+    assert await third == 1.0 and budget.spent == 0
+
+
+async def test_budget_is_reached_only_when_nothing_in_flight_could_make_room():
+    budget = Budget(Price(0, 1_000_000), max_cost=2.5)
+    held = [await budget.reserve(0, 1), await budget.reserve(0, 1)]
+    waiters = [asyncio.ensure_future(budget.reserve(0, 1)) for _ in range(3)]
+    await asyncio.sleep(0.01)
+    for amount in held:
+        budget.settle(amount, 0, 1)  # each cost its full $1: $2 spent
+    # one waiter fits nothing ($2 + $1 > $2.5) with nothing in flight: all of them stop
+    results = await asyncio.gather(*waiters, return_exceptions=True)
+    assert all(isinstance(r, BudgetReached) for r in results)
+    assert budget.reached and budget.spent == 2.0
+    with pytest.raises(BudgetReached):
+        await budget.reserve(0, 0.1)
+
+
+def test_max_cost_far_from_spent_never_stops_a_wide_run(tmp_path, mock_server):
+    """Issue 26: 80 requests in flight each reserving their output cap add up past the budget
+    long before the answers (a few tokens each) spend any of it: they wait, not stop."""
+    url = mock_server()
+    write_requests(tmp_path / "req.jsonl", 40, max_tokens=32768)
+    out = tmp_path / "out.jsonl"
+    price = ["--price", "in=1.1,out=4.4"]  # a worst case of $0.144 a request: 40 of them, $5.77
+    proc = exec_cli(
+        tmp_path / "req.jsonl", out, "--url", url, "-c", "40", *price, "--max-cost", "1"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "--max-cost" not in proc.stderr
+    results = read_results(out)
+    assert len(results) == 40 and not failures(results)
+    assert spent_in_output(str(out), parse_price("in=1.1,out=4.4")) < 0.01
 
 
 def _listing(path):

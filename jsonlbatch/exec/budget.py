@@ -9,6 +9,7 @@ few attribute checks.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -24,7 +25,7 @@ _UNIT = Cost()  # the cost of a request when no token count is needed
 
 
 class BudgetReached(Exception):
-    """The next request could take the spend past `--max-cost`."""
+    """The next request could take the spend past `--max-cost` even with nothing in flight."""
 
 
 class Budget:
@@ -32,7 +33,10 @@ class Budget:
 
     A request reserves what it may cost at most (its prompt estimate plus its output cap) before
     it is sent and settles at the real usage when it ends, so the cap holds even with hundreds of
-    requests in flight.
+    requests in flight. Worst cases are far above real costs (an output cap of 32k tokens is
+    rarely used), so a reservation that does not fit *while others are in flight* waits for them
+    to settle instead of ending the run: the run ends only when a request could pass the cap with
+    nothing else in flight, that is when the budget is truly reached.
     """
 
     def __init__(self, price: Price, max_cost: float | None = None, spent: float = 0.0) -> None:
@@ -40,24 +44,71 @@ class Budget:
         self.max_cost = max_cost
         self.spent = spent
         self.reserved = 0.0
+        self.holders = 0  # reservations not yet settled (a count: float sums never reach 0.0)
+        self.reached = False
+        self.waiting = 0  # requests held back until reservations settle (for the status line)
+        self._changed: asyncio.Event | None = None  # set when a reservation settles
 
-    def reserve(self, prompt: float, max_output: float) -> float:
+    def _fits(self, worst: float) -> bool:
+        return self.max_cost is None or self.spent + self.reserved + worst <= self.max_cost
+
+    def try_reserve(self, prompt: float, max_output: float) -> float | None:
+        """Reserve now and return the amount, or None when it would have to wait; raises
+        `BudgetReached` when it could not fit even with nothing in flight."""
         worst = self.price.of(prompt, max_output)
-        if self.max_cost is not None and self.spent + self.reserved + worst > self.max_cost:
+        if self.reached:
             raise BudgetReached
+        if not self._fits(worst):
+            if self.holders == 0:  # nothing in flight to wait for: the budget is reached
+                self._reach()
+                raise BudgetReached
+            return None
         self.reserved += worst
+        self.holders += 1
         return worst
 
+    async def reserve(self, prompt: float, max_output: float) -> float:
+        """Reserve the worst case of one request, waiting while reservations in flight would
+        push it past the cap; raises `BudgetReached` once the cap is truly reached."""
+        worst = self.try_reserve(prompt, max_output)
+        if worst is not None:
+            return worst
+        self.waiting += 1
+        try:
+            while worst is None:
+                if self._changed is None:
+                    self._changed = asyncio.Event()
+                await self._changed.wait()
+                worst = self.try_reserve(prompt, max_output)
+        finally:
+            self.waiting -= 1
+        return worst
+
+    def _reach(self) -> None:
+        self.reached = True
+        self._wake()
+
+    def _wake(self) -> None:
+        """Let every waiting request look again (each waiter holds the event it waits on)."""
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
+
     def settle(self, reserved: float, prompt: float, completion: float) -> None:
-        self.reserved -= reserved
         self.spent += self.price.of(prompt, completion)
+        self.release(reserved)
 
     def release(self, reserved: float) -> None:
         self.reserved -= reserved
+        self.holders -= 1
+        if self.holders == 0:
+            self.reserved = 0.0  # no float residue once nothing is in flight
+        self._wake()
 
     def status(self) -> str:
         shown = f"${self.spent:,.4f}" if self.spent < 1 else f"${self.spent:,.2f}"
-        return f"spent={shown}" + (f" of ${self.max_cost:,.2f}" if self.max_cost else "")
+        held = f" ({self.waiting} held for the budget)" if self.waiting else ""
+        return f"spent={shown}" + (f" of ${self.max_cost:,.2f}" if self.max_cost else "") + held
 
 
 def spent_in_output(path: str, price: Price) -> float:
@@ -119,15 +170,16 @@ class Meter:
         self.limiter = limiter
         self.budget = budget
 
-    def start(self, req: Request) -> Ticket:
-        """Estimate a request and reserve its worst-case cost; raises `BudgetReached`."""
+    async def start(self, req: Request) -> Ticket:
+        """Estimate a request and reserve its worst-case cost, waiting while requests in flight
+        hold the rest of the budget; raises `BudgetReached`."""
         ticket = Ticket(req.body, _UNIT)
         budget = self.budget
         if budget is not None:
             cost = self._estimate(ticket)
             cap = max_output_tokens(req.body)
             output = cap if cap is not None else UNCAPPED_OUTPUT_TOKENS
-            ticket.reserved = budget.reserve(cost.input_tokens, output)
+            ticket.reserved = await budget.reserve(cost.input_tokens, output)
         return ticket
 
     def _estimate(self, ticket: Ticket) -> Cost:

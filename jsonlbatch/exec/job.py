@@ -658,7 +658,7 @@ class _Run:
     ) -> Result:
         """Send one request, metered: within the rate limits and the budget."""
         try:
-            ticket = self.meter.start(req)
+            ticket = await self.meter.start(req)
         except BudgetReached:
             self._stop_for_budget()
             raise _Stop from None
