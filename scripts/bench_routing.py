@@ -14,9 +14,15 @@ response lines' metrics); the prefix cache hit rate comes from the replicas' own
 exec records it in `<output>.servers.json`. Targets (issue 16): on A, prefix >= 1.5x least-busy
 with a hit rate >= 85%; on B, prefix within 3% of least-busy.
 
+- C (issue 26): TEMPLATE_REQUESTS requests over 3 replicas whose template's fixed part (~1,500
+  tokens) is most of every prompt, each with its own item of 50-150 tokens, at -c 4, 16 and 256.
+  A load guard that never triggers at low `-c` pinned all of them on one replica. Target: prefix
+  >= least-busy at every -c (within noise: 3%), every replica used.
+
     python scripts/bench_routing.py                  # 400 x 8, ~1-2 min on 2 cores
     python scripts/bench_routing.py --tasks 100 --json
     python scripts/bench_routing.py --order interleaved   # samples far apart in the file
+    python scripts/bench_routing.py --only C             # the template workload alone
 
 The model's parameters (docs/mock.md) describe an 8B model on one 80 GB GPU; `--time-scale`
 runs it that many times faster so the benchmark stays short.
@@ -81,7 +87,25 @@ def write_workload(
         f.writelines(line for _, _, line in lines)
 
 
-def start_replicas(args: argparse.Namespace) -> tuple[list[subprocess.Popen], list[str]]:
+def write_template_workload(path: Path, requests: int, max_tokens: int, seed: int = 0) -> None:
+    """Workload C: one long fixed template, then each request's own short item."""
+    rng = random.Random(seed)
+    template = prompt(rng, 1500)
+    with path.open("wb") as f:
+        for i in range(requests):
+            body = {
+                "model": "mock",
+                "messages": [{"role": "user", "content": f"{template}\n\n{prompt(rng, 100)}"}],
+                "max_tokens": rng.randint(max(1, max_tokens // 4), max_tokens * 7 // 4),
+                "temperature": 0.8,
+                "seed": i,
+            }
+            f.write(request_line(f"item{i}", body))
+
+
+def start_replicas(
+    args: argparse.Namespace, count: int = REPLICAS
+) -> tuple[list[subprocess.Popen], list[str]]:
     cmd = [
         sys.executable, "-m", "jsonlbatch.mock", "--port", "0", "--gpu-model",
         "--default-max-tokens", str(2 * args.output_tokens),  # requests cut it shorter
@@ -89,7 +113,7 @@ def start_replicas(args: argparse.Namespace) -> tuple[list[subprocess.Popen], li
     ]  # fmt: skip
     procs = [
         subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, start_new_session=True)
-        for _ in range(REPLICAS)
+        for _ in range(count)
     ]
     urls = []
     for proc in procs:
@@ -117,13 +141,20 @@ def stop(procs: list[subprocess.Popen]) -> None:
 VARIANTS = {"prefix, no window": ["--route", "prefix", "--order-window", "0"]}
 
 
-def run_policy(args: argparse.Namespace, requests: Path, output: Path, policy: str) -> dict:
-    procs, urls = start_replicas(args)
+def run_policy(
+    args: argparse.Namespace,
+    requests: Path,
+    output: Path,
+    policy: str,
+    concurrency: int | None = None,
+    replicas: int = REPLICAS,
+) -> dict:
+    procs, urls = start_replicas(args, replicas)
     try:
         output.unlink(missing_ok=True)
         Path(str(output) + ".servers.json").unlink(missing_ok=True)
         cmd = [sys.executable, "-m", "jsonlbatch", "exec", str(requests), "-o", str(output),
-               "-c", str(args.concurrency), "-q",
+               "-c", str(concurrency or args.concurrency), "-q",
                *VARIANTS.get(policy, ["--route", policy])]  # fmt: skip
         for url in urls:
             cmd += ["--url", url]
@@ -222,11 +253,16 @@ def main() -> None:
         help="instead: 2 real CPU vLLM replicas (needs scripts/setup_vllm_cpu.py)",
     )
     ap.add_argument("--vllm-tasks", type=int, default=40)
+    ap.add_argument("--only", choices=("A", "B", "C"), action="append",
+                    help="run only these workloads (repeatable)")  # fmt: skip
+    ap.add_argument("--template-requests", type=int, default=240, help="workload C's size")
+    ap.add_argument("--template-concurrency", type=int, action="append",
+                    help="workload C's -c values (repeatable; default 4, 16, 256)")  # fmt: skip
     args = ap.parse_args()
     if args.vllm:
         run_vllm(args)
         return
-
+    only = set(args.only or "ABC")
     runs = [
         (
             "A",
@@ -239,8 +275,20 @@ def main() -> None:
     ]
     results: dict[str, dict[str, dict]] = {}
     started = time.monotonic()
+
+    def show(name: str, policy: str, figures: dict) -> None:
+        print(
+            f"{name} {policy:<17} {figures['req_per_s']:8.1f} req/s  "
+            f"hit rate {figures['hit_rate']:6.1%}  {figures['seconds']:6.2f} s  "
+            f"per replica {figures['spread']}",
+            file=sys.stderr,
+            flush=True,
+        )
+
     with tempfile.TemporaryDirectory(prefix="bench-routing-") as tmp:
         for name, shared, words, policies in runs:
+            if name not in only:
+                continue
             requests = Path(tmp) / f"{name}.jsonl"
             write_workload(
                 requests, args.tasks, args.samples, shared, args.order, words=words,
@@ -251,34 +299,43 @@ def main() -> None:
                 out = Path(tmp) / f"{name}-{policy.replace(', ', '-').replace(' ', '-')}.jsonl"
                 figures = run_policy(args, requests, out, policy)
                 results[name][policy] = figures
-                print(
-                    f"{name} {policy:<17} {figures['req_per_s']:8.1f} req/s  "
-                    f"hit rate {figures['hit_rate']:6.1%}  {figures['seconds']:6.2f} s  "
-                    f"per replica {figures['spread']}",
-                    file=sys.stderr,
-                    flush=True,
-                )
-    a, b = results["A"], results["B"]
-    summary = {
-        "routing_a_prefix_vs_least_busy": a["prefix"]["req_per_s"] / a["least-busy"]["req_per_s"],
-        "routing_a_prefix_hit_rate": a["prefix"]["hit_rate"],
-        "routing_a_least_busy_hit_rate": a["least-busy"]["hit_rate"],
-        "routing_b_prefix_vs_least_busy": b["prefix"]["req_per_s"] / b["least-busy"]["req_per_s"],
-    }
-    print(f"\n{args.tasks} x {args.samples} requests, {REPLICAS} replicas, "
-          f"c={args.concurrency}, time scale {args.time_scale:g}, order {args.order}, "
-          f"{time.monotonic() - started:.0f} s in all")  # fmt: skip
-    print("| workload | policy | req/s (modelled GPU time) | prefix cache hit rate |")
-    print("|---|---|---|---|")
+                show(name, policy, figures)
+        if "C" in only:
+            requests = Path(tmp) / "C.jsonl"
+            write_template_workload(requests, args.template_requests, args.output_tokens)
+            for c in args.template_concurrency or (4, 16, 256):
+                name = f"C -c {c}"
+                results[name] = {}
+                for policy in ("prefix", "least-busy"):
+                    out = Path(tmp) / f"C-{c}-{policy}.jsonl"
+                    figures = run_policy(args, requests, out, policy, concurrency=c, replicas=3)
+                    results[name][policy] = figures
+                    show(name, policy, figures)
+    summary = {}
+    for name, figures in results.items():
+        if "prefix" in figures and "least-busy" in figures:
+            key = "routing_" + name.lower().replace(" -c ", "_c") + "_prefix_vs_least_busy"
+            summary[key] = figures["prefix"]["req_per_s"] / figures["least-busy"]["req_per_s"]
+    if "A" in results:
+        summary["routing_a_prefix_hit_rate"] = results["A"]["prefix"]["hit_rate"]
+        summary["routing_a_least_busy_hit_rate"] = results["A"]["least-busy"]["hit_rate"]
+    print(f"\n{args.tasks} x {args.samples} requests (A, B), {args.template_requests} (C), "
+          f"{REPLICAS} replicas (A, B), 3 (C), c={args.concurrency} (A, B), time scale "
+          f"{args.time_scale:g}, order {args.order}, {time.monotonic() - started:.0f} s in all")  # fmt: skip
+    print("| workload | policy | req/s (modelled GPU time) | prefix cache hit rate | per replica |")
+    print("|---|---|---|---|---|")
     for name, by_policy in results.items():
         for policy, f in by_policy.items():
             modelled = f["req_per_s"] / args.time_scale
-            print(f"| {name} | {policy} | {modelled:.1f} | {f['hit_rate']:.1%} |")
-    print(f"A: prefix / least-busy = {summary['routing_a_prefix_vs_least_busy']:.2f}x "
-          f"(target >= 1.5), prefix hit rate {summary['routing_a_prefix_hit_rate']:.1%} "
-          "(target >= 85%)")  # fmt: skip
-    print(f"B: prefix / least-busy = {summary['routing_b_prefix_vs_least_busy']:.3f} "
-          "(target within 3%)")  # fmt: skip
+            print(f"| {name} | {policy} | {modelled:.1f} | {f['hit_rate']:.1%} | {f['spread']} |")
+    targets = {"A": ">= 1.5", "B": "within 3%"}
+    for name in results:
+        key = "routing_" + name.lower().replace(" -c ", "_c") + "_prefix_vs_least_busy"
+        if key in summary:
+            target = targets.get(name, ">= 1 (within 3%)")
+            print(f"{name}: prefix / least-busy = {summary[key]:.3f} (target {target})")
+    if "A" in results:
+        print(f"A: prefix hit rate {summary['routing_a_prefix_hit_rate']:.1%} (target >= 85%)")
     if args.json:
         print(json.dumps(summary | {"results": results}))
 

@@ -123,3 +123,23 @@ def test_report_shows_what_the_servers_counted_over_resumed_runs(tmp_path, mock_
         / sum(f["prefix_cache_queries"] for f in figures)
         > 0.5
     )
+
+
+def test_prefix_routing_at_low_concurrency_uses_every_replica(tmp_path, mock_server):
+    """Issue 26: a template whose fixed part is most of each prompt, `-c 4` over 3 replicas:
+    the load guard (16 in flight) never triggered and one replica took every request."""
+    template = " ".join(f"rule{i}" for i in range(400))  # ~3 kB shared by every request
+    lines = [
+        {"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions",
+         "body": {"model": "mock", "messages": [{"role": "user", "content": f"{template} q{i}"}]}}
+        for i in range(24)
+    ]  # fmt: skip
+    (tmp_path / "req.jsonl").write_bytes(b"".join(orjson.dumps(x) + b"\n" for x in lines))
+    urls = [mock_server(gpu=FAST, latency=0.05) for _ in range(3)]
+    out = tmp_path / "out.jsonl"
+    done = cli("exec", str(tmp_path / "req.jsonl"), "-o", str(out), "-c", "4",
+               *(a for u in urls for a in ("--url", u)))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    spread = [e["requests"] for e in orjson.loads(Path(str(out) + ".servers.json").read_bytes())[
+        "runs"][-1]["endpoints"]]  # fmt: skip
+    assert sum(spread) == 24 and min(spread) >= 4, spread

@@ -174,3 +174,42 @@ def test_ordered_lines_groups_samples_of_a_task_in_a_file(tmp_path):
     plain = RouteOptions(policy="least-busy")
     got = [orjson.loads(raw)["custom_id"] for raw in ordered_lines(str(path), offsets, plain)]
     assert got == [f"t{t}|{s}" for s in range(3) for t in range(4)]
+
+
+def _template_run(router: Router, eps: list[Ep], concurrency: int, total: int) -> list[int]:
+    """`total` requests whose template's fixed part is most of each prompt, kept `concurrency`
+    in flight, the oldest finishing first; returns how many each endpoint got."""
+    rng = random.Random(7)
+    template = "Read the passage and answer in one word. " * 60  # ~2.5 kB of every prompt
+    flying: list[Ep] = []
+    counts = dict.fromkeys(map(id, eps), 0)
+    for i in range(total):
+        if len(flying) == concurrency:
+            done = flying.pop(rng.randrange(len(flying)))
+            done.in_flight -= 1
+        chosen = send(router, eps, template + f"item {i}: " + "x" * rng.randrange(100, 400))
+        counts[id(chosen)] += 1
+        flying.append(chosen)
+        idle = [ep for ep in eps if ep.in_flight == 0]
+        assert not idle or len(flying) < len(eps), f"-c {concurrency}: an endpoint idles"
+    return [counts[id(ep)] for ep in eps]
+
+
+@pytest.mark.parametrize("concurrency", [4, 16, 64])
+def test_a_template_prefix_common_to_all_requests_does_not_pin_them_on_one_endpoint(concurrency):
+    """Issue 26: at -c 16 or below a fixed guard of 16 never triggered, so one replica took all
+    440 requests of a template-heavy file and two idled."""
+    router, eps = make(3, concurrency=concurrency)
+    counts = _template_run(router, eps, concurrency, 300)
+    assert min(counts) >= 60, counts  # a fair share is 100
+    assert max(ep.in_flight for ep in eps) - min(ep.in_flight for ep in eps) <= max(
+        2, concurrency // 4
+    )
+
+
+def test_the_automatic_guard_scales_with_concurrency_and_replicas():
+    router, _ = make(3, concurrency=16)
+    assert router.gap_allowed(3) == 2 and router.gap_allowed(1) == 8
+    assert make(4, concurrency=512)[0].gap_allowed(4) == 16  # as sglang-router's at scale
+    assert make(3, concurrency=2)[0].gap_allowed(3) == 1
+    assert make(3, concurrency=16, balance_abs_threshold=16)[0].gap_allowed(3) == 16

@@ -158,11 +158,11 @@ def parse_headers(values: tuple[str, ...]) -> dict[str, str]:
 @click.option(
     "--balance-abs-threshold",
     type=COUNT_OR_ZERO,
-    default=RouteOptions.balance_abs_threshold,
-    show_default=True,
+    default=None,
     metavar="N",
     help="With --route prefix: leave the cached server when it has N more requests in flight "
-    "than the least busy one ...",
+    "than the least busy one ...  [default: auto: half of -c per server, 1 to 16, and never "
+    "an idle server]",
 )
 @click.option(
     "--balance-rel-threshold",

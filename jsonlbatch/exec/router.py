@@ -96,14 +96,18 @@ def prefix_key(body: dict[str, Any], block: int = BLOCK_BYTES) -> PrefixKey:
     return PrefixKey(len(text), tuple(out))
 
 
+#: The automatic load guard's largest gap (sglang-router's default absolute threshold).
+AUTO_ABS_CAP = 16
+
+
 @dataclass
 class RouteOptions:
     """How `--route prefix` trades cache affinity against load (sglang-router's names)."""
 
     policy: str = "prefix"
     #: Affinity is dropped when the preferred endpoint has this many more requests in flight
-    #: than the least busy one ...
-    balance_abs_threshold: int = 16
+    #: than the least busy one ... None: automatic (see `Router.gap_allowed`).
+    balance_abs_threshold: int | None = None
     #: ... and more than this multiple of the least busy one's.
     balance_rel_threshold: float = 1.5
     #: Share of a prompt that must already sit on an endpoint for affinity to count; shorter
@@ -111,11 +115,15 @@ class RouteOptions:
     min_match: float = 0.5
     #: Pending requests looked ahead to group those sharing a prefix; 0 keeps the file order.
     order_window: int = 1024
+    #: Requests in flight at most (exec's `-c`): the automatic guard scales with it.
+    concurrency: int | None = None
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise UsageError(f"--route must be one of {', '.join(POLICIES)}, got {self.policy!r}")
-        if self.balance_abs_threshold < 0 or self.balance_rel_threshold < 1:
+        if (
+            self.balance_abs_threshold is not None and self.balance_abs_threshold < 0
+        ) or self.balance_rel_threshold < 1:
             raise UsageError(
                 "--balance-abs-threshold must be 0 or more and --balance-rel-threshold at least 1"
             )
@@ -154,7 +162,7 @@ class Router:
         chosen = least
         holder = self._holder(up, key)
         if holder is not None:
-            if self._imbalanced(holder, least):
+            if self._imbalanced(holder, least, len(up)):
                 self.guarded += 1
             else:
                 chosen = holder
@@ -191,11 +199,34 @@ class Router:
                 return best
         return None
 
-    def _imbalanced(self, preferred: _Loaded, least: _Loaded) -> bool:
-        """The load guard: both an absolute and a relative gap, as sglang-router's."""
+    def gap_allowed(self, replicas: int) -> int:
+        """How many more requests in flight the preferred endpoint may have than the least busy
+        one. Automatic: half a fair share (`-c` over the endpoints up), at most 16 and at least
+        1. A fixed 16 can never trigger at `-c 16` or below, which pinned every request on one
+        replica when one prefix (a template's fixed part) covered most of every prompt."""
+        given = self.options.balance_abs_threshold
+        if given is not None:
+            return given
+        concurrency = self.options.concurrency
+        if concurrency is None:
+            return AUTO_ABS_CAP
+        return max(1, min(AUTO_ABS_CAP, concurrency // (2 * max(1, replicas))))
+
+    def _imbalanced(self, preferred: _Loaded, least: _Loaded, replicas: int) -> bool:
+        """The load guard: both an absolute and a relative gap, as sglang-router's; and, unless
+        the threshold is given, never an idle endpoint while the preferred one has work (the
+        prefix is then cached in one more place, which the index records)."""
+        if preferred is least:
+            return False
+        if (
+            self.options.balance_abs_threshold is None
+            and least.in_flight == 0
+            and preferred.in_flight > 0
+        ):
+            return True
         gap = preferred.in_flight - least.in_flight
         return (
-            gap > self.options.balance_abs_threshold
+            gap > self.gap_allowed(replicas)
             and preferred.in_flight > self.options.balance_rel_threshold * least.in_flight
         )
 
