@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -319,3 +320,39 @@ def test_signal_stops_cleanly_and_resume_finishes(tmp_path, mock_server, signame
     assert 0 < len(partial) < 400
     assert cli(*args).returncode == 0
     assert len(read_results(out)) == 400
+
+
+def _resolver_standin(tmp_path) -> dict:
+    """An environment whose resolver knows no `*.invalid` name (RFC 6761), answered in-process
+    so the test sends no DNS query anywhere; every other name resolves as usual."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import socket\n"
+        "_real = socket.getaddrinfo\n"
+        "def getaddrinfo(host, *args, **kwargs):\n"
+        "    name = host.decode() if isinstance(host, bytes) else str(host)\n"
+        "    if name.endswith('.invalid'):\n"
+        "        raise socket.gaierror(socket.EAI_NONAME, 'Name or service not known')\n"
+        "    return _real(host, *args, **kwargs)\n"
+        "socket.getaddrinfo = getaddrinfo\n"
+    )
+    return {**ENV, "PYTHONPATH": os.pathsep.join([str(site), ENV.get("PYTHONPATH", "")])}
+
+
+def test_a_host_that_does_not_resolve_fails_at_once(tmp_path, mock_server):
+    """Issue 26: a typo'd host is not a cold server; it used to be waited for 30 minutes."""
+    env = _resolver_standin(tmp_path)
+    write_requests(tmp_path / "req.jsonl", 3)
+    out = tmp_path / "o.jsonl"
+    typo = "http://my-sever.invalid:8000/v1"
+    # the default --ready-timeout (30 minutes) would outlast the subprocess's bound
+    proc = exec_cli(tmp_path / "req.jsonl", out, "--url", typo, env=env, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert "'my-sever.invalid' does not resolve" in proc.stderr and "--url" in proc.stderr
+    assert "Traceback" not in proc.stderr and not out.exists()
+    # among good servers too: the typo is named, nothing is sent
+    both = exec_cli(
+        tmp_path / "req.jsonl", out, "--url", mock_server(), "--url", typo, env=env, timeout=60
+    )
+    assert both.returncode == 2 and "does not resolve" in both.stderr

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import time
 import urllib.parse
 import urllib.request
@@ -49,6 +50,7 @@ class Endpoint:
     anthropic: bool = False  # the key goes in `x-api-key`, with an `anthropic-version`
     proxy: str | None = None
     in_flight: int = 0
+    launched: bool = False  # a server this run started: its name may not resolve yet
     up: bool = True
     failures: int = 0
     failing_since: float = 0.0  # monotonic time of the first failure in the current run of them
@@ -286,6 +288,14 @@ class EndpointPool:
             try:
                 status, body = await self.get(endpoint, "/v1/models", timeout=attempt)
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+                if not endpoint.launched and unresolvable(exc):
+                    host = urllib.parse.urlsplit(endpoint.base).hostname
+                    raise UsageError(
+                        f"--url {endpoint.name}: the host {host!r} does not resolve "
+                        f"({describe_exception(exc).removeprefix('cannot connect (')[:-1]}); "
+                        "check the address (a name that does not resolve is not a server "
+                        "starting up, so it is not waited for)"
+                    ) from None
                 status, body = None, describe_exception(exc)
             if status in (401, 403):
                 raise AuthenticationError(
@@ -366,6 +376,14 @@ def model_ids(body: Any) -> list[str] | None:
     if isinstance(body, dict) and isinstance(body.get("data"), list):
         return [m["id"] for m in body["data"] if isinstance(m, dict) and "id" in m]
     return None
+
+
+def unresolvable(exc: BaseException) -> bool:
+    """The host's name is unknown to the resolver (a typo), as opposed to a resolver that could
+    not be reached for now (EAI_AGAIN), a refused connection or a silent server."""
+    os_error = getattr(exc, "os_error", exc)
+    codes = {socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)}
+    return isinstance(os_error, socket.gaierror) and os_error.errno in codes
 
 
 def describe_exception(exc: BaseException) -> str:

@@ -115,7 +115,7 @@ class ExecOptions:
     backoff_cap: float = 60.0
     route: str = RouteOptions.policy  # prefix | least-busy | round-robin (see exec/router.py)
     order_window: int = RouteOptions.order_window
-    balance_abs_threshold: int = RouteOptions.balance_abs_threshold
+    balance_abs_threshold: int | None = RouteOptions.balance_abs_threshold
     balance_rel_threshold: float = RouteOptions.balance_rel_threshold
     rpm: float | None = None  # requests per minute, across all workers and endpoints
     tpm: float | None = None  # tokens per minute (prompt estimate + output cap, then real usage)
@@ -144,7 +144,7 @@ class ExecOptions:
     def route_options(self) -> RouteOptions:
         return RouteOptions(
             self.route, self.balance_abs_threshold, self.balance_rel_threshold,
-            order_window=self.order_window,
+            order_window=self.order_window, concurrency=self.concurrency,
         )  # fmt: skip
 
 
@@ -411,6 +411,8 @@ class _Run:
         if self.scan.pending and not self.urls:
             raise UsageError("no endpoint: give --url (or --serve to launch a server)")
         endpoints = [parse_endpoint(u) for u in self.urls]  # before the output is touched
+        for url, ep in zip(self.urls, endpoints, strict=True):
+            ep.launched = url in self.keys
         if not self.scan.pending:
             self._prepare_output()
             self._close_output()
