@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import socket
@@ -138,3 +139,69 @@ def _reap_started_cli() -> Iterator[None]:
     import batchutil
 
     batchutil.kill_started()
+
+
+# The work tree stays clean: a test writes only under its temporary directories. The session
+# compares the repository's `git status` (ignored files included: a test writing into an ignored
+# folder such as examples/post/out/ is caught too) at its start and end, and fails when a test
+# created or changed a file. Caches that Python and the tools write are not a test's doing.
+_TOOL_LITTER = ("__pycache__/", ".pytest_cache/", ".ruff_cache/", ".mypy_cache/", ".venv/",
+                ".egg-info/", ".pyc")  # fmt: skip
+_TREE_KEY = pytest.StashKey[dict[str, str] | None]()
+
+
+def _tree_state() -> dict[str, str] | None:
+    """Each path git reports as untracked, changed or ignored -> a digest of its content;
+    None outside a git checkout (an sdist, a copy): there is nothing to compare against."""
+    import hashlib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "-z", "--untracked-files=all",
+             "--ignored=matching"],
+            capture_output=True, timeout=120,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0:
+        return None
+    state: dict[str, str] = {}
+    for entry in done.stdout.decode("utf-8", "replace").split("\0"):
+        path = entry[3:]
+        if not path or any(part in path or path.endswith(part) for part in _TOOL_LITTER):
+            continue
+        target, digest = root / path, hashlib.sha256(entry[:2].encode())
+        if target.is_dir():  # an ignored folder: what lies in it
+            for sub in sorted(target.rglob("*")):
+                with contextlib.suppress(OSError):
+                    stat = sub.stat()
+                    digest.update(f"{sub}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
+        elif target.is_file():
+            digest.update(target.read_bytes())
+        state[path] = digest.hexdigest()
+    return state
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.stash[_TREE_KEY] = _tree_state()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    before = session.stash.get(_TREE_KEY, None)
+    after = _tree_state() if before is not None else None
+    if before is None or after is None:
+        return
+    changed = sorted(p for p in after.keys() | before.keys() if after.get(p) != before.get(p))
+    if changed:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        message = (
+            "the tests changed the work tree (a test must write only under its tmp_path): "
+            + ", ".join(changed[:20])
+        )
+        if reporter is not None:
+            reporter.write_line(message, red=True)
+        else:
+            sys.stderr.write(message + "\n")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -53,14 +53,15 @@ def _ray_python(address: str, code: str, timeout: float = 90) -> str:
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A Ray head on 127.0.0.1 with 4 declared GPUs; its whole process group goes at the end."""
     port = _free_port()
-    log = tmp_path_factory.mktemp("ray") / "head.log"
+    home = tmp_path_factory.mktemp("ray")
+    log = home / "head.log"
     with open(log, "wb") as out:
         head = subprocess.Popen(
             [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
              f"--port={port}", "--num-gpus=4", "--num-cpus=2", "--include-dashboard=false",
              "--disable-usage-stats"],
             stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **RAY_ENV},
-            start_new_session=True,
+            start_new_session=True, cwd=home,  # the workers' cwd: never the work tree
         )  # fmt: skip
     address = f"127.0.0.1:{port}"
     try:
