@@ -15,8 +15,8 @@ import jsonlbatch
 
 ROOT = Path(jsonlbatch.__file__).parent
 CORE = {
-    "answers", "cost", "errors", "idset", "jsonl", "records", "redact", "safe_names", "samples",
-    "stats",
+    "answers", "cost", "errors", "extras", "idset", "jsonl", "records", "redact", "safe_names",
+    "samples", "stats",
 }  # fmt: skip
 STAGES = {
     "gen", "exec", "serve", "post", "report", "mock", "experiment", "batchapi", "cache", "view",

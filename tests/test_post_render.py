@@ -183,9 +183,8 @@ def test_missing_extra_is_named_up_front(tmp_path: Path) -> None:
     responses = tmp_path / "responses.jsonl"
     write_jsonl(responses, [chat_line("t", answer({"path": "a.xlsx", "spec": SHEET}))])
     code = (
-        "import sys, importlib.util as u\n"
-        "real = u.find_spec\n"
-        "u.find_spec = lambda name, *a: None if name == 'openpyxl' else real(name, *a)\n"
+        "import sys\n"
+        "sys.modules['openpyxl'] = None  # its import raises ImportError\n"
         "from jsonlbatch.cli import main\n"
         f"sys.argv = ['jsonlbatch', 'post', 'files', {str(responses)!r}, '--out-dir', "
         f"{str(tmp_path / 'out')!r}, '--render']\n"

@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import click
 
-from jsonlbatch.report import FORMATS, build_report, parse_price, parse_sla, render, write_report
-from jsonlbatch.report.charts import INSTALL_HINT, charts_available
+from jsonlbatch.report import (
+    FORMATS,
+    build_report,
+    format_for,
+    parse_price,
+    parse_sla,
+    render,
+    write_report,
+)
+from jsonlbatch.report.charts import charts_missing
 
 
 @click.command()
@@ -59,6 +67,10 @@ def report(
 
     Several FILES are compared side by side, each against the first.
     """
+    if output is not None and format_for(output, fmt) == "html":
+        missing = charts_missing()  # said in the page too, but who looks there
+        if missing is not None:
+            click.echo(f"note: the page will have no charts: {missing}", err=True)
     built = build_report(
         files, sla=parse_sla(sla), by=by, requests=requests, price=parse_price(price)
     )
@@ -67,7 +79,3 @@ def report(
         return
     used = write_report(built, output, fmt)
     click.echo(f"wrote {used} report to {output}", err=True)
-    if used == "html" and not charts_available():  # said in the page too, but who looks there
-        click.echo(
-            f"note: the page has no charts: matplotlib is missing ({INSTALL_HINT})", err=True
-        )

@@ -33,12 +33,14 @@ from jsonlbatch.experiment.judge import JudgeConfig, run_judge
 from jsonlbatch.experiment.posting import PARTS, export_inputs, export_results, input_files
 from jsonlbatch.experiment.spec import Condition, Experiment, Step, load_experiment
 from jsonlbatch.experiment.state import StepState, step_hash
+from jsonlbatch.extras import require
 from jsonlbatch.gen import RequestWriter, write_requests
 from jsonlbatch.gen.sources import Row, iter_rows, select
 from jsonlbatch.gen.templates import Prompt, RowTemplate, compile_condition, read_text
 from jsonlbatch.gen.writer import row_custom_id
 from jsonlbatch.post.outputs import JsonlWriter
 from jsonlbatch.redact import register_secret
+from jsonlbatch.report.charts import charts_missing
 from jsonlbatch.serve import ServeOptions, serving
 
 #: Condition keys that shape the requests (the rest say where they go).
@@ -82,6 +84,7 @@ def run_experiment(
     """Run (or resume, or skip) every step of every condition, then write the comparison."""
     exp = load_experiment(experiment) if isinstance(experiment, str) else experiment
     say = echo or (lambda _msg: None)
+    _check_extras(exp, say)
     names = [c.name for c in exp.conditions]
     unknown = [n for n in only if n not in names]
     if unknown:
@@ -105,6 +108,23 @@ def run_experiment(
         result.reports, result.table = comparison.paths, comparison.table
         say(f"report: {', '.join(result.reports)}")
     return result
+
+
+def _check_extras(exp: Experiment, say: Callable[[str], None]) -> None:
+    """Steps that need an optional extra: checked before the first one runs, not after an exec
+    of hours (gen checks a Parquet data file itself, and it is the first step)."""
+    export = exp.step("export")
+    if export and (export.settings.get("format") == "parquet" or export.settings.get("into")):
+        require("pyarrow.parquet", extra="parquet", for_what="the export step")
+    for cond in exp.conditions:
+        serve = cond.settings.get("serve")
+        if isinstance(serve, dict) and (serve.get("ray") or serve.get("ray_address")):
+            require("ray", extra="ray", for_what=f"condition {cond.name!r}: serve with Ray")
+    report = exp.step("report")
+    if report and "html" in (report.settings.get("formats") or []):
+        missing = charts_missing()
+        if missing is not None:
+            say(f"note: report.html will have no charts: {missing}")
 
 
 class _ConditionRun:

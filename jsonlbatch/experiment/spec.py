@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from jsonlbatch.errors import InputError, JsonlbatchError, Problem, UsageError
+from jsonlbatch.errors import InputError, JsonlbatchError, Problem
 
 STEP_KINDS = ("exec", "judge", "post", "export", "report")
 REPORT_FORMATS = ("md", "html", "json", "text")
@@ -149,12 +149,8 @@ class Experiment:
 
 def load_experiment(path: str) -> Experiment:
     """Read and check an experiment file; `InputError` lists every problem with its line."""
-    try:
-        import yaml
-    except ImportError:
-        raise UsageError(
-            "experiment files are YAML: pip install 'jsonlbatch[experiment]' (PyYAML)"
-        ) from None
+    import yaml  # a core dependency: `jsonlbatch run` is the README's own pipeline
+
     from jsonlbatch.gen.templates import read_text
 
     text = read_text(path, "experiment file")

@@ -22,6 +22,7 @@ from typing import IO, Any
 import orjson
 
 from jsonlbatch.errors import InputError, Problem, UsageError
+from jsonlbatch.extras import require
 from jsonlbatch.jsonl import BOM
 
 #: The formats `iter_rows` reads, by the name `--format` takes.
@@ -76,7 +77,8 @@ def iter_rows(path: str | os.PathLike[str], format: str | None = None) -> Iterat
     fmt = format or detect_format(path)
     if fmt not in FORMATS:
         raise UsageError(f"unknown data format {fmt!r} (known: {', '.join(FORMATS)})")
-    if fmt == "parquet":
+    if fmt == "parquet":  # checked now, before the caller writes anything
+        require("pyarrow.parquet", extra="parquet", for_what="reading Parquet")
         return _parquet_rows(path)
     return _text_rows(path, fmt)
 
@@ -220,13 +222,9 @@ def _parquet_rows(path: str) -> Iterator[Row]:
         raise UsageError(
             "Parquet cannot be read from stdin (it needs a seekable file); pass a path"
         )
-    try:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise UsageError(
-            "reading Parquet needs pyarrow: pip install 'jsonlbatch[parquet]'"
-        ) from None
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     try:
         parquet = pq.ParquetFile(path)
         _check_columns(parquet.schema_arrow.names, path, "Parquet schema", None)

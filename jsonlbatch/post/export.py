@@ -24,6 +24,7 @@ import orjson
 
 from jsonlbatch.answers import number as json_number
 from jsonlbatch.errors import InputError, Problem, UsageError
+from jsonlbatch.extras import require
 from jsonlbatch.idset import IdSet
 from jsonlbatch.jsonl import iter_lines
 from jsonlbatch.post.files import MANIFEST, sample_dir
@@ -113,6 +114,9 @@ def export(
     if (into is None) != (on is None):
         raise UsageError("--into and --on go together: the dataset table and its key column")
     fmt = table_format(out, fmt)
+    if fmt == "parquet" or into is not None:  # a dataset table is read with pyarrow too
+        what = "export to Parquet" if into is None else "export --into (reading the dataset table)"
+        require("pyarrow.parquet", extra="parquet", for_what=what)
     paths = [responses] if isinstance(responses, str) else list(responses)
     check_responses(paths)  # bad input stops before anything is written
     joins = _Joins.load(votes, patches, files)

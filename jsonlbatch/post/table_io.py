@@ -16,12 +16,12 @@ from typing import IO, Any
 import orjson
 
 from jsonlbatch.errors import InputError, UsageError
+from jsonlbatch.extras import load
 from jsonlbatch.post.outputs import replacing
 
 TABLE_FORMATS = ("parquet", "csv", "jsonl")
 _SUFFIXES = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".jsonl": "jsonl"}
 ROW_GROUP = 8192
-PARQUET_HINT = "pip install 'jsonlbatch[parquet]'"
 
 
 def table_format(path: str, fmt: str | None = None) -> str:
@@ -38,12 +38,8 @@ def table_format(path: str, fmt: str | None = None) -> str:
     return _SUFFIXES[suffix]
 
 
-def _arrow() -> Any:
-    try:
-        import pyarrow
-    except ImportError:
-        raise UsageError(f"Parquet needs pyarrow: {PARQUET_HINT}") from None
-    return pyarrow
+def _arrow(module: str = "pyarrow") -> Any:
+    return load(module, extra="parquet", for_what="Parquet")
 
 
 def arrow_type(kind: type) -> Any:
@@ -81,8 +77,7 @@ class TableWriter:
     def __enter__(self) -> TableWriter:
         tmp = self._stack.enter_context(replacing(self.path))
         if self.fmt == "parquet":
-            import pyarrow.parquet as pq
-
+            pq = _arrow("pyarrow.parquet")
             fields = [
                 (name, self._arrow_types.get(name) or arrow_type(kind or str))
                 for name, kind in self._kinds.items()

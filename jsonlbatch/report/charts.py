@@ -17,11 +17,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from jsonlbatch.extras import check
 from jsonlbatch.report.model import Report
 from jsonlbatch.report.options import format_duration
 from jsonlbatch.report.tables import LATENCY_NAMES, present_latencies
 
-INSTALL_HINT = "pip install 'jsonlbatch[report]'"
+CHARTS_EXTRA = "report"
 
 _SIZE = (6.4, 3.3)  # inches; drawn at _DPI and shown at about 100 px an inch: sharp on HiDPI
 _DPI = 150
@@ -57,12 +58,9 @@ class Chart:
     alt: str = ""  # what the chart shows, for screen readers and a missing image
 
 
-def charts_available() -> bool:
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        return False
-    return True
+def charts_missing() -> str | None:
+    """Why an HTML page would have no charts (matplotlib, the `report` extra), or None."""
+    return check("matplotlib", extra=CHARTS_EXTRA, for_what="drawing charts in the HTML report")
 
 
 def draw_charts(report: Report) -> list[Chart]:

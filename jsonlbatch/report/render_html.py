@@ -13,7 +13,7 @@ from __future__ import annotations
 import base64
 from html import escape
 
-from jsonlbatch.report.charts import INSTALL_HINT, charts_available, draw_charts
+from jsonlbatch.report.charts import charts_missing, draw_charts
 from jsonlbatch.report.model import Report
 from jsonlbatch.report.tables import (
     Cell,
@@ -147,11 +147,9 @@ def _direction(cell: Cell) -> str:
 
 
 def _charts(report: Report) -> str:
-    if not charts_available():
-        return (
-            f'<p class="note">Charts need matplotlib, which is not installed: '
-            f"<code>{escape(INSTALL_HINT)}</code>.</p>"
-        )
+    missing = charts_missing()
+    if missing is not None:
+        return f'<p class="note">{escape(missing)}.</p>'
     charts = draw_charts(report)
     if not charts:
         return '<p class="note">No timings to chart (no metrics in the lines).</p>'

@@ -8,12 +8,16 @@ every user of the machine in `ps`.
 
 from __future__ import annotations
 
+import os
 import shlex
+import shutil
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib.machinery import PathFinder
 
 from jsonlbatch.errors import UsageError
+from jsonlbatch.extras import MissingExtra
 from jsonlbatch.mock.app import MOCK_API_KEY_ENV
 from jsonlbatch.redact import redact, register_secret
 
@@ -119,6 +123,23 @@ class Backend:
         argv, env = self.flags(options, port, data_parallel)
         program = shlex.split(options.executable) if options.executable else list(self.program)
         return Command(tuple(program + argv + list(options.server_args)), tuple(env.items()))
+
+    def require(self, options: ServeOptions) -> None:
+        """The server is installed where this process starts it: said now, with its extra,
+        rather than as a server that dies at once. `--server-executable` names another."""
+        if options.executable or options.backend == "mock":  # the mock is ours
+            return
+        if self.program[0] == sys.executable:  # `python -m module`: looked up, not imported,
+            # where the server's interpreter will look (PYTHONPATH as it is now, then ours)
+            where = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+            top = self.program[2].split(".")[0]
+            found = PathFinder.find_spec(top, where + sys.path) is not None
+        else:
+            found = shutil.which(self.program[0]) is not None
+        if not found:
+            also = "or name its program with --server-executable"
+            raise MissingExtra(f"--serve {options.backend}", [options.backend], options.backend,
+                               also=also)  # fmt: skip
 
 
 def _vllm(opts: ServeOptions, port: int, dp: int) -> tuple[list[str], dict[str, str]]:

@@ -413,6 +413,7 @@ def serving(
 
         servers: Servers = RayServers(options, log_stem=log_stem, quiet=quiet)
     else:
+        BACKENDS[options.backend].require(options)  # installed here (Ray's nodes: not seen)
         servers = Servers(options, plan_servers(options, log_stem=log_stem), quiet=quiet)
     if BACKENDS[options.backend].needs_gpus and not options.ray:
         pinned = [gpu for p in servers.processes for gpu in p.gpus or ()]

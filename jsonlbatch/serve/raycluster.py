@@ -27,6 +27,7 @@ from dataclasses import replace
 from typing import Any
 
 from jsonlbatch.errors import LaunchError, UsageError
+from jsonlbatch.extras import load
 from jsonlbatch.serve.backends import BACKENDS, Command, ServeOptions, build_command
 from jsonlbatch.serve.gpus import pick_ports
 from jsonlbatch.serve.launch import (
@@ -38,7 +39,6 @@ from jsonlbatch.serve.launch import (
     stop_all,
 )
 
-RAY_HINT = "pip install 'jsonlbatch[ray]'"
 #: Settings of the servers themselves, forwarded from the driver to every replica's actor.
 FORWARDED_PREFIXES = (
     "VLLM_",
@@ -79,11 +79,7 @@ def _ray(loopback: bool = False) -> Any:
         # Ray's token authentication (~/.ray/auth_token), said alike to a head started here and
         # to this driver: Ray's default differs between `ray start` and a driver that joins
         os.environ.setdefault("RAY_AUTH_MODE", "token")
-    try:
-        import ray
-    except ImportError:
-        raise UsageError(f"--ray needs Ray, which is not installed: {RAY_HINT}") from None
-    return ray
+    return load("ray", extra="ray", for_what="--ray")
 
 
 def forwarded_env(environ: dict[str, str] | os._Environ[str] = os.environ) -> dict[str, str]:
@@ -270,7 +266,8 @@ class RayServers(Servers):
             raise UsageError(
                 "--gpus does not go with a Ray cluster: Ray assigns each replica its GPUs"
             )
-        logs = log_paths(options, self.count, log_stem)
+        # absolute: an actor's working folder is its Ray worker's, not the driver's
+        logs = [os.path.abspath(p) for p in log_paths(options, self.count, log_stem)]
         super().__init__(options, [RayReplica(i, logs[i], options) for i in range(self.count)],
                          quiet=quiet)  # fmt: skip
         self._joined = False

@@ -18,7 +18,6 @@ The office libraries (openpyxl, python-docx, python-pptx, fpdf2) and jsonschema 
 from __future__ import annotations
 
 import functools
-import importlib.util
 import json
 import logging
 import os
@@ -26,20 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from jsonlbatch.errors import UsageError
+from jsonlbatch.extras import require
 
 SCHEMA_VERSION = 1
 FORMATS = ("xlsx", "docx", "pdf", "pptx", "csv", "md")
 _SCHEMA_FILE = Path(__file__).with_name(f"schema-{SCHEMA_VERSION}.json")
-#: import name -> the package to install, for the message when one is missing
-_NEEDS = {
-    "jsonschema": "jsonschema",
-    "openpyxl": "openpyxl",
-    "docx": "python-docx",
-    "pptx": "python-pptx",
-    "fpdf": "fpdf2",
-}
-INSTALL_HINT = "pip install 'jsonlbatch[render]'"
+#: the import names of the `render` extra
+_NEEDS = ("jsonschema", "openpyxl", "docx", "pptx", "fpdf")
 
 
 class SpecError(ValueError):
@@ -59,18 +51,9 @@ def schema() -> dict[str, Any]:
     return json.loads(_SCHEMA_FILE.read_text(encoding="utf-8"))
 
 
-def missing_libraries() -> list[str]:
-    """Packages of the `render` extra that are not installed."""
-    return [pkg for mod, pkg in _NEEDS.items() if importlib.util.find_spec(mod) is None]
-
-
 def require_libraries() -> None:
     """Fail up front, naming the extra, rather than refusing every file one by one."""
-    missing = missing_libraries()
-    if missing:
-        raise UsageError(
-            f"--render needs the render extra ({', '.join(missing)} missing): {INSTALL_HINT}"
-        )
+    require(*_NEEDS, extra="render", for_what="--render")
 
 
 def format_of(path: str, declared: Any = None) -> str:
@@ -167,12 +150,10 @@ def _check_totals(spec: Any, limits: RenderLimits) -> None:
 
 __all__ = [
     "FORMATS",
-    "INSTALL_HINT",
     "SCHEMA_VERSION",
     "RenderLimits",
     "SpecError",
     "format_of",
-    "missing_libraries",
     "render",
     "require_libraries",
     "schema",
