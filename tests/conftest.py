@@ -201,6 +201,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             + ", ".join(changed[:20])
         )
         if reporter is not None:
+            reporter.write("\n")  # after the progress dots
             reporter.write_line(message, red=True)
         else:
             sys.stderr.write(message + "\n")
