@@ -38,14 +38,22 @@ def make_file(path: Path, lines: int) -> None:
                     if failed
                     else {
                         "model": "m",
-                        "choices": [{"index": 0, "finish_reason": "length" if i % 9 == 0 else "stop",
-                                     "message": {"role": "assistant", "content": f"{ANSWER} #{i}"}}],
+                        "choices": [
+                            {
+                                "index": 0,
+                                "finish_reason": "length" if i % 9 == 0 else "stop",
+                                "message": {"role": "assistant", "content": f"{ANSWER} #{i}"},
+                            }
+                        ],
                         "usage": {"prompt_tokens": 100 + i % 50, "completion_tokens": 20 + i % 200},
-                    },  # fmt: skip
+                    },
                 },
                 "error": {"code": "http_500", "message": "HTTP 500"} if failed else None,
-                "metrics": {"latency_s": (i * 7919 % 10007) / 1000, "ttft_s": 0.05,
-                            "endpoint": "http://127.0.0.1:8000/v1"},  # fmt: skip
+                "metrics": {
+                    "latency_s": (i * 7919 % 10007) / 1000,
+                    "ttft_s": 0.05,
+                    "endpoint": "http://127.0.0.1:8000/v1",
+                },
             }
             fh.write(orjson.dumps(line) + b"\n")
 
@@ -79,7 +87,9 @@ def main() -> None:
         start = time.perf_counter()
         make_file(path, args.lines)
         size = path.stat().st_size
-        print(f"file: {args.lines:,} lines, {size / 1e6:.0f} MB, written in {time.perf_counter() - start:.1f} s")
+        print(
+            f"file: {args.lines:,} lines, {size / 1e6:.0f} MB, written in {time.perf_counter() - start:.1f} s"
+        )
         started = time.perf_counter()
         proc = subprocess.Popen(
             [sys.executable, "-m", "jsonlbatch", "view", str(path), "--port", "0"],
@@ -120,10 +130,14 @@ def main() -> None:
             ]:
                 seconds, data = timed(url + "api/rows?" + query)
                 print(f"  {name:32s} {seconds * 1000:8.0f} ms  ({data['total']:,} rows match)")
-            seconds, _ = timed(url + "api/line?row=777777" if args.lines > 777777 else url + "api/line?row=1")
+            seconds, _ = timed(
+                url + "api/line?row=777777" if args.lines > 777777 else url + "api/line?row=1"
+            )
             print(f"  {'one request':32s} {seconds * 1000:8.0f} ms")
             seconds, _ = timed(url + "api/compare?id=task-0000777|1")
-            print(f"  {'compare by custom_id':32s} {seconds * 1000:8.0f} ms (first: sorts the id index)")
+            print(
+                f"  {'compare by custom_id':32s} {seconds * 1000:8.0f} ms (first: sorts the id index)"
+            )
             seconds, _ = timed(url + "api/compare?id=task-0000778|2")
             print(f"  {'compare again':32s} {seconds * 1000:8.0f} ms")
             rss, peak = memory(proc.pid)
