@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from jsonlbatch.errors import InputError, JsonlbatchError, OutputError
+from jsonlbatch.errors import InputError, JsonlbatchError, OutputError, UsageError
 
 _READ_BUFFER = 1 << 20
 #: The UTF-8 byte order mark that Windows editors put at the start of a file.
@@ -132,6 +132,32 @@ def same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
         return os.path.samefile(a, b)
     except OSError:
         return False
+
+
+def check_output(
+    output: str | os.PathLike[str],
+    inputs: Iterable[str | os.PathLike[str] | None] = (),
+    *,
+    exec_lock: bool = True,
+) -> None:
+    """The one guard of every command that reads files and writes `-o`: refuse an output that
+    is one of its inputs (by path, symbolic or hard link: `export R -o R` replaced the
+    responses with the table), and one that a running `exec` holds the lock on (its remaining
+    results would go into an unlinked file). `-` (stdout) is never an input. `exec_lock=False`
+    is for the commands that take that lock themselves (exec, merge)."""
+    if os.fspath(output) == "-":
+        return
+    for given in inputs:
+        if given is not None and os.fspath(given) != "-" and same_file(output, given):
+            raise UsageError(
+                f"the output {os.fspath(output)} is also an input ({os.fspath(given)}): writing "
+                "it would destroy what is read; choose another output"
+            )
+    if exec_lock and (holder := OutputLock.holder(output)) is not None:
+        raise UsageError(
+            f"{os.fspath(output)} is being written by a jsonlbatch exec (pid {holder}); wait "
+            "for it to finish, or choose another output"
+        )
 
 
 def is_regular(path: str | os.PathLike[str]) -> bool:
@@ -294,6 +320,34 @@ class OutputLock:
         with contextlib.suppress(OSError):  # the pid is for messages only
             os.ftruncate(fd, 0)
             os.pwrite(fd, str(os.getpid()).encode(), 0)
+
+    @staticmethod
+    def holder(output: str | os.PathLike[str]) -> str | None:
+        """The pid (or `?`) of the run holding `output`'s lock now, else None. Looks at the lock
+        file beside the real path and at the file itself (a hard link shares its inode), with
+        shared, non-blocking locks that are dropped at once."""
+        try:
+            import fcntl
+        except ImportError:
+            return None
+        real = Path(os.path.realpath(output))
+        for path in (real.parent / f".{real.name}.lock", real):
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | _NOFOLLOW)
+            except OSError:
+                continue
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    continue
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                except OSError as exc:
+                    if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                        pid = os.pread(fd, 32, 0).decode(errors="replace").strip()
+                        return pid if pid.isdigit() else "?"
+            finally:
+                os.close(fd)
+        return None
 
     def hold_output(self) -> None:
         """Lock the output file itself, if it exists: call again once it is created or replaced

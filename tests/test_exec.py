@@ -296,4 +296,4 @@ def test_output_must_not_be_the_input(tmp_path, mock_server):
         "--url",
         mock_server(),
     )
-    assert proc.returncode == 2 and "must not be the request file" in proc.stderr
+    assert proc.returncode == 2 and "is also an input" in proc.stderr

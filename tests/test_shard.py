@@ -140,7 +140,7 @@ def test_merge_cli_exit_status_and_messages(tmp_path: Path) -> None:
     assert "a torn last line" in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "o.jsonl").exists()
     done = cli("merge", str(part), "--requests", str(req), "-o", str(part))
-    assert done.returncode == 2 and "must not be one of the input files" in done.stderr
+    assert done.returncode == 2 and "is also an input" in done.stderr
     done = cli("merge", "--requests", str(req), "-o", str(tmp_path / "o.jsonl"))
     assert done.returncode == 2  # no part at all: click's usage error
 
@@ -180,5 +180,5 @@ def test_merge_waits_for_no_exec_and_knows_a_part_under_another_name(tmp_path: P
     os.link(p1, tmp_path / "alias.jsonl")
     with pytest.raises(UsageError, match="given twice"):
         merge([p1, tmp_path / "alias.jsonl"], req, out)
-    with pytest.raises(UsageError, match="must not be one of the input files"):
+    with pytest.raises(UsageError, match="is also an input"):
         merge([p1], req, tmp_path / "alias.jsonl")

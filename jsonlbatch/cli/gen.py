@@ -238,6 +238,7 @@ def gen(
         think_budget=think_budget,
         body=body,
         suffix=suffix,
+        inputs=(data, responses, requests_file, join, template, messages, body_file),
     ) as writer:
         write_requests(rows, writer, prompt, custom_id=custom_id)
     s = writer.summary

@@ -76,13 +76,13 @@ from jsonlbatch.exec.summary import RunSummary
 from jsonlbatch.jsonl import (
     AppendWriter,
     OutputLock,
+    check_output,
     filter_lines,
     is_regular,
     prefetch,
     remove_stale_rewrites,
     repair_tail,
     rewrite_atomically,
-    same_file,
     spool,
 )
 from jsonlbatch.records import COMPLETIONS_URL, Request, Result, fingerprint
@@ -172,8 +172,7 @@ class Job:
         self.input: InputScan | None = None
         self.existing: OutputScan | None = None
         self.source = self.requests  # what is read: the request file, or a copy of a pipe
-        if same_file(self.requests, self.output):
-            raise UsageError("the output file must not be the request file")
+        check_output(self.output, [self.requests], exec_lock=False)  # the lock comes next
         self._lock = OutputLock(self.output)
         # Released when the job is garbage collected: a prepared job that is dropped must not
         # keep its output locked for the rest of the process.

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import orjson
 
 from jsonlbatch.errors import InputError, Problem, UsageError
-from jsonlbatch.jsonl import OutputLock, iter_lines, rewrite_atomically, same_file
+from jsonlbatch.jsonl import OutputLock, check_output, iter_lines, rewrite_atomically, same_file
 from jsonlbatch.records import check_response, is_failure
 
 _SHOWN_PER_KIND = 5
@@ -154,8 +154,7 @@ def _check_paths(parts: list[str], requests: str, output: str) -> None:
     for i, part in enumerate(parts):
         if any(same_file(part, other) for other in parts[:i]):
             raise UsageError("a part file is given twice")
-    if any(same_file(output, p) for p in (*parts, requests)):  # links included
-        raise UsageError(f"the output {output} must not be one of the input files")
+    check_output(output, (*parts, requests), exec_lock=False)  # merge takes the lock itself
 
 
 def _request_index(path: str) -> tuple[dict[str, int], array[int]]:

@@ -15,7 +15,7 @@ import math
 import os
 import tempfile
 from array import array
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -25,6 +25,7 @@ import orjson
 from jsonlbatch.errors import InputError, OutputError, UsageError
 from jsonlbatch.gen.sources import Row
 from jsonlbatch.gen.templates import Prompt, RowTemplate
+from jsonlbatch.jsonl import check_output
 from jsonlbatch.records import (
     CHAT_URL,
     COMPLETIONS_URL,
@@ -161,6 +162,7 @@ class RequestWriter:
         think_budget: int | None = None,
         body: Mapping[str, Any] | None = None,
         suffix: str | None = None,
+        inputs: Sequence[str | None] = (),
         **body_defaults: Any,
     ) -> None:
         if url not in PROMPT_FIELDS:
@@ -197,6 +199,7 @@ class RequestWriter:
                 },
             )
         self.path = os.fspath(path)
+        check_output(self.path, inputs)  # the files the rows come from are never written over
         self.url = url
         self.force = force
         self.samples, self.greedy_first, self.sample_sep = samples, greedy_first, sample_sep

@@ -26,7 +26,7 @@ from jsonlbatch.answers import number as json_number
 from jsonlbatch.errors import InputError, Problem, UsageError
 from jsonlbatch.extras import require
 from jsonlbatch.idset import IdSet
-from jsonlbatch.jsonl import iter_lines
+from jsonlbatch.jsonl import check_output, iter_lines
 from jsonlbatch.post.files import MANIFEST, sample_dir
 from jsonlbatch.post.responses import KeyFunc, Sample, check_responses, read_responses, split_key
 from jsonlbatch.post.table_io import TableWriter, open_table, table_format
@@ -118,6 +118,7 @@ def export(
         what = "export to Parquet" if into is None else "export --into (reading the dataset table)"
         require("pyarrow.parquet", extra="parquet", for_what=what)
     paths = [responses] if isinstance(responses, str) else list(responses)
+    check_output(out, [*paths, requests, votes, patches, files, into])
     check_responses(paths)  # bad input stops before anything is written
     joins = _Joins.load(votes, patches, files)
     chosen = _choose_columns(joins.columns(), columns)

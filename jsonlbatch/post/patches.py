@@ -18,6 +18,7 @@ import jinja2
 import orjson
 
 from jsonlbatch.errors import InputError, UsageError
+from jsonlbatch.jsonl import check_output
 from jsonlbatch.post.apply import FileSource, MappedFiles, RepoFiles, apply_edits
 from jsonlbatch.post.diffs import make_diff, normalized_diff, syntax_errors
 from jsonlbatch.post.edits import extract_edits
@@ -235,6 +236,10 @@ def run_patches(
     `options` go to `patch_sample` (strip_prefixes, partial, use_truncated). Under `strict`
     the outputs are still written, then `UnusableSamplesError` is raised if anything was skipped.
     """
+    inputs = [paths] if isinstance(paths, str) else list(paths)
+    check_output(out, inputs)
+    if samples_out:
+        check_output(samples_out, inputs)
     summary = PatchesSummary()
     per_sample_file = JsonlWriter(samples_out) if samples_out else nullcontext()
     with JsonlWriter(out) as preds, per_sample_file as per_sample:

@@ -23,6 +23,7 @@ from math import comb
 from typing import Any
 
 from jsonlbatch.errors import InputError, Problem, UsageError
+from jsonlbatch.jsonl import check_output
 from jsonlbatch.post.extract import (
     DEFAULT_EXTRACTORS,
     INVALID,
@@ -273,6 +274,7 @@ def run_votes(
 ) -> VotesSummary:
     """Vote per group and write one JSON line per group to `out` (`weights`: one per input)."""
     paths = [paths] if isinstance(paths, str) else list(paths)
+    check_output(out, [*paths, gold])
     if weights is not None and len(weights) != len(paths):
         raise UsageError(f"give one --weight per input ({len(paths)}), got {len(weights)}")
     if weights is not None and not all(math.isfinite(w) and w >= 0 for w in weights):

@@ -11,6 +11,7 @@ import os
 from collections.abc import Sequence
 
 from jsonlbatch.errors import OutputError, UsageError
+from jsonlbatch.jsonl import check_output
 from jsonlbatch.redact import redact
 from jsonlbatch.report.load import load_request_fields, load_run, request_fields_for
 from jsonlbatch.report.model import Report
@@ -50,7 +51,9 @@ def build_report(
     ]
     runs = [summarize(d, sla=sla, price=price) for d in data]
     servers = [load_servers(path) for path in paths]
-    return Report(runs, data, list(sla), price, list(by), servers)
+    report = Report(runs, data, list(sla), price, list(by), servers)
+    report.sources = [*paths, *requests]
+    return report
 
 
 def format_for(path: str | None, fmt: str | None) -> str:
@@ -85,6 +88,7 @@ def render(report: Report, fmt: str = "text") -> str:
 def write_report(report: Report, path: str, fmt: str | None = None) -> str:
     """Write the report to `path` (format from `fmt` or the suffix); return the format used."""
     fmt = format_for(path, fmt)
+    check_output(path, report.sources)
     text = render(report, fmt)
     try:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

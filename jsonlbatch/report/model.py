@@ -24,6 +24,7 @@ class Report:
     price: Price | None = None
     by: list[str] = field(default_factory=list)
     servers: list[list[ServerFigures]] = field(default_factory=list)  # per run, from /metrics
+    sources: list[str] = field(default_factory=list)  # the files read: never written over
 
     @property
     def title(self) -> str:
