@@ -15,7 +15,7 @@ import jsonlbatch
 
 ROOT = Path(jsonlbatch.__file__).parent
 CORE = {
-    "answers", "cost", "errors", "extras", "idset", "jsonl", "records", "redact", "safe_names",
+    "answers", "cost", "errors", "extras", "filecheck", "idset", "jsonl", "records", "redact", "safe_names",
     "samples", "stats",
 }  # fmt: skip
 STAGES = {

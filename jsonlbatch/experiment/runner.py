@@ -34,14 +34,16 @@ from jsonlbatch.experiment.posting import PARTS, export_inputs, export_results, 
 from jsonlbatch.experiment.spec import Condition, Experiment, Step, load_experiment
 from jsonlbatch.experiment.state import StepState, step_hash
 from jsonlbatch.extras import require
+from jsonlbatch.filecheck import read_text
 from jsonlbatch.gen import RequestWriter, write_requests
 from jsonlbatch.gen.sources import Row, iter_rows, select
-from jsonlbatch.gen.templates import Prompt, RowTemplate, compile_condition, read_text
+from jsonlbatch.gen.templates import Prompt, RowTemplate, compile_condition
 from jsonlbatch.gen.writer import row_custom_id
 from jsonlbatch.post.outputs import JsonlWriter
 from jsonlbatch.redact import register_secret
 from jsonlbatch.report.charts import charts_missing
-from jsonlbatch.serve import ServeOptions, serving
+from jsonlbatch.serve import serving
+from jsonlbatch.serve.fleet import serve_options
 
 #: Condition keys that shape the requests (the rest say where they go).
 _GEN_KEYS = (
@@ -176,10 +178,11 @@ class _ConditionRun:
                     names = [self.cond.settings["model"]]
                     if judge and judge.settings.get("model"):
                         names.append(judge.settings["model"])
-                    options["served_model_name"] = tuple(dict.fromkeys(names))
+                    options["served_model_name"] = list(dict.fromkeys(names))
                 log_stem = self.responses  # responses.jsonl.server.log, as exec names it
+                entry = serve_options(options)
                 servers = self.stack.enter_context(
-                    serving(ServeOptions(**options), quiet=self.quiet, log_stem=log_stem)
+                    serving(entry.options, quiet=self.quiet, log_stem=log_stem)
                 )
                 self._urls += servers.urls
         return self._urls

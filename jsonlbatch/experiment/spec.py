@@ -17,15 +17,26 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from jsonlbatch.errors import InputError, JsonlbatchError, Problem
+from jsonlbatch.errors import InputError, Problem
+from jsonlbatch.filecheck import (
+    ANY,
+    BOOL,
+    EXTRACT,
+    INT,
+    MAP,
+    NUM,
+    PATH,
+    STR,
+    STRS,
+    URLS,
+    FileChecker,
+)
 
 STEP_KINDS = ("exec", "judge", "post", "export", "report")
 REPORT_FORMATS = ("md", "html", "json", "text")
 
-# Key -> the kind of value it takes. "path" is a file that must exist (relative to the file).
-_NUM, _INT, _STR, _BOOL, _PATH = "number", "integer", "string", "boolean", "path"
-_MAP, _STRS, _URLS, _ANY = "mapping", "string or list of strings", "urls", "any"
-_EXTRACT = "extractor(s)"
+_NUM, _INT, _STR, _BOOL, _PATH = NUM, INT, STR, BOOL, PATH
+_MAP, _STRS, _URLS, _ANY, _EXTRACT = MAP, STRS, URLS, ANY, EXTRACT
 
 _TOP = {
     "experiment": _MAP,
@@ -149,138 +160,18 @@ class Experiment:
 
 def load_experiment(path: str) -> Experiment:
     """Read and check an experiment file; `InputError` lists every problem with its line."""
-    import yaml  # a core dependency: `jsonlbatch run` is the README's own pipeline
-
-    from jsonlbatch.gen.templates import read_text
-
-    text = read_text(path, "experiment file")
     checker = _Checker(path)
-    try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark is not None else None
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise InputError("not a YAML file", [Problem(path, line, None, problem)]) from None
-    value = checker.value(node, ()) if node is not None else None
+    value = checker.load("experiment file")
     if not isinstance(value, dict):
         raise InputError("bad experiment file", [Problem(path, 1, None, "must be a mapping")])
     experiment = checker.experiment(value)
-    if checker.problems:
-        raise InputError(
-            f"bad experiment file ({len(checker.problems)} problems)", checker.problems
-        )
+    checker.raise_problems("experiment file")
     assert experiment is not None
     return experiment
 
 
-class _Checker:
-    """Turns YAML nodes into values (remembering each key's line) and collects problems."""
-
-    def __init__(self, path: str) -> None:
-        import yaml
-
-        self.path = path
-        self.base = os.path.dirname(os.path.abspath(path))
-        self.lines: dict[tuple[str, ...], int] = {}
-        self.problems: list[Problem] = []
-        self._yaml = yaml
-        self._loader = yaml.SafeLoader("")
-
-    # -- nodes -> values -----------------------------------------------------------------------
-
-    def value(self, node: Any, where: tuple[str, ...]) -> Any:
-        yaml = self._yaml
-        self.lines.setdefault(where, node.start_mark.line + 1)
-        if isinstance(node, yaml.MappingNode):
-            out: dict[str, Any] = {}
-            for key_node, value_node in node.value:
-                key = str(self._loader.construct_object(key_node))
-                at = (*where, key)
-                if key in out:
-                    self.problem(at, "appears twice", line=key_node.start_mark.line + 1)
-                self.lines[at] = key_node.start_mark.line + 1
-                out[key] = self.value(value_node, at)
-            return out
-        if isinstance(node, yaml.SequenceNode):
-            return [self.value(item, (*where, str(i))) for i, item in enumerate(node.value)]
-        return self._loader.construct_object(node)
-
-    # -- problems ------------------------------------------------------------------------------
-
-    def problem(self, where: tuple[str, ...], message: str, *, line: int | None = None) -> None:
-        if line is None:
-            probe = where
-            while probe and probe not in self.lines:
-                probe = probe[:-1]
-            line = self.lines.get(probe)
-        self.problems.append(Problem(self.path, line, ".".join(where) or None, message))
-
-    def keys(
-        self,
-        value: Any,
-        where: tuple[str, ...],
-        schema: dict[str, str],
-        required: tuple[str, ...] = (),
-    ) -> dict[str, Any]:
-        """Check a mapping against `schema`; return it with paths made absolute."""
-        if value is None:
-            value = {}
-        if not isinstance(value, dict):
-            self.problem(where, f"must be a mapping, got {_kind(value)}")
-            return {}
-        out: dict[str, Any] = {}
-        for key, item in value.items():
-            at = (*where, key)
-            if key not in schema:
-                self.problem(at, f"unknown key (known: {', '.join(schema)})")
-                continue
-            out[key] = self.typed(item, at, schema[key])
-        for key in required:
-            if key not in value:
-                self.problem(where, f"missing {key!r}")
-        return out
-
-    def typed(self, item: Any, at: tuple[str, ...], kind: str) -> Any:
-        ok = {
-            _NUM: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-            _INT: lambda v: isinstance(v, int) and not isinstance(v, bool),
-            _STR: lambda v: isinstance(v, str),
-            _BOOL: lambda v: isinstance(v, bool),
-            _PATH: lambda v: isinstance(v, str) and bool(v),
-            _MAP: lambda v: v is None or isinstance(v, dict),  # `files:` alone: all defaults
-            "list": lambda v: isinstance(v, list),
-            _STRS: lambda v: (
-                isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, str) for x in v))
-            ),
-            _URLS: lambda v: (
-                isinstance(v, str)
-                or (isinstance(v, list) and v and all(isinstance(x, str) for x in v))
-            ),
-            _EXTRACT: lambda v: isinstance(v, (str, list, dict)),
-            _ANY: lambda v: True,
-            "folder": lambda v: isinstance(v, str) and bool(v),
-        }[kind]
-        if not ok(item):
-            self.problem(at, f"must be a {kind}, got {_kind(item)} {item!r}")
-            return None
-        if kind in (_PATH, "folder"):
-            full = os.path.join(self.base, item)
-            if not (os.path.isfile(full) if kind == _PATH else os.path.isdir(full)):
-                what = "file" if kind == _PATH else "folder"
-                self.problem(
-                    at, f"no such {what}: {item} (paths are relative to the file's folder)"
-                )
-            return full
-        return item
-
-    def guard(self, where: tuple[str, ...], check: Any, *args: Any, **kwargs: Any) -> Any:
-        """Run a compile-time check of another stage; its error becomes a located problem."""
-        try:
-            return check(*args, **kwargs)
-        except JsonlbatchError as exc:
-            self.problem(where, str(exc).splitlines()[0])
-            return None
+class _Checker(FileChecker):
+    """The experiment file's own rules, over the shared line-aware checker."""
 
     # -- the file ------------------------------------------------------------------------------
 
@@ -355,23 +246,11 @@ class _Checker:
         return out
 
     def serve(self, value: Any, at: tuple[str, ...]) -> None:
-        from dataclasses import fields
+        from jsonlbatch.serve.fleet import check_serve  # the fleet file's parser and names
 
-        from jsonlbatch.serve import ServeOptions
-
-        if isinstance(value, str):
-            value = {"backend": value}
-        if not isinstance(value, dict) or "backend" not in value:
-            self.problem(at, "a backend name (mock, vllm, sglang) or a mapping with 'backend'")
-            return
-        known = {f.name for f in fields(ServeOptions)}
-        unknown = [k for k in value if k not in known]
-        if unknown:
-            self.problem(
-                (*at, unknown[0]), f"unknown server option (known: {', '.join(sorted(known))})"
-            )
-            return
-        self.guard(at, ServeOptions, **value)
+        if isinstance(value, dict) and "node" in value:
+            self.problem((*at, "node"), "a condition's server runs here: leave node out")
+        check_serve(self, value, at)
 
     def steps(self, raw: Any, conditions: list[str]) -> list[Step]:
         if raw is None:
@@ -417,7 +296,7 @@ class _Checker:
         if ("template" in settings) == ("text" in settings):
             self.problem(at, "give exactly one of template (a file) or text (inline)")
             return
-        from jsonlbatch.gen.templates import read_text
+        from jsonlbatch.filecheck import read_text
 
         texts = {}
         for key in ("template", "retry_template"):
@@ -485,7 +364,3 @@ class _Checker:
         for i, fmt in enumerate(settings.get("formats") or []):
             if fmt not in REPORT_FORMATS:
                 self.problem((*at, "formats", str(i)), f"one of {', '.join(REPORT_FORMATS)}")
-
-
-def _kind(value: Any) -> str:
-    return "null" if value is None else type(value).__name__

@@ -22,6 +22,7 @@ from jinja2 import StrictUndefined, TemplateSyntaxError, UndefinedError
 from jinja2.sandbox import SandboxedEnvironment
 
 from jsonlbatch.errors import InputError, Problem, UsageError
+from jsonlbatch.filecheck import read_text
 from jsonlbatch.gen.sources import Row
 from jsonlbatch.records import check_messages
 
@@ -70,16 +71,6 @@ class RowTemplate:
             return self._template.render(_context(row))
         except Exception as exc:  # any failure inside a user's template is the user's to fix
             raise render_error(exc, row, f"cannot render {self.name}") from None
-
-
-def read_text(path: str, what: str = "file") -> str:
-    """A UTF-8 text file (a template, an experiment file); `InputError` naming it otherwise."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
-        raise InputError(f"cannot read {what} {path}: {reason}") from None
 
 
 def render_error(exc: Exception, row: Row, what: str, *, template_line: bool = True) -> InputError:

@@ -54,10 +54,13 @@ class ServeOptions:
     log_dir: str | None = None
     ray: bool = False  # place replicas as Ray actors (see jsonlbatch.serve.ray)
     ray_address: str | None = None  # a cluster to join; None: RAY_ADDRESS, else a local one
+    env: tuple[tuple[str, str], ...] = ()  # variables every server of this model gets
+    cache_dir: str | None = None  # each server's own cache folders under it (see instance_env)
 
     def __post_init__(self) -> None:
         self.served_model_name = tuple(self.served_model_name)
         self.server_args = tuple(self.server_args)
+        self.env = tuple((str(k), str(v)) for k, v in self.env)
         try:
             shlex.split(self.executable or "")  # server_args come split already
         except ValueError as exc:
@@ -122,6 +125,7 @@ class Backend:
         (`dp_size` in native mode, 1 for each replica)."""
         argv, env = self.flags(options, port, data_parallel)
         program = shlex.split(options.executable) if options.executable else list(self.program)
+        env = {**dict(options.env), **env}  # the key, where it goes by env, is ours to set
         return Command(tuple(program + argv + list(options.server_args)), tuple(env.items()))
 
     def require(self, options: ServeOptions) -> None:
@@ -140,6 +144,31 @@ class Backend:
             also = "or name its program with --server-executable"
             raise MissingExtra(f"--serve {options.backend}", [options.backend], options.backend,
                                also=also)  # fmt: skip
+
+
+#: Cache variables each server gets a folder of its own for (see `instance_env`).
+CACHE_VARS = {
+    "VLLM_CACHE_ROOT": "vllm",
+    "TORCHINDUCTOR_CACHE_DIR": "torchinductor",
+    "TRITON_CACHE_DIR": "triton",
+}
+
+
+def instance_env(options: ServeOptions, index: int) -> list[tuple[str, str]]:
+    """The cache variables of server `index` of `options`: its own folders under
+    `options.cache_dir` (`<cache_dir>/<index>/vllm`, ...), unless `options.env` sets one.
+
+    Two servers compiling into one VLLM_CACHE_ROOT or Triton cache at once can corrupt it or
+    wait on each other's locks: each instance of a fleet gets its own, kept between runs.
+    """
+    if options.cache_dir is None:
+        return []
+    given = {k for k, _ in options.env}
+    return [
+        (var, os.path.join(options.cache_dir, str(index), sub))
+        for var, sub in CACHE_VARS.items()
+        if var not in given
+    ]
 
 
 def _vllm(opts: ServeOptions, port: int, dp: int) -> tuple[list[str], dict[str, str]]:

@@ -31,7 +31,14 @@ from jsonlbatch.errors import Interrupted, LaunchError, UsageError
 from jsonlbatch.exec.endpoints import model_ids
 from jsonlbatch.redact import redact
 from jsonlbatch.serve import reaper
-from jsonlbatch.serve.backends import BACKENDS, MOCK_NAME, Command, ServeOptions, build_command
+from jsonlbatch.serve.backends import (
+    BACKENDS,
+    MOCK_NAME,
+    Command,
+    ServeOptions,
+    build_command,
+    instance_env,
+)
 from jsonlbatch.serve.gpus import (
     describe_holders,
     gpu_groups,
@@ -81,8 +88,15 @@ class ServerProcess:
         self._pipe: int | None = None  # write end of the reaper's stdin: EOF = we are gone
         self._log_offset = 0
 
+    model: str | None = None  # in a fleet, the model it serves: messages name it
+
     def __repr__(self) -> str:
-        return f"<server {self.index} {self.url} pid={self.pid}>"
+        return f"<server {self.label} {self.url} pid={self.pid}>"
+
+    @property
+    def label(self) -> str:
+        """How messages name it: its index, or `model/index` in a fleet."""
+        return f"{self.model}/{self.index}" if self.model else str(self.index)
 
     @property
     def pid(self) -> int | None:
@@ -138,7 +152,7 @@ class ServerProcess:
     def describe_failure(self, what: str) -> str:
         """`what` went wrong, followed by the end of the log: the server's own words on why."""
         return (
-            f"server {self.index} ({self.url}) {what}; the last lines of its log "
+            f"server {self.label} ({self.url}) {what}; the last lines of its log "
             f"{self.log_path}:\n{self.log_tail()}"
         )
 
@@ -214,6 +228,7 @@ class Servers:
         self.processes = list(processes)
         self.quiet = quiet
         self._failure: str | None = None  # set by a restart's readiness watcher
+        self.start_delay = 0.0  # seconds after the fleet's start that this group starts
         self._closing = threading.Event()
 
     @property
@@ -232,47 +247,13 @@ class Servers:
 
     def start(self) -> None:
         for p in self.processes:
-            self.note(f"starting server {p.index}: {p.command.display()} (log: {p.log_path})")
+            self.note(f"starting server {p.label}: {p.command.display()} (log: {p.log_path})")
             p.start()
 
     def wait_ready(self) -> None:
         """Block until every server serves its model; LaunchError if one dies or times out."""
-        timeout = self.options.ready_timeout
         started = time.monotonic()
-        pending = list(self.processes)
-        reasons: dict[int, str] = {}
-        status = _StatusLine(quiet=self.quiet)
-        delay = 0.1
-        try:
-            while pending:
-                for p in list(pending):
-                    code = p.poll()
-                    if code is not None:
-                        raise LaunchError(
-                            p.describe_failure(f"exited with status {code} before it was ready")
-                        )
-                    reason = p.probe()
-                    if reason is None:
-                        pending.remove(p)
-                    else:
-                        reasons[p.index] = reason
-                waited = time.monotonic() - started
-                if not pending:
-                    break
-                if waited > timeout:
-                    p = pending[0]
-                    why = f"not ready within --ready-timeout {timeout:g}s ({reasons[p.index]})"
-                    raise LaunchError(p.describe_failure(why))
-                ready = len(self.processes) - len(pending)
-                why = "; ".join(f"{p.index}: {reasons[p.index]}" for p in pending[:3])
-                status.show(
-                    f"waiting for server ({waited:.0f}s of {timeout:g}s, {ready}/"
-                    f"{len(self.processes)} ready) {why}"
-                )
-                time.sleep(min(delay, max(0.0, timeout - waited)))  # not past the deadline
-                delay = min(delay * 1.5, 1.0)
-        finally:
-            status.close()
+        wait_ready([self], quiet=self.quiet)
         self.note(f"ready after {time.monotonic() - started:.0f}s: {', '.join(self.urls)}")
 
     def check(self) -> None:
@@ -294,7 +275,7 @@ class Servers:
                     p.describe_failure(f"exited with status {code} while serving ({used})")
                 )
             self.note(
-                f"server {p.index} ({p.url}) exited with status {code}; restarting it "
+                f"server {p.label} ({p.url}) exited with status {code}; restarting it "
                 f"({restarts + 1} of {self.options.restart}); its log: {p.log_path}"
             )
             self._stop([p])  # leftovers of the dead one must free GPU and port
@@ -307,7 +288,7 @@ class Servers:
         while not self._closing.is_set() and p.starts == start and p.poll() is None:
             reason = p.probe()
             if reason is None:
-                self.note(f"server {p.index} ({p.url}) is serving again")
+                self.note(f"server {p.label} ({p.url}) is serving again")
                 return
             if time.monotonic() > deadline:
                 timeout = self.options.ready_timeout
@@ -335,6 +316,61 @@ class Servers:
         if not self.quiet:
             sys.stderr.write(redact(message) + "\n")
             sys.stderr.flush()
+
+
+def wait_ready(groups: Sequence[Servers], *, quiet: bool = False) -> None:
+    """Block until every server of every group serves; LaunchError if one dies or times out.
+
+    Groups (a fleet's models) may start later than others: a group's `start_delay` seconds
+    after the call, it is started here. Each group's servers get its own `--ready-timeout`,
+    counted from its start.
+    """
+    began = time.monotonic()
+    waiting = [g for g in groups if g.start_delay > 0]
+    started = {id(g): began for g in groups if g.start_delay <= 0}
+    pending = [p for g in groups if g.start_delay <= 0 for p in g.processes]
+    group_of = {id(p): g for g in groups for p in g.processes}
+    total = sum(len(g.processes) for g in groups)
+    reasons: dict[int, str] = {}
+    status = _StatusLine(quiet=quiet)
+    delay = 0.1
+    try:
+        while pending or waiting:
+            now = time.monotonic()
+            for g in [g for g in waiting if now - began >= g.start_delay]:
+                waiting.remove(g)
+                g.start()
+                started[id(g)] = time.monotonic()
+                pending += g.processes
+            for p in list(pending):
+                code = p.poll()
+                if code is not None:
+                    raise LaunchError(
+                        p.describe_failure(f"exited with status {code} before it was ready")
+                    )
+                reason = p.probe()
+                if reason is None:
+                    pending.remove(p)
+                else:
+                    reasons[id(p)] = reason
+            if not pending and not waiting:
+                break
+            now = time.monotonic()
+            for p in pending:
+                timeout = group_of[id(p)].options.ready_timeout
+                if now - started[id(group_of[id(p)])] > timeout:
+                    why = f"not ready within --ready-timeout {timeout:g}s ({reasons[id(p)]})"
+                    raise LaunchError(p.describe_failure(why))
+            ready = total - len(pending) - sum(len(g.processes) for g in waiting)
+            why = "; ".join(f"{p.label}: {reasons[id(p)]}" for p in pending[:3])
+            limit = max(g.options.ready_timeout for g in groups)
+            status.show(
+                f"waiting for server ({now - began:.0f}s of {limit:g}s, {ready}/{total} ready) {why}"
+            )
+            time.sleep(delay)
+            delay = min(delay * 1.5, 1.0)
+    finally:
+        status.close()
 
 
 def plan_servers(options: ServeOptions, *, log_stem: str | None = None) -> list[ServerProcess]:
@@ -366,10 +402,10 @@ def plan_servers(options: ServeOptions, *, log_stem: str | None = None) -> list[
         command = build_command(
             options, port=port, data_parallel=1 if replicas else options.dp_size
         )
+        env = [*command.env, *instance_env(options, i)]
         if group is not None:
-            command = Command(
-                command.argv, (*command.env, ("CUDA_VISIBLE_DEVICES", ",".join(group)))
-            )
+            env.append(("CUDA_VISIBLE_DEVICES", ",".join(group)))
+        command = Command(command.argv, tuple(env))
         servers.append(
             ServerProcess(
                 i,
