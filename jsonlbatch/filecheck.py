@@ -53,6 +53,17 @@ def read_text(path: str, what: str = "file") -> str:
         raise InputError(f"cannot read {what} {path}: {reason}") from None
 
 
+def read_json(path: str, what: str = "file") -> Any:
+    """A JSON file's value; `InputError` naming it (and the JSON problem) otherwise."""
+    try:
+        with open(path, "rb") as f:
+            return orjson.loads(f.read())
+    except OSError as exc:
+        raise InputError(f"cannot read {what} {path}: {exc.strerror}") from None
+    except orjson.JSONDecodeError as exc:
+        raise InputError(f"{what} {path} is not JSON: {exc}") from None
+
+
 class FileChecker:
     """Turns YAML nodes into values (remembering each key's line) and collects problems."""
 

@@ -16,7 +16,12 @@ from typing import Any
 import click
 
 from jsonlbatch.cli.params import SECONDS, HttpUrl, NonEmpty
-from jsonlbatch.cli.serve_options import serve_options, serve_options_from_kwargs
+from jsonlbatch.cli.serve_options import (
+    fleet_options,
+    fleet_plan,
+    serve_options,
+    serve_options_from_kwargs,
+)
 from jsonlbatch.errors import Interrupted, UsageError
 from jsonlbatch.redact import register_secret
 from jsonlbatch.serve.launch import serving
@@ -73,9 +78,19 @@ _CHECK_EVERY = 1.0
     show_default=True,
     help="Requests in flight for batches (one budget, the oldest batch first).",
 )
+@fleet_options
+@click.option(
+    "--endpoints-out",
+    type=click.Path(dir_okay=False),
+    help="With --fleet: write the endpoints file (model -> URLs) here once every model serves.",
+)
 @click.option("-q", "--quiet", is_flag=True, help="Only the URLs and errors.")
 def serve(
     quiet: bool,
+    fleet: str | None,
+    node: str | None,
+    advertise: str | None,
+    endpoints_out: str | None,
     batch_api: bool,
     upstream: str | None,
     upstream_api_key: str | None,
@@ -94,6 +109,13 @@ def serve(
     """
     if upstream is not None and not batch_api:
         raise UsageError("--upstream goes with --batch-api")
+    if fleet is not None:
+        if batch_api:
+            raise UsageError("--batch-api serves one model: leave out --fleet")
+        _serve_fleet(fleet, node, advertise, endpoints_out, quiet, kwargs)
+        return
+    if endpoints_out or node or advertise:
+        raise UsageError("--endpoints-out, --node and --advertise go with --fleet")
     if not batch_api:
         options = serve_options_from_kwargs(kwargs)
         if options is None:
@@ -137,6 +159,35 @@ def serve(
     with serving(options, quiet=quiet) as servers:
         front.runner.urls, front.runner.api_key = servers.urls, servers.api_key
         _run_front(front, quiet, servers.check)
+
+
+def _serve_fleet(
+    path: str,
+    node: str | None,
+    advertise: str | None,
+    endpoints_out: str | None,
+    quiet: bool,
+    kwargs: dict[str, Any],
+) -> None:
+    from jsonlbatch.exec.modelmap import write_endpoints
+    from jsonlbatch.serve.fleetrun import serving_fleet
+
+    plan = fleet_plan(path, kwargs, node=node, advertise=advertise, quiet=quiet)
+    with serving_fleet(plan.pop("fleet"), **plan) as servers:
+        try:
+            if endpoints_out:
+                write_endpoints(endpoints_out, servers.endpoints())
+            for model, urls in servers.model_urls().items():
+                for url in urls:
+                    click.echo(f"{model} {url}")
+            if not quiet:
+                where = f"; endpoints in {endpoints_out}" if endpoints_out else ""
+                click.echo(f"serving the fleet{where}; Ctrl-C to stop", err=True)
+            while True:
+                servers.check()
+                time.sleep(_CHECK_EVERY)
+        except (KeyboardInterrupt, Interrupted):
+            pass
 
 
 def _run_front(front: Any, quiet: bool, check: Callable[[], None] | None = None) -> None:

@@ -219,3 +219,78 @@ def _flag(name: str) -> str:
         if param.name == name and param.opts:
             return param.opts[0]
     return "--" + name.replace("_", "-")
+
+
+_FLEET_OPTIONS = [
+    click.option(
+        "--fleet",
+        type=click.Path(dir_okay=False),
+        metavar="FILE",
+        help="Launch every model of this fleet file (YAML or JSON; see docs/serve.md).",
+    ),
+    click.option(
+        "--node",
+        type=NonEmpty(),
+        help="With --fleet: launch only the models whose `node:` is this one.",
+    ),
+    click.option(
+        "--advertise",
+        type=NonEmpty(),
+        metavar="HOST",
+        help="With --fleet: the host name other machines reach a 0.0.0.0 server by (default: "
+        "this host's name).",
+    ),
+]
+
+#: Launch options that apply to a whole fleet, as defaults for entries that do not set them.
+_FLEET_DEFAULTS = ("host", "restart", "ready_timeout", "log_dir", "ray", "ray_address")
+
+
+def fleet_options(func: _F) -> _F:
+    """Add --fleet, --node and --advertise to a click command that has `serve_options`."""
+    for option in reversed(_FLEET_OPTIONS):
+        func = option(func)
+    return func
+
+
+def fleet_plan(
+    path: str,
+    kwargs: dict[str, Any],
+    *,
+    node: str | None,
+    advertise: str | None,
+    quiet: bool,
+    log_stem: str | None = None,
+    keep_going: bool = False,
+) -> dict[str, Any]:
+    """The fleet file and `serving_fleet`'s arguments from a command's kwargs (the launch
+    options are popped; those that describe one model are a mistake beside --fleet)."""
+    from jsonlbatch.serve.fleet import load_fleet
+
+    gpus = kwargs.pop("gpus", None)
+    defaults = {
+        name: kwargs.pop(name, _DEFAULTS.get(name))
+        for name in _FLEET_DEFAULTS
+        if name != "ready_timeout"
+    }
+    defaults["ready_timeout"] = kwargs.get("ready_timeout", 1800.0)
+    defaults["ray"] = bool(defaults["ray"] or defaults["ray_address"])
+    given = {k: v for k, v in defaults.items() if v != _DEFAULTS.get(k, 1800.0)}
+    try:
+        options = serve_options_from_kwargs(kwargs)
+    except UsageError as exc:
+        raise UsageError(
+            f"{exc}; with --fleet, each model's options go in the fleet file"
+        ) from None
+    if options is not None:
+        raise UsageError("--serve/--backend describe one model: with --fleet, use the fleet file")
+    return {
+        "fleet": load_fleet(path),
+        "quiet": quiet,
+        "log_stem": log_stem,
+        "node": node,
+        "gpus": tuple(gpus.split(",")) if gpus else None,
+        "defaults": given,
+        "keep_going": keep_going,
+        "advertise": advertise,
+    }

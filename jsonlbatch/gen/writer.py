@@ -23,6 +23,7 @@ from typing import IO, Any
 import orjson
 
 from jsonlbatch.errors import InputError, OutputError, UsageError
+from jsonlbatch.filecheck import read_json
 from jsonlbatch.gen.sources import Row
 from jsonlbatch.gen.templates import Prompt, RowTemplate
 from jsonlbatch.jsonl import check_output
@@ -119,13 +120,7 @@ def parse_param(text: str) -> dict[str, Any]:
 
 def load_body_file(path: str) -> dict[str, Any]:
     """A JSON object of body fields to start every request from."""
-    try:
-        with open(path, "rb") as f:
-            body = orjson.loads(f.read())
-    except OSError as exc:
-        raise InputError(f"cannot read body file {path}: {exc.strerror}") from None
-    except orjson.JSONDecodeError as exc:
-        raise InputError(f"body file {path} is not JSON: {exc}") from None
+    body = read_json(path, "body file")
     if not isinstance(body, dict):
         raise InputError(f"body file {path} must hold a JSON object")
     return body

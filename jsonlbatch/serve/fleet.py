@@ -66,6 +66,7 @@ class ServeEntry:
     node: str | None = None  # where it runs (None: here)
     caches: bool = True  # its own cache folders
     line: int | None = None
+    given: frozenset[str] = frozenset()  # the option names the file set (defaults fill the rest)
 
     @property
     def name(self) -> str:
@@ -143,7 +144,8 @@ def serve_options(mapping: Mapping[str, Any]) -> ServeEntry:
             f"tp_size {options.tp_size} x dp_size {options.dp_size} needs "
             f"{options.tp_size * options.dp_size} GPUs, but gpu_count is {count}"
         )
-    return ServeEntry(options, count, values.get("node"), values.get("caches", True))
+    given = frozenset("seed" if k == "server_seed" else k for k in mapping)
+    return ServeEntry(options, count, values.get("node"), values.get("caches", True), given=given)
 
 
 def check_serve(checker: FileChecker, value: Any, at: tuple[str, ...]) -> ServeEntry | None:
@@ -202,7 +204,7 @@ def load_fleet(path: str) -> Fleet:
     checker.raise_problems("fleet file")
     cache_dir = top.get("cache_dir")
     if cache_dir:
-        cache_dir = os.path.join(checker.base, os.path.expanduser(cache_dir))
+        cache_dir = os.path.join(checker.base, os.path.expanduser(os.path.expandvars(cache_dir)))
     return Fleet(os.path.abspath(path), entries, float(stagger), cache_dir or default_cache_dir())
 
 

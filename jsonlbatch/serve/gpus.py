@@ -11,7 +11,7 @@ import os
 import shutil
 import socket
 import subprocess
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from jsonlbatch.errors import UsageError
@@ -141,12 +141,19 @@ def port_is_free(host: str, port: int, *, strict: bool = False) -> bool:
 
 
 def pick_ports(
-    host: str, count: int, start: int, *, stride: int = 1, exact: bool = False
+    host: str,
+    count: int,
+    start: int,
+    *,
+    stride: int = 1,
+    exact: bool = False,
+    taken: Collection[int] = (),
 ) -> list[int]:
     """`count` free ports from `start` on, at least `stride` apart.
 
     Servers open more ports beside their main one (NCCL, ZMQ, RPC), so replicas on one host
     are spread out. With `exact` (a port the user chose) the first port must be `start` itself.
+    `taken`: ports already promised to servers not started yet (another model of a fleet).
     """
     ports: list[int] = []
     candidate = start
@@ -155,7 +162,11 @@ def pick_ports(
             raise UsageError(f"no {count} free ports from {start} on {host}")
         # The user's own --port may be in TIME_WAIT after a restart; a port we choose must be
         # bound by nobody (see port_is_free).
-        if port_is_free(host, candidate, strict=not (exact and not ports)):
+        if candidate in taken:
+            if exact and not ports:
+                raise UsageError(f"--port {start} is given to another server of this run")
+            candidate += 1
+        elif port_is_free(host, candidate, strict=not (exact and not ports)):
             ports.append(candidate)
             candidate += stride
         elif exact and not ports:

@@ -21,7 +21,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,7 @@ from jsonlbatch.serve.gpus import (
     pick_ports,
     visible_gpus,
 )
+from jsonlbatch.serve.readiness import wait_all
 from jsonlbatch.serve.reaper import SECRETS_ENV, group_pids, wait_group_gone
 
 __all__ = ["STOP_GRACE", "ServeOptions", "ServerProcess", "Servers", "plan_servers", "serving"]
@@ -54,7 +55,6 @@ __all__ = ["STOP_GRACE", "ServeOptions", "ServerProcess", "Servers", "plan_serve
 STOP_GRACE = reaper.DEFAULT_GRACE
 LOG_TAIL_LINES = 40
 _PROBE_TIMEOUT = 10.0  # SGLang's /health can be slow under load; a slow answer is not death
-_STATUS_EVERY = 15.0  # seconds between status lines when stderr is not a terminal
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # our servers are local
 # The reaper runs as a plain stdlib script in isolated mode (-I: neither its folder nor the
 # working directory on sys.path), which saves a package import per server.
@@ -253,7 +253,7 @@ class Servers:
     def wait_ready(self) -> None:
         """Block until every server serves its model; LaunchError if one dies or times out."""
         started = time.monotonic()
-        wait_ready([self], quiet=self.quiet)
+        wait_all([self], quiet=self.quiet)
         self.note(f"ready after {time.monotonic() - started:.0f}s: {', '.join(self.urls)}")
 
     def check(self) -> None:
@@ -318,62 +318,9 @@ class Servers:
             sys.stderr.flush()
 
 
-def wait_ready(groups: Sequence[Servers], *, quiet: bool = False) -> None:
-    """Block until every server of every group serves; LaunchError if one dies or times out.
-
-    Groups (a fleet's models) may start later than others: a group's `start_delay` seconds
-    after the call, it is started here. Each group's servers get its own `--ready-timeout`,
-    counted from its start.
-    """
-    began = time.monotonic()
-    waiting = [g for g in groups if g.start_delay > 0]
-    started = {id(g): began for g in groups if g.start_delay <= 0}
-    pending = [p for g in groups if g.start_delay <= 0 for p in g.processes]
-    group_of = {id(p): g for g in groups for p in g.processes}
-    total = sum(len(g.processes) for g in groups)
-    reasons: dict[int, str] = {}
-    status = _StatusLine(quiet=quiet)
-    delay = 0.1
-    try:
-        while pending or waiting:
-            now = time.monotonic()
-            for g in [g for g in waiting if now - began >= g.start_delay]:
-                waiting.remove(g)
-                g.start()
-                started[id(g)] = time.monotonic()
-                pending += g.processes
-            for p in list(pending):
-                code = p.poll()
-                if code is not None:
-                    raise LaunchError(
-                        p.describe_failure(f"exited with status {code} before it was ready")
-                    )
-                reason = p.probe()
-                if reason is None:
-                    pending.remove(p)
-                else:
-                    reasons[id(p)] = reason
-            if not pending and not waiting:
-                break
-            now = time.monotonic()
-            for p in pending:
-                timeout = group_of[id(p)].options.ready_timeout
-                if now - started[id(group_of[id(p)])] > timeout:
-                    why = f"not ready within --ready-timeout {timeout:g}s ({reasons[id(p)]})"
-                    raise LaunchError(p.describe_failure(why))
-            ready = total - len(pending) - sum(len(g.processes) for g in waiting)
-            why = "; ".join(f"{p.label}: {reasons[id(p)]}" for p in pending[:3])
-            limit = max(g.options.ready_timeout for g in groups)
-            status.show(
-                f"waiting for server ({now - began:.0f}s of {limit:g}s, {ready}/{total} ready) {why}"
-            )
-            time.sleep(delay)
-            delay = min(delay * 1.5, 1.0)
-    finally:
-        status.close()
-
-
-def plan_servers(options: ServeOptions, *, log_stem: str | None = None) -> list[ServerProcess]:
+def plan_servers(
+    options: ServeOptions, *, log_stem: str | None = None, taken: Collection[int] = ()
+) -> list[ServerProcess]:
     """Decide every server's command, GPUs, port and log file; start nothing.
 
     Raises UsageError for anything that cannot work (TP x DP beyond the GPUs, a taken --port).
@@ -394,6 +341,7 @@ def plan_servers(options: ServeOptions, *, log_stem: str | None = None) -> list[
         options.port or backend.default_port,
         stride=backend.port_stride,
         exact=options.port is not None,
+        taken=taken,
     )
     logs = log_paths(options, len(groups), log_stem)
     host = _connect_host(options.host)
@@ -452,15 +400,28 @@ def serving(
         BACKENDS[options.backend].require(options)  # installed here (Ray's nodes: not seen)
         servers = Servers(options, plan_servers(options, log_stem=log_stem), quiet=quiet)
     if BACKENDS[options.backend].needs_gpus and not options.ray:
-        pinned = [gpu for p in servers.processes for gpu in p.gpus or ()]
-        holders = gpu_holders(pinned or None)
-        if holders:
-            servers.note(describe_holders(holders))
+        warn_gpu_holders(servers)
+    with running(servers):
+        yield servers
+
+
+def warn_gpu_holders(servers: Servers) -> None:
+    """Warn about processes already on the servers' GPUs (all GPUs when none is pinned)."""
+    pinned = [gpu for p in servers.processes for gpu in p.gpus or ()]
+    holders = gpu_holders(pinned or None)
+    if holders:
+        servers.note(describe_holders(holders))
+
+
+@contextlib.contextmanager
+def running(servers: Any) -> Iterator[None]:
+    """Start `servers` (a `Servers`, or anything with start, wait_ready and stop), wait until
+    they serve, and stop them however the block ends; Ctrl-C and SIGTERM become Interrupted."""
     previous = _set_sigterm(_interrupt, only_replacing=signal.SIG_DFL)
     try:
         servers.start()
         servers.wait_ready()
-        yield servers
+        yield
     except KeyboardInterrupt:  # Ctrl-C before (or without) the caller's own signal handling
         raise Interrupted("interrupted; the server(s) were stopped") from None
     finally:
@@ -481,36 +442,6 @@ def _set_sigterm(handler: Any, *, only_replacing: Any = None) -> Any:
     if only_replacing is not None and signal.getsignal(signal.SIGTERM) is not only_replacing:
         return None
     return signal.signal(signal.SIGTERM, handler)
-
-
-class _StatusLine:
-    """ "waiting for server ..." on stderr: rewritten in place on a terminal, else every 15 s."""
-
-    def __init__(self, *, quiet: bool) -> None:
-        self.quiet = quiet
-        self.tty = sys.stderr.isatty()
-        self._since = time.monotonic()
-        self._last = float("-inf")
-        self._shown = False
-
-    def show(self, text: str) -> None:
-        now = time.monotonic()
-        if self.quiet or now - self._since < 2.0:  # a quick start needs no status
-            return
-        if self.tty:
-            sys.stderr.write("\r\x1b[K" + redact(text)[:200])
-        elif now - self._last >= _STATUS_EVERY:
-            sys.stderr.write(redact(text) + "\n")
-            self._last = now
-        else:
-            return
-        self._shown = True
-        sys.stderr.flush()
-
-    def close(self) -> None:
-        if self._shown and self.tty:
-            sys.stderr.write("\n")
-            sys.stderr.flush()
 
 
 def _get(url: str, api_key: str | None) -> tuple[int | str, object]:
