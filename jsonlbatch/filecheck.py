@@ -15,6 +15,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import orjson
+
 from jsonlbatch.errors import InputError, JsonlbatchError, Problem
 
 # The kinds of value a key may take; "path" is a file that must exist (relative to the file).
