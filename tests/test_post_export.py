@@ -18,6 +18,7 @@ pa = pytest.importorskip("pyarrow", reason="the parquet extra is not installed")
 pq = pytest.importorskip("pyarrow.parquet")
 pd = pytest.importorskip("pandas", reason="pandas (test extra) reads the tables back")
 
+from jsonlbatch.errors import InputError  # noqa: E402
 from jsonlbatch.post.export import export, sample_number  # noqa: E402
 
 
@@ -261,3 +262,23 @@ def test_a_large_file_exports_in_bounded_memory(tmp_path: Path) -> None:
     small = _export_growth(tmp_path, 10_000)
     large = _export_growth(tmp_path, 40_000)
     assert large - small < 40, f"10k rows: +{small} MB, 40k rows: +{large} MB"
+
+
+def test_into_a_table_with_a_repeated_column_is_refused_naming_it(files: dict[str, Path]) -> None:
+    """CSV `task_id,v,v` or a Parquet table with two `v`: a row's dict would keep one of them."""
+    d = files["dir"]
+    responses = write_jsonl(d / "one.jsonl", [chat_line("a", "A")])
+    csv_base = d / "dup.csv"
+    csv_base.write_text("task_id,v,v\na,1,2\n")
+    result = run(responses, "--into", csv_base, "--on", "task_id", "-o", d / "o.csv")
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "dup.csv" in result.stderr and "'v' appears more than once" in result.stderr
+    assert not (d / "o.csv").exists()
+    pq_base = d / "dup.parquet"
+    table = pa.Table.from_arrays(
+        [pa.array(["a"]), pa.array([1]), pa.array([2])], ["task_id", "v", "v"]
+    )
+    pq.write_table(table, pq_base)
+    with pytest.raises(InputError, match="bad dataset table") as caught:
+        export([str(responses)], str(d / "o.parquet"), into=str(pq_base), on="task_id")
+    assert [(p.field, p.line) for p in caught.value.problems] == [("v", None)]

@@ -15,7 +15,7 @@ from typing import IO, Any
 
 import orjson
 
-from jsonlbatch.errors import InputError, UsageError
+from jsonlbatch.errors import InputError, Problem, UsageError
 from jsonlbatch.extras import load
 from jsonlbatch.post.outputs import replacing
 
@@ -155,5 +155,13 @@ def open_table(path: str) -> tuple[dict[str, Any], Iterator[list[dict[str, Any]]
             schema, batches = table.schema, iter(table.to_batches(ROW_GROUP))
     except (OSError, pa.ArrowInvalid) as exc:
         raise InputError(f"cannot read the dataset table {path}: {exc}") from None
+    names = [f.name for f in schema]
+    if len(set(names)) != len(names):  # a row's dict would keep only the last of them
+        name = next(n for i, n in enumerate(names) if n in names[:i])
+        line = 1 if fmt == "csv" else None
+        raise InputError(
+            "bad dataset table",
+            [Problem(path, line, name, f"column {name!r} appears more than once")],
+        )
     types = {f.name: f.type for f in schema}
     return types, (batch.to_pylist() for batch in batches)
