@@ -45,6 +45,12 @@ _CHECKS = {
 }
 
 
+#: Bounds on a settings file once its YAML aliases are expanded: a real one holds hundreds of
+#: values, a few levels deep.
+MAX_VALUES = 100_000
+MAX_DEPTH = 100
+
+
 def read_text(path: str, what: str = "file") -> str:
     """A UTF-8 text file (a template, a settings file); `InputError` naming it otherwise."""
     try:
@@ -90,28 +96,56 @@ class FileChecker:
             line = mark.line + 1 if mark is not None else None
             problem = getattr(exc, "problem", None) or str(exc)
             raise InputError("not a YAML file", [Problem(self.path, line, None, problem)]) from None
+        except RecursionError:  # PyYAML composes nested nodes recursively
+            deep = Problem(self.path, None, None, f"nested more than {MAX_DEPTH} levels")
+            raise InputError(f"bad {what}", [deep]) from None
         if node is None:
             return None
         self._yaml = yaml
         self._loader = yaml.SafeLoader("")
+        self._what = what
+        self._expanded = 0  # values made so far, aliases expanded
+        self._open: set[int] = set()  # the collections being made: meeting one again is a loop
         return self.value(node, ())
 
     def value(self, node: Any, where: tuple[str, ...]) -> Any:
+        """The plain value of `node`. An alias is the very node it names, so one that holds
+        itself (`a: &a [*a]`: RecursionError before) and aliases of aliases that expand to
+        billions of values (36 s and 4 GB before) are refused, with the line."""
         yaml = self._yaml
-        self.lines.setdefault(where, node.start_mark.line + 1)
-        if isinstance(node, yaml.MappingNode):
-            out: dict[str, Any] = {}
-            for key_node, value_node in node.value:
-                key = str(self._loader.construct_object(key_node))
-                at = (*where, key)
-                if key in out:
-                    self.problem(at, "appears twice", line=key_node.start_mark.line + 1)
-                self.lines[at] = key_node.start_mark.line + 1
-                out[key] = self.value(value_node, at)
-            return out
+        line = node.start_mark.line + 1
+        self.lines.setdefault(where, line)
+        self._expanded += 1
+        if id(node) in self._open:
+            self._refuse(line, where, "an alias refers to a value that holds it (a recursion)")
+        if self._expanded > MAX_VALUES or len(self._open) >= MAX_DEPTH:
+            self._refuse(
+                line,
+                where,
+                f"more than {MAX_VALUES:,} values or {MAX_DEPTH} levels once aliases are "
+                "expanded (an alias bomb?)",
+            )
+        if not isinstance(node, (yaml.MappingNode, yaml.SequenceNode)):
+            return self._loader.construct_object(node)
+        self._open.add(id(node))
         if isinstance(node, yaml.SequenceNode):
-            return [self.value(item, (*where, str(i))) for i, item in enumerate(node.value)]
-        return self._loader.construct_object(node)
+            items = [self.value(item, (*where, str(i))) for i, item in enumerate(node.value)]
+            self._open.discard(id(node))
+            return items
+        out: dict[str, Any] = {}
+        for key_node, value_node in node.value:
+            key = str(self._loader.construct_object(key_node))
+            at = (*where, key)
+            if key in out:
+                self.problem(at, "appears twice", line=key_node.start_mark.line + 1)
+            self.lines[at] = key_node.start_mark.line + 1
+            out[key] = self.value(value_node, at)
+        self._open.discard(id(node))
+        return out
+
+    def _refuse(self, line: int, where: tuple[str, ...], message: str) -> None:
+        field = ".".join(where[:8]) or None  # a bomb's path can be thousands of keys long
+        raise InputError(f"bad {self._what}", [Problem(self.path, line, field, message)])
 
     # -- problems ------------------------------------------------------------------------------
 

@@ -253,3 +253,35 @@ def test_failed_requests_make_exit_status_3_as_exec_does(tmp_path, mock_server):
     assert "some requests failed (a: " in proc.stderr
     results = read_results(tmp_path / "runs" / "exp1" / "a" / "responses.jsonl")
     assert len(results) == 6 and 0 < len(failures(results)) < 6
+
+
+def test_alias_bombs_recursive_aliases_and_deep_rules_are_refused_with_the_line(tmp_path):
+    """`run --check` on hostile YAML: an alias bomb (36 s and 4 GB before), a value holding
+    itself (RecursionError before) and a 3,000-deep pass rule: a located error, no traceback."""
+    bomb = ["experiment: {id: e}", "data: {file: t.jsonl}", "x0: &a0 [1, 1, 1, 1, 1, 1, 1, 1, 1]"]
+    bomb += [f"x{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 10)]
+    (tmp_path / "bomb.yaml").write_text("\n".join(bomb) + "\n")
+    proc = cli("run", "--check", str(tmp_path / "bomb.yaml"), timeout=60)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "bomb.yaml:" in proc.stderr and "alias bomb" in proc.stderr
+    (tmp_path / "self.yaml").write_text("experiment: {id: e}\ndata: &d\n  file: t.jsonl\n  x: *d\n")
+    with pytest.raises(InputError) as err:
+        load_experiment(str(tmp_path / "self.yaml"))
+    [problem] = err.value.problems
+    assert problem.line == 2 and "holds it (a recursion)" in problem.message
+    deep = "not " * 3000 + "score >= 6"
+    (tmp_path / "prompt.j2").write_text("{{ q }}")
+    (tmp_path / "deep.yaml").write_text(
+        "experiment: {id: e}\ndata: {file: t.jsonl}\nprompt: {template: prompt.j2}\n"
+        "conditions: {a: {model: m, url: 'http://127.0.0.1:9/v1'}}\n"
+        f"steps:\n  - judge: {{text: 'x', pass: '{deep}'}}\n"
+    )
+    with pytest.raises(InputError) as err:
+        load_experiment(str(tmp_path / "deep.yaml"))
+    found = {(p.line, p.field): p.message for p in err.value.problems}
+    assert "more than 2000" in found[(6, "steps.0.judge")]
+    from jsonlbatch.errors import UsageError
+    from jsonlbatch.experiment.rules import PassRule
+
+    with pytest.raises(UsageError, match="nested more than 32 deep"):
+        PassRule("not " * 400 + "score >= 6", ["score"])

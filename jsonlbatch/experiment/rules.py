@@ -29,6 +29,9 @@ _COMPARE: dict[type[ast.cmpop], Callable[[Any, Any], bool]] = {
     ast.In: lambda a, b: a in b,
     ast.NotIn: lambda a, b: a not in b,
 }
+#: A pass rule is a few comparisons: these bounds keep a hostile one from the recursion limit.
+MAX_RULE_CHARS = 2000
+MAX_RULE_DEPTH = 32
 _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 
 
@@ -56,10 +59,17 @@ class PassRule:
     def __init__(self, text: str, names: Sequence[str]) -> None:
         self.text = text
         self.names = tuple(names)
+        if len(text) > MAX_RULE_CHARS:
+            raise UsageError(
+                f"pass rule {text[:40]!r}...: {len(text)} characters, more than "
+                f"{MAX_RULE_CHARS}; a rule is a few comparisons"
+            )
         try:
             tree = ast.parse(text.strip(), mode="eval")
         except SyntaxError as exc:
             raise UsageError(f"pass rule {text!r} does not parse: {exc.msg}") from None
+        except (RecursionError, MemoryError):
+            raise UsageError(f"pass rule {text[:40]!r}... is nested too deeply") from None
         self._check(tree.body)
         self._tree = tree.body
 
@@ -69,18 +79,24 @@ class PassRule:
     def __repr__(self) -> str:
         return f"PassRule({self.text!r})"
 
-    def _check(self, node: ast.AST) -> None:
+    def _check(self, node: ast.AST, depth: int = 0) -> None:
+        """Refuse what the interpreter does not know, and nesting deeper than `MAX_RULE_DEPTH`
+        (`not not ... score >= 6` 3,000 deep hit Python's recursion limit when evaluated)."""
+        if depth > MAX_RULE_DEPTH:
+            raise UsageError(
+                f"pass rule {self.text[:40]!r}... is nested more than {MAX_RULE_DEPTH} deep"
+            )
         if isinstance(node, ast.BoolOp):
             for value in node.values:
-                self._check(value)
+                self._check(value, depth + 1)
         elif isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.Not, ast.USub)):
-            self._check(node.operand)
+            self._check(node.operand, depth + 1)
         elif isinstance(node, ast.Compare):
             for op in node.ops:
                 if type(op) not in _COMPARE:
                     raise UsageError(f"pass rule {self.text!r}: `is` comparisons are not allowed")
             for operand in (node.left, *node.comparators):
-                self._check(operand)
+                self._check(operand, depth + 1)
         elif isinstance(node, ast.Name):
             if node.id not in self.names:
                 raise UsageError(
@@ -89,7 +105,7 @@ class PassRule:
                 )
         elif isinstance(node, (ast.List, ast.Tuple)):
             for element in node.elts:
-                self._check(element)
+                self._check(element, depth + 1)
         elif not (
             isinstance(node, ast.Constant) and isinstance(node.value, (int, float, str, bool))
         ):
