@@ -91,7 +91,38 @@ def draw_charts(report: Report) -> list[Chart]:
                     f"Share of requests within each {title}",
                 )
             )
+        for key in report.by:
+            charts += _by_group(Figure, report, key)
     return charts
+
+
+_MAX_GROUP_CHARTS = 12  # more lines than this in one chart is no longer readable
+
+
+def _by_group(figure: Any, report: Report, key: str) -> list[Chart]:
+    """A CDF per latency with a line per group of the first run (per model of a fleet)."""
+    groups = report.data[0].groups.get(key, {}) if report.data else {}
+    if not 1 < len(groups) <= _MAX_GROUP_CHARTS:
+        return []
+    out = []
+    for name in ("ttft", "decode", "e2e"):
+        series = [
+            (value, sorted(v for v in data.columns[name] if not math.isnan(v)))
+            for value, data in sorted(groups.items())
+        ]
+        series = [(label, values) for label, values in series if values]
+        if len(series) < 2:
+            continue
+        bounds = [sla.bound_s for sla in report.sla if sla.metric == name]
+        title = f"{LATENCY_NAMES[name]} by {key}"
+        out.append(
+            Chart(
+                f"{title}: CDF",
+                _cdf(figure, title, series, bounds),
+                f"Share of requests within each {LATENCY_NAMES[name]}, per {key}",
+            )
+        )
+    return out
 
 
 # -- throughput --------------------------------------------------------------------------------
@@ -187,6 +218,8 @@ def _histogram(
     # One set of bin edges for every run, so the bars of a comparison line up.
     low = min(v[0] for _, v in series) * scale
     high = max(v[-1] for _, v in series) * scale
+    if high - low < 1e-6 * max(1.0, abs(high)):  # (nearly) one value: numpy cannot bin it
+        low, high = low - 0.5, high + 0.5
     bins = min(40, max(8, max(len(v) for _, v in series) // 10))
     many = len(series) > 1
     for i, (label, values) in enumerate(series):

@@ -27,7 +27,7 @@ from jsonlbatch.records import check_response, is_failure, reasoning_tokens
 from jsonlbatch.samples import chat_usage, hosted_choices
 
 #: Per-request columns, each an `array('d')` aligned with the successful requests.
-COLUMNS = ("e2e", "ttft", "tpot", "itl", "prompt", "completion", "reasoning", "end")
+COLUMNS = ("e2e", "ttft", "decode", "tpot", "itl", "prompt", "completion", "reasoning", "end")
 
 #: `--by` keys read from the response lines themselves; anything else is a request field.
 BUILTIN_KEYS = ("endpoint", "model", "status")
@@ -118,6 +118,7 @@ class RunData:
         cols = self.columns
         cols["e2e"].append(line.latency)
         cols["ttft"].append(line.ttft)
+        cols["decode"].append(line.latency - line.ttft)  # NaN without a TTFT
         cols["tpot"].append(line.tpot)
         cols["itl"].append(line.itl)
         cols["prompt"].append(line.prompt)

@@ -18,8 +18,9 @@ from jsonlbatch.report.load import RunData
 from jsonlbatch.report.options import Price, Sla
 from jsonlbatch.stats import percentile
 
-PERCENTILES: tuple[int, ...] = (10, 25, 50, 90, 95, 99)
-LATENCIES: tuple[str, ...] = ("e2e", "ttft", "tpot", "itl")
+PERCENTILES: tuple[int, ...] = (10, 25, 40, 50, 90, 95, 99)
+#: `decode` is E2E - TTFT: the time spent generating after the first token (prefill aside).
+LATENCIES: tuple[str, ...] = ("e2e", "ttft", "decode", "tpot", "itl")
 TOKENS: tuple[str, ...] = ("prompt", "completion", "reasoning")
 
 
@@ -33,6 +34,7 @@ class Distribution:
     min: float
     p10: float
     p25: float
+    p40: float
     p50: float
     p90: float
     p95: float

@@ -19,6 +19,7 @@ from jsonlbatch.report.stats import LATENCIES, PERCENTILES, TOKENS, Distribution
 LATENCY_NAMES = {
     "e2e": "E2E latency",
     "ttft": "TTFT",
+    "decode": "decode",
     "tpot": "TPOT",
     "itl": "ITL (mean per request)",
 }
@@ -149,7 +150,8 @@ def build_tables(report: Report) -> list[Table]:
     if report.price is not None:
         tables.append(_cost(runs, report.price.input_per_m, report.price.output_per_m))
     for key in report.by:
-        tables += [_breakdown(key, run, len(runs) > 1) for run in runs]
+        tables += [_breakdown(key, run, len(runs) > 1, report.sla) for run in runs]
+        tables += [_breakdown_latency(key, run, len(runs) > 1) for run in runs]
     tables.append(_servers(report))
     return [t for t in tables if t.rows]
 
@@ -356,7 +358,7 @@ def _servers(report: Report) -> Table:
     return Table("Servers", ["run", *header] if many else header, rows, notes)
 
 
-def _breakdown(key: str, run: RunStats, many: bool) -> Table:
+def _breakdown(key: str, run: RunStats, many: bool, slas: Iterable[Any] = ()) -> Table:
     groups = run.breakdown.get(key, {})
     present = present_latencies(groups.values())
     columns: list[tuple[str, str, Callable[[RunStats], Any]]] = [
@@ -377,10 +379,50 @@ def _breakdown(key: str, run: RunStats, many: bool) -> Table:
                     lambda g, n=name, f=f"p{p}": getattr(g.latency[n], f) if g.latency[n] else None,
                 )
             )
+    slas = list(slas)
+    for i, sla in enumerate(slas):
+        columns.append(
+            (
+                f"{sla.metric} <= {format_duration(sla.bound_s)}",
+                "share",
+                lambda g, i=i: g.sla[i].share if g.sla else None,
+            )
+        )
+    if len(slas) > 1:
+        columns.append(("every SLA", "share", _good_share))
     rows = [
         [Cell(value), *(Cell(get(group), kind) for _, kind, get in columns)]
         for value, group in groups.items()
     ]
     title = f"By {key}" + (f": {run.label}" if many else "")
     notes = ["Rates are each group's share of the whole run's wall window."]
+    if slas:
+        notes.append("SLA columns: the share of the group's successful requests within the bound.")
     return Table(title, [key, *(name for name, _, _ in columns)], rows, notes)
+
+
+#: The latencies a per-group table shows (prefill, decode and the whole), and at which ranks.
+_GROUP_LATENCIES = ("ttft", "decode", "e2e")
+_GROUP_PERCENTILES = (10, 25, 40, 50, 90, 99)
+
+
+def _breakdown_latency(key: str, run: RunStats, many: bool) -> Table:
+    """Per group (a model of a fleet), TTFT (prefill) and decode (E2E - TTFT) apart, then E2E:
+    where each model's time goes."""
+    groups = run.breakdown.get(key, {})
+    present = [n for n in _GROUP_LATENCIES if n in present_latencies(groups.values())]
+    header = [key, "metric", "count", *(f"p{p}" for p in _GROUP_PERCENTILES)]
+    rows = []
+    for value, group in groups.items():
+        for name in present:
+            dist = group.latency[name]
+            if dist is None:
+                continue
+            cells = [Cell(value), Cell(LATENCY_NAMES[name]), Cell(dist.count, "count")]
+            cells += [Cell(getattr(dist, f"p{p}"), "seconds") for p in _GROUP_PERCENTILES]
+            rows.append(cells)
+    title = f"Latency by {key}" + (f": {run.label}" if many else "")
+    notes = ["decode is E2E - TTFT: generation after the first token (needs exec --stream)."]
+    if present == ["e2e"]:
+        notes = ["TTFT and decode are measured by `jsonlbatch exec --stream` only."]
+    return Table(title, header, rows, notes)
