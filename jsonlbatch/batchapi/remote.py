@@ -13,7 +13,7 @@ import os
 import urllib.parse
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 import orjson
@@ -41,8 +41,30 @@ class RemoteError(ServerError):
     """The Batch API refused a call (not a passing failure)."""
 
 
+class BatchProvider(Protocol):
+    """What `Submitter` and `manage` need of a provider's batch API: the provider adapter seam.
+
+    `BatchApi` below speaks OpenAI's (and Azure's, and this package's own server's) dialect; an
+    adapter for another provider's batch API maps these calls and OpenAI-shaped objects (a file
+    `{"id", "filename", "status"}`, a batch `{"id", "status", "request_counts",
+    "output_file_id", "error_file_id", "metadata", "created_at"}`) onto its own.
+    """
+
+    async def upload(self, path: Path, filename: str) -> dict[str, Any]: ...
+    async def find_file(self, filename: str) -> dict[str, Any] | None: ...
+    async def download(self, file_id: str, dest: Path) -> None: ...
+    async def create_batch(
+        self, file_id: str, endpoint: str, window: str, metadata: Mapping[str, str]
+    ) -> dict[str, Any]: ...
+    async def retrieve(self, batch_id: str) -> dict[str, Any]: ...
+    async def cancel(self, batch_id: str) -> dict[str, Any]: ...
+    async def find_batch(
+        self, metadata: Mapping[str, str], since: float
+    ) -> dict[str, Any] | None: ...
+
+
 class BatchApi:
-    """Files and batches of one remote API, over one aiohttp session."""
+    """Files and batches of one remote API, over one aiohttp session (a `BatchProvider`)."""
 
     def __init__(
         self,

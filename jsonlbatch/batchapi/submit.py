@@ -33,7 +33,7 @@ import orjson
 from tqdm import tqdm
 
 from jsonlbatch.batchapi.objects import MISSING_CODES, TERMINAL, failure_line, new_id
-from jsonlbatch.batchapi.remote import BatchApi, api_path
+from jsonlbatch.batchapi.remote import BatchApi, BatchProvider, api_path
 from jsonlbatch.batchapi.state import Part, State
 from jsonlbatch.errors import Interrupted, UsageError
 from jsonlbatch.exec.endpoints import parse_endpoint
@@ -278,14 +278,14 @@ class Submitter:
 
     # -- uploading, creating, watching ---------------------------------------------------------
 
-    async def _drive(self, api: BatchApi) -> None:
+    async def _drive(self, api: BatchProvider) -> None:
         for part in self.state.open_parts:
             if self.stopping.is_set():
                 return
             await self._start(api, part)
         await self._watch(api)
 
-    async def _start(self, api: BatchApi, part: Part) -> None:
+    async def _start(self, api: BatchProvider, part: Part) -> None:
         """Upload and create, each at most once per part, whatever crashes in between."""
         folder = self.state.folder
         if part.batch_id is None and part.file_id is None:
@@ -317,7 +317,7 @@ class Submitter:
             part.status = found.get("status")
             self.state.save()
 
-    async def _watch(self, api: BatchApi) -> None:
+    async def _watch(self, api: BatchProvider) -> None:
         interval = self.options.poll_interval
         for part in self.state.open_parts:
             if part.batch_id:
@@ -374,7 +374,7 @@ class Submitter:
 
     # -- merging -------------------------------------------------------------------------------
 
-    async def _merge(self, api: BatchApi, part: Part, batch: dict[str, Any]) -> None:
+    async def _merge(self, api: BatchProvider, part: Part, batch: dict[str, Any]) -> None:
         """Append a finished batch's lines to OUT, then mark the part merged."""
         folder = self.state.folder
         downloads = []

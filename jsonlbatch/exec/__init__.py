@@ -1,11 +1,12 @@
 """The exec stage: send an OpenAI Batch request file to OpenAI-compatible servers, crash-safely.
 
-`Job` (in `job`) is the run: it scans what the output already holds (`scan`), validates the whole
-input before anything is sent (`validate`), then streams pending lines through a bounded pool of
-workers that pick an endpoint (`endpoints`, by prompt prefix or load: `router`; the servers'
-own cache figures: `server_metrics`), retry with backoff (`retry`), read
-streamed answers (`streaming`) and append one whole line per finished request. `shard` splits a
-file across machines and merges the parts back; `summary` and `progress` say what happened.
+`Job` (in `job`) scans what the output already holds and validates the whole input before
+anything is sent (`scan`); `run` is the loop: `admit` checks the servers, `send` sends each
+request (pools by model: `pools`; endpoints and health: `endpoints`, `router`; rate limits and
+budget: `budget`, `limits`; retries: `retry`; streamed answers: `streaming`), `record` appends one
+whole line per finished request, `events` tells the progress bar and any listener what happened.
+`seams` gathers what a caller plugs in (`checks`, `lookup`, `pools`, `events`, `concurrency`).
+`shard` splits a file across machines and merges the parts back; `summary` says what happened.
 
     from jsonlbatch.exec import execute
     summary = execute("requests.jsonl", "responses.jsonl", urls=["http://localhost:8000/v1"])
@@ -14,6 +15,7 @@ file across machines and merges the parts back; `summary` and `progress` say wha
 from __future__ import annotations
 
 from jsonlbatch.exec.job import ExecOptions, Job, aexecute, execute, run_coroutine
+from jsonlbatch.exec.seams import Seams
 from jsonlbatch.exec.shard import MergeError, MergeSummary, merge, parse_shard
 from jsonlbatch.exec.summary import RunSummary
 from jsonlbatch.exec.validate import ValidationReport, validate_file
@@ -24,6 +26,7 @@ __all__ = [
     "MergeError",
     "MergeSummary",
     "RunSummary",
+    "Seams",
     "ValidationReport",
     "aexecute",
     "execute",

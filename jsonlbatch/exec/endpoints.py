@@ -23,6 +23,7 @@ import aiohttp
 import orjson
 
 from jsonlbatch.errors import AuthenticationError, ServerUnavailableError, UsageError
+from jsonlbatch.exec.concurrency import ConcurrencyController, FixedConcurrency
 from jsonlbatch.exec.router import PrefixKey, Router
 from jsonlbatch.redact import redact, register_secret, secret_query_parameter
 
@@ -56,6 +57,10 @@ class Endpoint:
     failing_since: float = 0.0  # monotonic time of the first failure in the current run of them
     down_reason: str = ""
     probe: asyncio.Task[None] | None = field(default=None, repr=False)
+    #: Its in-flight limit (exec/concurrency.py); the default never binds below the workers.
+    controller: ConcurrencyController = field(
+        default_factory=lambda: FixedConcurrency(1 << 30), repr=False
+    )
 
     def url_for(self, path: str) -> str:
         """Join the base with a request line's `url`, avoiding a doubled `/v1`."""
@@ -152,6 +157,7 @@ class EndpointPool:
         self._ready_timeout = ready_timeout
         self._watchdog = watchdog
         self._changed = asyncio.Event()
+        self._room = asyncio.Event()  # set when a request ends: an endpoint may have room again
         self._all_down_since: float | None = None
         self.status: str = ""  # shown by the progress display while waiting
         #: Called with (endpoint, its model list or None) when an endpoint is first seen or comes
@@ -168,13 +174,21 @@ class EndpointPool:
         while True:
             up = [ep for ep in self.endpoints if ep.up]
             if up:
-                best: Endpoint = self.router.choose(up, key)
-                best.in_flight += 1
-                return best
+                room = [ep for ep in up if ep.in_flight < ep.controller.limit]
+                if room:
+                    best: Endpoint = self.router.choose(room, key)
+                    best.in_flight += 1
+                    return best
+                # every endpoint that is up is at its controller's limit: wait for a release
+                self._room.clear()
+                with contextlib.suppress(asyncio.TimeoutError):  # limits may change meanwhile
+                    await asyncio.wait_for(self._room.wait(), timeout=1.0)
+                continue
             await self._wait_for_change()
 
     def release(self, endpoint: Endpoint) -> None:
         endpoint.in_flight -= 1
+        self._room.set()
 
     async def _wait_for_change(self) -> None:
         now = time.monotonic()

@@ -1,4 +1,8 @@
-"""The progress bar and the short notes printed around it (stderr; silenced by `quiet`)."""
+"""The progress bar and the short notes printed around it (stderr; silenced by `quiet`).
+
+The bar is a subscriber of the run's event stream (`events.py`): it draws each `Snapshot` and
+takes streamed answers' time to first token from `Answered`; it never reaches into the run.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +10,15 @@ import statistics
 import sys
 import time
 from collections import deque
-from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
 from jsonlbatch.exec.summary import RunSummary
 from jsonlbatch.redact import redact
+
+if TYPE_CHECKING:
+    from jsonlbatch.exec.events import Answered, Snapshot
 
 _STATUS_EVERY = 10.0  # seconds between repeats of the same "waiting for server" line
 _TTFT_WINDOW = 1000  # the running TTFT median is over this many latest streamed requests
@@ -22,9 +29,6 @@ class Progress:
         self.total = total
         self.quiet = quiet
         self.bar: tqdm | None = None
-        self.status_source: Callable[[], str] | None = None
-        #: Appended to the bar, e.g. "paced: 3,000 rpm spent=$0.12 of $5.00".
-        self.extra_source: Callable[[], str] | None = None
         self._shown = 0
         self._last_status = (0.0, "")
         self._ttfts: deque[float] = deque(maxlen=_TTFT_WINDOW)
@@ -32,6 +36,15 @@ class Progress:
     def record_ttft(self, seconds: float) -> None:
         """Note a streamed request's time to first token (bounded: only the latest are kept)."""
         self._ttfts.append(seconds)
+
+    def on_snapshot(self, event: Snapshot) -> None:
+        """Draw the run's counters (an `events.Snapshot`)."""
+        self.update(event.summary, event.retrying, event.status, event.extra)
+
+    def on_answered(self, event: Answered) -> None:
+        ttft = event.metrics.get("ttft_s")
+        if ttft is not None:
+            self.record_ttft(ttft)
 
     def start(self) -> None:
         if self.quiet or self.bar is not None:
@@ -46,10 +59,11 @@ class Progress:
             smoothing=0.05,
         )
 
-    def update(self, summary: RunSummary, retrying: int) -> None:
+    def update(self, summary: RunSummary, retrying: int, status: str = "", extra: str = "") -> None:
+        """Show the counters; `status` is what the run waits for, `extra` e.g. "paced: 3,000
+        rpm spent=$0.12 of $5.00"."""
         if self.quiet:
             return
-        status = self.status_source() if self.status_source else ""
         if status:
             now = time.monotonic()
             when, last = self._last_status
@@ -63,7 +77,6 @@ class Progress:
             self.bar.update(written - self._shown)
             self._shown = written
         elapsed = self.bar.format_dict["elapsed"] or 1e-9
-        extra = self.extra_source() if self.extra_source else ""
         self.bar.set_postfix_str(
             f"ok={summary.succeeded} failed={summary.failed} retrying={retrying} "
             f"out_tok/s={summary.completion_tokens / elapsed:.0f}"

@@ -1,0 +1,54 @@
+"""The before-send lookup: a store of answers consulted before a request is sent, and fed after.
+
+`AnswerStore.lookup(request, occurrence)` may return a stored `Result` to write instead of
+sending (it costs no attempt, no rate-limit token and no budget); `store(request, occurrence,
+result)` sees every result that was sent, before its output line is written, so a store that
+keeps it durably never misses an answer that reached the output. What is worth storing (usually
+`result.ok`) is the store's choice.
+
+`occurrence` tells identical requests apart: it is how many lines *earlier in the file* ask
+exactly the same thing (same URL and body, keys in any order), so the 3rd of five identical
+samples is occurrence 2 in every run, whatever was already done or how the lines are ordered for
+sending. Counting it needs one pass over the request file and a counter per distinct request
+(only when a store is installed).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import orjson
+
+from jsonlbatch.jsonl import iter_lines
+from jsonlbatch.records import Request, Result
+
+
+class AnswerStore(Protocol):
+    """Answers kept across runs (issue 29's cache implements this)."""
+
+    def lookup(self, request: Request, occurrence: int, /) -> Result | None:
+        """A stored answer for this request (its `custom_id` is replaced by the request's), or
+        None to send it."""
+        ...
+
+    def store(self, request: Request, occurrence: int, result: Result, /) -> None:
+        """Called with each result of a sent request, before its line is written."""
+        ...
+
+
+def occurrences(path: str) -> dict[str, int]:
+    """`custom_id -> occurrence` for the requests of `path` that repeat an earlier line (all
+    others are occurrence 0, and left out to keep the table small)."""
+    seen: dict[int, int] = {}
+    out: dict[str, int] = {}
+    for _, raw in iter_lines(path):
+        try:
+            obj = orjson.loads(raw)
+            key = hash((obj["url"], orjson.dumps(obj["body"], option=orjson.OPT_SORT_KEYS)))
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            continue  # the input scan has already refused a bad line; blank lines are skipped
+        n = seen.get(key, 0)
+        seen[key] = n + 1
+        if n:
+            out[obj["custom_id"]] = n
+    return out

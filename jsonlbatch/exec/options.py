@@ -1,0 +1,70 @@
+"""What shapes a run besides its two files: `ExecOptions`, checked when it is made.
+
+Its own module so the CLI, the batch API runner and the experiment runner can build options
+without importing the run loop, and so every check of an option value sits in one place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from jsonlbatch.cost import Price
+from jsonlbatch.errors import UsageError
+from jsonlbatch.exec.router import RouteOptions
+from jsonlbatch.exec.scan import CHANGED_POLICIES
+
+
+@dataclass
+class ExecOptions:
+    """Everything that shapes a run besides its two files. Field docs are the CLI's help."""
+
+    urls: Sequence[str] = ()
+    concurrency: int = 256
+    model: str | None = None  # override every body's model; "auto" = the one served
+    api_key: str | None = field(default=None, repr=False)
+    headers: Mapping[str, str] = field(default_factory=dict, repr=False)
+    timeout: float = 1800.0  # per attempt; reasoning models and cold caches need long ones
+    max_retries: int = 8
+    ready_timeout: float = 1800.0  # how long a refusing or dead server is waited for
+    retry_failed: bool = False
+    changed: str = "refuse"  # requests edited since their result: refuse, resend or keep
+    stream: bool = False
+    shard: tuple[int, int] | None = None  # (k, n), k 0-based
+    quiet: bool = False
+    grace: float = 10.0  # seconds in-flight requests get after the first Ctrl-C
+    backoff_base: float = 1.0
+    backoff_cap: float = 60.0
+    route: str = RouteOptions.policy  # prefix | least-busy | round-robin (see exec/router.py)
+    order_window: int = RouteOptions.order_window
+    balance_abs_threshold: int | None = RouteOptions.balance_abs_threshold
+    balance_rel_threshold: float = RouteOptions.balance_rel_threshold
+    rpm: float | None = None  # requests per minute, across all workers and endpoints
+    tpm: float | None = None  # tokens per minute (prompt estimate + output cap, then real usage)
+    rate_limits: bool = True  # learn limits from the providers' rate-limit headers
+    price: Price | None = None  # dollars per million tokens: spend shown, --max-cost enforced
+    max_cost: float | None = None  # dollars for the whole output file, resumed runs included
+
+    def __post_init__(self) -> None:
+        self.route_options()  # checks the routing options
+        if self.concurrency < 1:
+            raise UsageError("--concurrency must be at least 1")
+        if self.max_retries < 0:
+            raise UsageError("--max-retries must be 0 or more")
+        if self.timeout <= 0 or self.ready_timeout < 0:
+            raise UsageError("--timeout must be positive and --ready-timeout not negative")
+        if self.changed not in CHANGED_POLICIES:
+            raise UsageError(f"--changed must be one of: {', '.join(CHANGED_POLICIES)}")
+        if (self.rpm is not None and self.rpm <= 0) or (self.tpm is not None and self.tpm <= 0):
+            raise UsageError("--rpm and --tpm must be positive")
+        if self.max_cost is not None:
+            if self.max_cost < 0:
+                raise UsageError("--max-cost must not be negative")
+            if self.price is None:
+                raise UsageError("--max-cost needs --price in=DOLLARS,out=DOLLARS (per 1M tokens)")
+
+    def route_options(self) -> RouteOptions:
+        return RouteOptions(
+            self.route, self.balance_abs_threshold, self.balance_rel_threshold,
+            order_window=self.order_window, concurrency=self.concurrency,
+        )  # fmt: skip

@@ -1,0 +1,365 @@
+"""The run loop: one `Job.run`, from the pending lines to the last written result.
+
+One request's path: `_read` reads its line (in the router's order) and puts it on a bounded
+queue; a worker (`_work`) takes it, asks the before-send lookup (`lookup.py`) for a stored
+answer, else hands it to `send.Sender` (pool, meter, attempts, on-answer check); the result is
+given to the store, then to `record.Recorder`, which appends its line. Around that, `main` opens
+the HTTP session, builds the endpoint pools, runs the preflight (`admit.py`), ticks the event
+stream (`events.py`) and stops cleanly on Ctrl-C, a budget stop or a fatal error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import signal
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import aiohttp
+import orjson
+
+from jsonlbatch.errors import InputError, Interrupted, JsonlbatchError, UsageError
+from jsonlbatch.exec.admit import preflight
+from jsonlbatch.exec.budget import Budget, BudgetReached, Meter, spent_in_output
+from jsonlbatch.exec.concurrency import FixedConcurrency
+from jsonlbatch.exec.endpoints import Endpoint, EndpointPool, auth_headers, parse_endpoint
+from jsonlbatch.exec.events import Answered, EventBus, Snapshot
+from jsonlbatch.exec.limits import RateLimiter
+from jsonlbatch.exec.lookup import occurrences
+from jsonlbatch.exec.pools import ModelPools, PoolSpec
+from jsonlbatch.exec.progress import Progress
+from jsonlbatch.exec.record import Recorder
+from jsonlbatch.exec.router import Router, ordered_lines
+from jsonlbatch.exec.scan import stat_input
+from jsonlbatch.exec.seams import Seams
+from jsonlbatch.exec.send import Sender, Stop
+from jsonlbatch.exec.server_metrics import compare, keep_servers, scrape_all
+from jsonlbatch.exec.summary import RunSummary
+from jsonlbatch.records import Request, Result, fingerprint
+
+if TYPE_CHECKING:
+    from jsonlbatch.exec.job import Job
+
+
+class Run:
+    """The state of one `Job.run`: queue, workers, sender, recorder, counters."""
+
+    def __init__(
+        self,
+        job: Job,
+        urls: list[str],
+        keys: dict[str, str | None],
+        watchdog: Callable[[], None] | None,
+        handle_signals: bool,
+        seams: Seams,
+    ) -> None:
+        assert job.input is not None and job.existing is not None
+        self.job = job
+        self.opts = opts = job.options
+        self.scan = job.input
+        self.urls = urls
+        self.keys = keys
+        self.watchdog = watchdog
+        self.handle_signals = handle_signals
+        self.seams = seams
+        self.summary = RunSummary(
+            output=job.output,
+            requests=self.scan.total,
+            already_done=self.scan.already_done,
+            failed_before=self.scan.failed_before,
+            pending=len(self.scan.pending),
+        )
+        self.bus = EventBus()
+        self.progress = Progress(len(self.scan.pending), quiet=opts.quiet)
+        if not opts.quiet:
+            self.bus.subscribe(self.progress.on_snapshot, Snapshot)
+            self.bus.subscribe(self.progress.on_answered, Answered)
+        for callback, types in seams.subscribers:
+            self.bus.subscribe(callback, *types)
+        budget = None
+        if opts.price is not None:
+            spent = spent_in_output(job.output, opts.price) if opts.max_cost is not None else 0.0
+            budget = Budget(opts.price, opts.max_cost, spent)
+            self.summary.spent_before = spent
+        self.meter = Meter(RateLimiter(opts.rpm, opts.tpm, learn=opts.rate_limits), budget)
+        self.stopping = asyncio.Event()
+        self.abort: JsonlbatchError | None = None
+        self.signals = 0
+        self._cancel_scheduled = False
+        self.recorder = Recorder(
+            job.output, job.requests, job._lock, self.scan, job.existing, self.summary,
+            self.bus, self.progress.note, opts.changed,
+        )  # fmt: skip
+        self.recorder.on_error = self._stop
+        self.sender: Sender | None = None
+        self.pools: ModelPools | None = None
+        self.model_override: str | None = None
+        self.workers: list[asyncio.Task[None]] = []
+        self.reader: asyncio.Task[None] | None = None
+        self.queue: asyncio.Queue[Request | None] | None = None
+        self.preflight: asyncio.Task[str | None] | None = None
+        self.repeats: dict[str, int] = {}  # custom_id -> occurrence, with a lookup only
+
+    # -- the run -------------------------------------------------------------------------------
+
+    async def main(self) -> RunSummary:
+        started = time.monotonic()
+        specs = list(self.seams.pools or [PoolSpec()])
+        if self.scan.pending and not (self.urls or all(spec.urls for spec in specs)):
+            raise UsageError("no endpoint: give --url (or --serve to launch a server)")
+        # every URL parsed once, before the output is touched; a URL in two pools is one endpoint
+        endpoints: dict[str, Endpoint] = {}
+        for spec in specs:
+            for url in spec.urls or self.urls:
+                if url not in endpoints:
+                    endpoints[url] = parse_endpoint(url)
+                    endpoints[url].launched = url in self.keys
+        if not self.scan.pending:
+            self.recorder.prepare()
+            self.recorder.close()
+            self.progress.note(f"nothing to send: all {self.scan.total} requests have a result")
+            self.summary.wall_s = time.monotonic() - started
+            return self.summary
+        self.summary.endpoints.update({ep.name: 0 for ep in endpoints.values()})  # --url order
+        loop = asyncio.get_running_loop()
+        if self.handle_signals:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, self._on_signal)
+        try:
+            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=4.0, ttl_dns_cache=300)
+            async with aiohttp.ClientSession(
+                connector=connector, trust_env=False, read_bufsize=1 << 20
+            ) as session:
+                await self._run(session, specs, endpoints)
+        finally:
+            if self.handle_signals:
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    loop.remove_signal_handler(sig)
+            self.recorder.close()
+            self._meter_summary()
+            self._snapshot(final=True)
+            self.progress.close()
+            self.summary.wall_s = time.monotonic() - started
+        if self.abort is not None:
+            raise self.abort
+        if self.signals and self.summary.remaining:
+            self.summary.interrupted = True
+            raise Interrupted(
+                f"interrupted: {self.summary.written} results written; run the same command "
+                "again to resume",
+                summary=self.summary,
+            )
+        return self.summary
+
+    async def _run(
+        self, session: aiohttp.ClientSession, specs: list[PoolSpec], by_url: dict[str, Endpoint]
+    ) -> None:
+        make = self.seams.concurrency
+        for ep in by_url.values():
+            ep.controller = make(ep.name) if make else FixedConcurrency(self.opts.concurrency)
+        headers = {
+            ep: (
+                auth_headers(ep, self.keys[url])
+                if url in self.keys
+                else auth_headers(ep, self.opts.api_key, self.opts.headers)
+            )
+            for url, ep in by_url.items()
+        }
+        built = []
+        for spec in specs:
+            eps = [by_url[url] for url in spec.urls or self.urls]
+            pool = EndpointPool(
+                eps, session, headers, ready_timeout=self.opts.ready_timeout,
+                watchdog=self.watchdog, router=Router(eps, self.opts.route_options()),
+            )  # fmt: skip
+            built.append((spec, pool))
+        self.pools = pools = ModelPools(built)
+        if self.opts.model is None:
+            pools.check_models(self.scan.models)
+        endpoints = list(by_url.values())
+        ticker = asyncio.ensure_future(self._tick())
+        syncer = asyncio.ensure_future(self.recorder.sync_every())
+        try:
+            self.preflight = asyncio.ensure_future(
+                preflight(pools, self.opts.model, self.scan.models, self.progress.note)
+            )
+            try:
+                self.model_override = await self.preflight
+            except asyncio.CancelledError:
+                if not self.signals:
+                    raise
+            if not self.stopping.is_set():
+                self.recorder.prepare()  # servers are fine: only now touch the output
+                self.summary.started_at = time.time()
+                self.progress.start()
+                before = await scrape_all(session, endpoints, headers)
+                self.sender = Sender(
+                    self.opts, session, pools, self.meter, self.stopping, self.summary,
+                    self.bus, self.seams.check,
+                )  # fmt: skip
+                await self._send_all()
+                if not self.signals and self.abort is None:
+                    after = await scrape_all(session, endpoints, headers)
+                    self.summary.servers = compare(endpoints, before, after)
+                    if not keep_servers(self.job.output, self.summary):
+                        self.progress.note("cannot keep the servers' metrics")
+        finally:
+            for task in (ticker, syncer):
+                task.cancel()
+            await asyncio.gather(ticker, syncer, return_exceptions=True)
+            await pools.close()
+
+    def _meter_summary(self) -> None:
+        limiter, budget = self.meter.limiter, self.meter.budget
+        self.summary.rate_limited = limiter.rate_limited
+        self.summary.limits = limiter.describe()
+        if budget is not None:
+            self.summary.spent = budget.spent
+
+    async def _send_all(self) -> None:
+        n_workers = min(self.opts.concurrency, len(self.scan.pending))
+        queue: asyncio.Queue[Request | None] = asyncio.Queue(maxsize=2 * n_workers)
+        self.queue = queue
+        if self.seams.store is not None:  # identical requests told apart, in file order
+            self.repeats = occurrences(self.job.source)
+        self.reader = reader = asyncio.ensure_future(self._read(queue, n_workers))
+        self.workers = [asyncio.ensure_future(self._work(queue)) for _ in range(n_workers)]
+        try:
+            done, _ = await asyncio.wait(
+                [reader, *self.workers], return_when=asyncio.FIRST_EXCEPTION
+            )
+            for task in done:
+                if not task.cancelled() and task.exception() is not None:
+                    raise task.exception()  # type: ignore[misc]
+        finally:
+            for task in (reader, *self.workers):
+                task.cancel()
+            await asyncio.gather(reader, *self.workers, return_exceptions=True)
+
+    async def _read(self, queue: asyncio.Queue[Request | None], n_workers: int) -> None:
+        override = self.model_override
+        stat = stat_input(self.job.source)
+        if (stat.st_size, stat.st_mtime_ns) != (self.scan.size, self.scan.mtime_ns):
+            raise InputError(
+                f"{self.job.requests} changed after it was checked; run the command again"
+            )
+        route = self.opts.route_options()
+        for raw in ordered_lines(self.job.source, self.scan.pending, route):
+            obj = orjson.loads(raw)
+            url, body = obj["url"], obj["body"]
+            mark = fingerprint(raw, url, body)  # of the request as the file asks it
+            if override is not None:
+                body["model"] = override
+            await queue.put(Request(obj["custom_id"], url, body, fingerprint=mark))
+            if self.stopping.is_set():
+                break
+        for _ in range(n_workers):
+            await queue.put(None)
+
+    async def _work(self, queue: asyncio.Queue[Request | None]) -> None:
+        sender, store, repeats = self.sender, self.seams.store, self.repeats
+        assert sender is not None
+        while True:
+            request = await queue.get()
+            if request is None or self.stopping.is_set():
+                return
+            try:
+                if store is not None:
+                    occurrence = repeats.get(request.custom_id, 0)
+                    stored = store.lookup(request, occurrence)
+                    if stored is not None:
+                        stored = dataclasses.replace(stored, custom_id=request.custom_id)
+                        self._record(request, stored)
+                        continue
+                result = await sender.send(request)
+                if store is not None:
+                    store.store(request, occurrence, result)
+            except BudgetReached:
+                self._stop_for_budget()
+                return
+            except Stop:
+                return
+            except JsonlbatchError as exc:
+                self._stop(exc)
+                return
+            self._record(request, result)
+
+    def _record(self, request: Request, result: Result) -> None:
+        # last in metrics, where a resume reads it without decoding the line
+        result.metrics["fingerprint"] = request.fingerprint
+        self.recorder.emit(result)
+
+    # -- progress ------------------------------------------------------------------------------
+
+    def _snapshot(self, final: bool = False) -> None:
+        if not self.bus.wants(Snapshot):
+            return
+        status = self.pools.status if self.pools is not None else ""
+        retrying = self.sender.retrying if self.sender is not None and not final else 0
+        self.bus.emit(Snapshot(self.summary, retrying, status, self.meter.status(), final))
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(0.5)
+            self._snapshot()
+
+    # -- stopping ------------------------------------------------------------------------------
+
+    def _stop_for_budget(self) -> None:
+        """--max-cost: send nothing more; requests in flight finish (however long they take)."""
+        if self.summary.budget_stopped or self.stopping.is_set():
+            return
+        self.summary.budget_stopped = True
+        budget = self.meter.budget
+        assert budget is not None
+        self.progress.note(
+            f"budget: ${budget.spent:,.4f} spent and up to ${budget.reserved:,.4f} in flight; the "
+            f"next request could pass --max-cost ${budget.max_cost:,.2f}: sending nothing more"
+        )
+        self._stop(cancel=False)
+
+    def _stop(self, abort: JsonlbatchError | None = None, cancel: bool = True) -> None:
+        """Send nothing more; let requests in flight finish within the grace period (or
+        without a limit, `cancel=False`)."""
+        if abort is not None and self.abort is None:
+            self.abort = abort
+        if self.stopping.is_set():
+            if cancel and not self._cancel_scheduled:  # Ctrl-C after a budget stop
+                self._cancel_scheduled = True
+                asyncio.get_running_loop().call_later(self.opts.grace, self._cancel_workers)
+            return
+        self.stopping.set()
+        if self.preflight is not None and not self.preflight.done():
+            self.preflight.cancel()
+        if self.reader is not None:
+            self.reader.cancel()
+        if self.queue is not None:  # wake idle workers: queued requests stay pending
+            while not self.queue.empty():
+                self.queue.get_nowait()
+            for _ in self.workers:
+                self.queue.put_nowait(None)
+        if cancel or abort is not None:
+            self._cancel_scheduled = True
+            delay = 0.0 if abort is not None else self.opts.grace
+            asyncio.get_running_loop().call_later(delay, self._cancel_workers)
+
+    def _cancel_workers(self) -> None:
+        for task in self.workers:
+            task.cancel()
+
+    def _on_signal(self) -> None:
+        self.signals += 1
+        if self.signals == 1:
+            self.progress.note(
+                f"stopping: no new requests; waiting up to {self.opts.grace:g}s for those in "
+                "flight (Ctrl-C again to stop now)"
+            )
+            self._stop()
+        elif self.signals == 2:
+            self._cancel_workers()
+        else:  # the loop is wedged: leave now; only whole lines were ever written
+            self.recorder.flush()
+            os._exit(130)
