@@ -7,7 +7,7 @@ import random
 import pytest
 
 from jsonlbatch.errors import UsageError
-from jsonlbatch.exec import scan
+from jsonlbatch.exec import resume, scan
 from jsonlbatch.exec.endpoints import auth_headers, parse_endpoint
 from jsonlbatch.exec.retry import Backoff, Verdict, classify, parse_retry_after
 from jsonlbatch.idset import IdSet
@@ -69,7 +69,7 @@ def test_idset_membership_and_duplicates():
 def test_scan_output_reads_ids_and_outcomes_of_every_line_shape(tmp_path, monkeypatch):
     """Own lines are read from their fixed places (in batches); every other shape is decoded.
     Both ways must agree on which ids succeeded and which only failed."""
-    monkeypatch.setattr(scan, "_BATCH", 2)  # exercise the batched hashing
+    monkeypatch.setattr(resume, "BATCH_LINES", 2)  # exercise the batched hashing
     vllm_line = (
         b'{"id": "vllm-1", "custom_id": "theirs", "response": {"status_code": 200, '
         b'"request_id": "r", "body": {}}, "error": null}\n'
@@ -86,8 +86,8 @@ def test_scan_output_reads_ids_and_outcomes_of_every_line_shape(tmp_path, monkey
         Result("ok-2", 201, {}).to_line(),
         Result("ok-3", 200, {}).to_line()[:-20],  # torn last line
     ]
-    assert scan._OWN_LINE.match(lines[0]) and scan._OWN_LINE.match(lines[1])
-    assert not scan._OWN_LINE.match(lines[3]) and scan._OWN_LINE.match(lines[4])
+    assert resume._OWN_LINE.match(lines[0]) and resume._OWN_LINE.match(lines[1])
+    assert not resume._OWN_LINE.match(lines[3]) and resume._OWN_LINE.match(lines[4])
     path = tmp_path / "out.jsonl"
     path.write_bytes(b"".join(lines))
     found = scan.scan_output(path)
