@@ -1,9 +1,11 @@
 """Replicas placed by Ray (`--ray`, `--ray-address`), against a real local Ray cluster.
 
 The tier `pytest -m ray` (run by .ci/run after the default suite): one Ray head for the module,
-started here on the loopback address with 4 declared GPUs on this CPU-only machine, and the
-stand-in vLLM and SGLang servers (tests/standins) as replicas. Every test checks that no server,
-reaper or actor process survives it, and that the cluster's GPUs are all free again.
+started here on the loopback address with 4 declared GPUs on this CPU-only machine and token
+authentication (a token file of the module's own, never ~/.ray), and the stand-in vLLM and
+SGLang servers (tests/standins) as replicas. The drivers get the token but not the mode: they
+read it from the cluster. Every test checks that no server, reaper or actor process survives
+it, and that the cluster's GPUs are all free again.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,8 +26,9 @@ from standins.harness import Standins, standin_session, tagged_pids, wait_no_sur
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'jsonlbatch[ray]'")
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300, method="thread")]
-RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "token",
-           "RAY_USAGE_STATS_ENABLED": "0"}  # fmt: skip
+RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+AUTH_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+_TOKEN: list[str] = []  # the module's token file, for _ray_python
 
 
 def _free_port() -> int:
@@ -35,23 +39,35 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+@pytest.fixture(scope="module")
+def token(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The cluster's token file (RAY_AUTH_TOKEN_PATH), made here: a fresh machine has none."""
+    path = tmp_path_factory.mktemp("token") / "auth_token"
+    path.write_text(uuid.uuid4().hex + uuid.uuid4().hex)
+    path.chmod(0o600)
+    _TOKEN[:] = [str(path)]
+    return str(path)
+
+
 def _ray_python(address: str, code: str, timeout: float = 90) -> str:
     """Run `code` in a fresh driver joined to the cluster; its stdout."""
     prelude = f"import ray\nray.init(address={address!r}, log_to_driver=False)\n"
+    auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": _TOKEN[0]}
     done = subprocess.run(
         [sys.executable, "-c", prelude + code],
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={**os.environ, **RAY_ENV},
+        env={**os.environ, **RAY_ENV, **auth},
     )
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A Ray head on 127.0.0.1 with 4 declared GPUs; its whole process group goes at the end."""
+def cluster(tmp_path_factory: pytest.TempPathFactory, token: str) -> Iterator[str]:
+    """A Ray head on 127.0.0.1 with 4 declared GPUs and token authentication; its whole process
+    group goes at the end."""
     port = _free_port()
     home = tmp_path_factory.mktemp("ray")
     log = home / "head.log"
@@ -60,7 +76,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
              f"--port={port}", "--num-gpus=4", "--num-cpus=2", "--include-dashboard=false",
              "--disable-usage-stats"],
-            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **RAY_ENV},
+            stdout=out, stderr=subprocess.STDOUT,
+            env={**os.environ, **RAY_ENV, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": token},
             start_new_session=True, cwd=home,  # the workers' cwd: never the work tree
         )  # fmt: skip
     address = f"127.0.0.1:{port}"
@@ -85,9 +102,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture(autouse=True)
-def standins(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Standins]:
+def standins(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, token: str) -> Iterator[Standins]:
     for name, value in RAY_ENV.items():
         monkeypatch.setenv(name, value)
+    for name in AUTH_VARS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", token)  # the token, not the mode: that is read
     # forwarded to the replicas' actors (JSONLBATCH_* and server settings go by default)
     monkeypatch.setenv("JSONLBATCH_RAY_ENV", "PATH,PYTHONPATH,PYTHONUNBUFFERED,STANDIN_RECORD")
     yield from standin_session(monkeypatch, tmp_path)
@@ -198,17 +218,51 @@ def test_sigkill_of_the_driver_leaves_no_server_and_no_reserved_gpu(
     assert 0 < done < 400  # killed mid-run; the same command would resume
 
 
-def test_a_laptop_gets_a_local_cluster_that_goes_with_the_run(standins: Standins) -> None:
-    """`--ray` without an address: a one-machine cluster on 127.0.0.1, torn down at the end."""
+def _fresh_machine(standins: Standins) -> dict[str, str]:
+    """The environment of a machine that never ran Ray: an empty HOME (no ~/.ray, no token),
+    no cluster address, no authentication settings."""
+    home = standins.tmp / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in (*AUTH_VARS, "RAY_ADDRESS")}
+    return {**env, "HOME": str(home), "XDG_CACHE_HOME": str(home / ".cache"),
+            "XDG_CONFIG_HOME": str(home / ".config")}  # fmt: skip
+
+
+def test_a_fresh_laptop_gets_a_local_cluster_that_goes_with_the_run(standins: Standins) -> None:
+    """`--ray` without an address on a machine where ~/.ray never existed: a one-machine cluster
+    on 127.0.0.1 with a token of its own (Ray refuses a token-mode head without one), torn down
+    at the end with its token."""
     requests, output = standins.tmp / "req.jsonl", standins.tmp / "resp.jsonl"
     write_requests(requests, 10)
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env = _fresh_machine(standins)
     done = subprocess.run(
-        _cli("exec", str(requests), "-o", str(output), "--serve", "mock", "--dp-size", "2",
+        _cli("exec", str(requests), "-o", str(output), "--serve", "mock", "--dp-size", "3",
              "--dp-mode", "replicas", "--ray"),
         capture_output=True, text=True, timeout=240, env=env,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert "starting a local Ray cluster" in done.stderr
-    assert len(read_results(output)) == 10
+    results = read_results(output)
+    assert len(results) == 10 and all(r["error"] is None for r in results.values())
+    assert len({r["metrics"]["endpoint"] for r in results.values()}) == 3
     assert wait_no_survivors(standins.tag, timeout=60) == []  # the head ran under our reaper
+    assert not (Path(env["HOME"]) / ".ray" / "auth_token").exists()
+
+
+def test_a_cluster_that_wants_a_token_the_driver_lacks_is_named(
+    cluster: str, standins: Standins
+) -> None:
+    requests = standins.tmp / "req.jsonl"
+    write_requests(requests, 2, model="M")
+    done = subprocess.run(
+        _cli("exec", str(requests), "-o", str(standins.tmp / "resp.jsonl"), "--serve", "vllm",
+             "--model-path", "M", "--dp-size", "2", "--dp-mode", "replicas",
+             "--ray-address", cluster),
+        capture_output=True, text=True, timeout=120, env=_fresh_machine(standins),
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert f"the Ray cluster at {cluster} uses token authentication and this driver has no " in (
+        done.stderr
+    )
+    assert "RAY_AUTH_TOKEN_PATH" in done.stderr and "Traceback" not in done.stderr
+    assert standins.records() == [] and not (standins.tmp / "resp.jsonl").exists()

@@ -38,6 +38,7 @@ from jsonlbatch.serve.launch import (
     log_paths,
     stop_all,
 )
+from jsonlbatch.serve.rayauth import RayAuth
 
 #: Settings of the servers themselves, forwarded from the driver to every replica's actor.
 FORWARDED_PREFIXES = (
@@ -76,9 +77,6 @@ def _is_loopback(address: str | None) -> bool:
 def _ray(loopback: bool = False) -> Any:
     if loopback and "ray" not in sys.modules:  # read once, when Ray is imported
         os.environ.setdefault(LOOPBACK_ONLY_ENV, "0")
-        # Ray's token authentication (~/.ray/auth_token), said alike to a head started here and
-        # to this driver: Ray's default differs between `ray start` and a driver that joins
-        os.environ.setdefault("RAY_AUTH_MODE", "token")
     return load("ray", extra="ray", for_what="--ray")
 
 
@@ -272,6 +270,7 @@ class RayServers(Servers):
                          quiet=quiet)  # fmt: skip
         self._joined = False
         self._head: ServerProcess | None = None  # the local cluster this run started
+        self._auth = RayAuth()  # token authentication: a local head's own token, or read
 
     @property
     def replicas(self) -> list[RayReplica]:
@@ -316,6 +315,8 @@ class RayServers(Servers):
         deadline = time.monotonic() + min(self.options.ready_timeout, 300.0)
         if not address:
             address = self._start_local_head()
+        else:
+            self._auth.join(address)
         while True:
             try:
                 ray.init(address=address, log_to_driver=False, configure_logging=False)
@@ -347,6 +348,7 @@ class RayServers(Servers):
         self.note(
             f"starting a local Ray cluster (log: {self._head.log_path}; --ray-address joins one)"
         )
+        self._auth.start_local()
         self._head.start()
         return f"127.0.0.1:{port}"
 
@@ -423,3 +425,4 @@ class RayServers(Servers):
                     ray.shutdown()
             if self._head is not None:
                 stop_all([self._head], grace=5.0)
+            self._auth.close()
