@@ -22,6 +22,7 @@ _PACKAGES = {
     "docx": "python-docx",
     "pptx": "python-pptx",
     "fpdf": "fpdf2",
+    "prometheus_client": "prometheus-client",
 }
 
 

@@ -38,8 +38,9 @@ ALLOWED = {
     # Both sides of the Batch API run on exec: the server's batches go through exec.Job (same
     # retries, exactly-once resume), the client reuses exec's input scan, endpoints and backoff.
     "batchapi": {"exec"},
-    # The viewer shows the report's headline and charts for the files it serves.
-    "view": {"report"},
+    # The viewer shows the report's headline and charts for the files it serves, and reads a
+    # live run through exec's event stream (exec --view, --metrics-port).
+    "view": {"report", "exec"},
 }
 
 

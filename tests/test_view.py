@@ -4,13 +4,15 @@ process answering over 127.0.0.1."""
 from __future__ import annotations
 
 import json
+import select
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from batchutil import cli
+from batchutil import cli, start_cli
 from viewutil import ViewProcess, response_line, write_requests, write_run
 
 from jsonlbatch.cost import Price
@@ -175,4 +177,84 @@ def test_the_api_is_read_only_and_checks_the_host(viewer: tuple[ViewProcess, Pat
 def test_view_refuses_a_missing_file(tmp_path: Path) -> None:
     result = cli("view", str(tmp_path / "nope.jsonl"))
     assert result.returncode == 2 and "nope.jsonl" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def _read_until(proc: object, marker: str, timeout: float = 60.0) -> str:
+    """The first stderr line of a running CLI process that holds `marker`."""
+    deadline = time.monotonic() + timeout
+    stream = proc.stderr  # type: ignore[attr-defined]
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([stream], [], [], 0.2)
+        if ready:
+            line = stream.readline()
+            if marker in line:
+                return line
+            if not line and proc.poll() is not None:  # type: ignore[attr-defined]
+                break
+    raise AssertionError(f"no {marker!r} line")
+
+
+def _prometheus(url: str) -> dict[str, float]:
+    with urllib.request.urlopen(url, timeout=30) as response:
+        text = response.read().decode()
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            samples[name] = float(value)
+    return samples
+
+
+def test_exec_view_and_metrics_follow_a_live_run(tmp_path: Path) -> None:
+    pytest.importorskip("prometheus_client")
+    from conftest import free_port
+
+    requests = write_requests(tmp_path / "requests.jsonl", 30)
+    out = tmp_path / "out.jsonl"
+    metrics_port = free_port()
+    run = start_cli(
+        "exec", str(requests), "-o", str(out), "--serve", "mock", "--server-arg=--latency=0.15",
+        "--server-arg=--fail-rate=0.2", "-c", "2", "--max-retries", "0", "--view",
+        "--metrics-port", str(metrics_port), "--quiet",
+    )  # fmt: skip
+    view_url = _read_until(run, "view: ").split("view: ")[1].split()[0]
+    assert view_url.startswith("http://127.0.0.1:")
+    seen: list[int] = []
+    for _ in range(300):  # bounded: about a minute at most
+        _, live = _get(view_url + "api/live")
+        if live["run"] and live["run"].get("total"):
+            assert live["run"]["total"] == 30
+            seen.append(live["run"]["written"])
+            if seen[-1] >= 10:
+                break
+        time.sleep(0.2)
+    assert seen and seen[-1] >= 10 and len(set(seen)) > 1, seen
+    assert live["files"][0]["lines"] >= 1  # the page indexes the output as it grows
+
+    samples = _prometheus(f"http://127.0.0.1:{metrics_port}/metrics")
+    ok = samples.get('jsonlbatch_requests_total{outcome="ok"}', 0.0)
+    failed = samples.get('jsonlbatch_requests_total{outcome="failed"}', 0.0)
+    assert 10 <= ok + failed <= 30
+    assert failed == sum(v for k, v in samples.items() if k.startswith("jsonlbatch_failures_total"))
+    assert samples["jsonlbatch_request_latency_seconds_count"] == ok
+    assert (
+        sum(v for k, v in samples.items() if k.startswith("jsonlbatch_attempts_total"))
+        >= ok + failed
+    )
+    assert samples["jsonlbatch_requests_total_in_job"] == 30
+    assert samples['jsonlbatch_tokens_total{kind="completion"}'] > 0
+
+    assert run.wait(120) in (0, 3)  # 3: some requests failed, as the mock was told to
+    ids = [json.loads(x)["custom_id"] for x in out.read_text().splitlines()]
+    assert sorted(ids) == [f"task-{i:05d}" for i in range(30)]
+    with pytest.raises(OSError):  # the page and the metrics went with the run
+        urllib.request.urlopen(view_url + "api/files", timeout=5)
+
+
+def test_exec_view_is_refused_with_the_batch_api(tmp_path: Path) -> None:
+    requests = write_requests(tmp_path / "requests.jsonl", 2)
+    result = cli("exec", str(requests), "-o", str(tmp_path / "o.jsonl"), "--batch-api",
+                 "--url", "http://127.0.0.1:9/v1", "--view")  # fmt: skip
+    assert result.returncode != 0 and "--view" in result.stderr
     assert "Traceback" not in result.stderr

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from jsonlbatch.cli.batch_options import batch_api_options, pop_batch_kwargs, run_batch_api
+from jsonlbatch.cli.exec_watch import add_watch_options, pop_watch_kwargs, watching
 from jsonlbatch.cli.params import (
     COUNT,
     COUNT_OR_ZERO,
@@ -23,6 +24,7 @@ from jsonlbatch.cost import parse_price
 from jsonlbatch.errors import Interrupted, UsageError
 from jsonlbatch.exec.job import ExecOptions, Job, run_coroutine
 from jsonlbatch.exec.router import POLICIES, RouteOptions
+from jsonlbatch.exec.seams import Seams
 from jsonlbatch.exec.shard import parse_shard
 from jsonlbatch.exec.summary import RunSummary
 from jsonlbatch.redact import register_secret
@@ -212,6 +214,7 @@ def parse_headers(values: tuple[str, ...]) -> dict[str, str]:
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or notes; errors only.")
 @serve_options
 @batch_api_options
+@add_watch_options
 def exec_(
     requests: str,
     output: str,
@@ -233,6 +236,11 @@ def exec_(
     if requests == "-":  # read once into a temporary file, like any other pipe
         requests = "/dev/stdin"
     batch = pop_batch_kwargs(kwargs)
+    watch = pop_watch_kwargs(kwargs)
+    if (watch["view"] or watch["metrics_port"] is not None) and (batch["batch_api"] or dry_run):
+        raise UsageError(
+            "--view and --metrics-port watch a direct run: not with --batch-api or --dry-run"
+        )
     if batch["batch_api"]:
         if shard:
             raise UsageError("--shard does not go with --batch-api")
@@ -252,7 +260,10 @@ def exec_(
     )
     # The block releases the output's lock (and removes its file) however the run ends, also
     # when a launched server cannot even start (a busy --port).
-    with Job(requests, output, options) as job:
+    with (
+        watching(watch, output=output, requests=requests, price=options.price) as subscribers,
+        Job(requests, output, options, seams=Seams(subscribers=subscribers)) as job,
+    ):
         if dry_run:
             from jsonlbatch.exec.dryrun import dry_run as count
 

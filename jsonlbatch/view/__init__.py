@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
+import threading
 import webbrowser
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from aiohttp import web
 from jsonlbatch.cost import Price
 from jsonlbatch.errors import UsageError
 from jsonlbatch.view.index import LineIndex
+from jsonlbatch.view.live import LiveState, PrometheusExporter
 from jsonlbatch.view.query import Query, Searcher
 from jsonlbatch.view.server import LiveSource, Viewer
 
@@ -83,6 +85,64 @@ async def viewing(paths: Sequence[str], **kwargs: object) -> AsyncIterator[Runni
         await running.runner.cleanup()
 
 
+class BackgroundViewer:
+    """The viewer on a thread of its own, with its own event loop: how `exec --view` shows a
+    run while the run's loop does nothing but send. `close()` stops it."""
+
+    def __init__(
+        self,
+        paths: Sequence[str],
+        *,
+        requests: Sequence[str] = (),
+        host: str = "127.0.0.1",
+        port: int = 0,
+        price: Price | None = None,
+        live: LiveState | None = None,
+    ) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self._error: BaseException | None = None
+        self.url = ""
+
+        async def main() -> None:
+            self._stop = asyncio.Event()
+            try:
+                running = await start_viewer(
+                    paths, requests=requests, host=host, port=port, price=price, live=live
+                )
+            except BaseException as exc:
+                self._error = exc
+                self._ready.set()
+                return
+            self.url = running.url
+            watcher = asyncio.create_task(live.watch_servers()) if live is not None else None
+            self._ready.set()
+            try:
+                await self._stop.wait()
+            finally:
+                if watcher is not None:
+                    watcher.cancel()
+                await running.runner.cleanup()
+
+        self._thread = threading.Thread(
+            target=self._loop.run_until_complete,
+            args=(main(),),
+            name="jsonlbatch-view",
+            daemon=True,
+        )
+        self._thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            self._thread.join()
+            raise self._error
+
+    def close(self) -> None:
+        if self._thread.is_alive() and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+            self._thread.join(timeout=10)
+
+
 def serve_viewer(
     paths: Sequence[str],
     *,
@@ -110,8 +170,11 @@ def serve_viewer(
 
 
 __all__ = [
+    "BackgroundViewer",
     "LineIndex",
     "LiveSource",
+    "LiveState",
+    "PrometheusExporter",
     "Query",
     "RunningViewer",
     "Searcher",

@@ -92,13 +92,17 @@ def _verdict(obj: dict[str, Any], metrics: dict[str, Any]) -> int:
     return VERDICT_NONE
 
 
+def _mapping(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
 def summarize(obj: Any, price: Price | None = None) -> Summary | None:
     """The table's view of one decoded response line; None for a line that is not one."""
     if not isinstance(obj, dict) or not isinstance(obj.get("custom_id"), str):
         return None
-    metrics = obj.get("metrics") if isinstance(obj.get("metrics"), dict) else {}
-    response = obj.get("response") if isinstance(obj.get("response"), dict) else {}
-    body = response.get("body") if isinstance(response.get("body"), dict) else {}
+    metrics = _mapping(obj.get("metrics"))
+    response = _mapping(obj.get("response"))
+    body = _mapping(response.get("body"))
     status = response.get("status_code")
     ok = "response" in obj and not is_failure(obj)
     error = obj.get("error")

@@ -188,14 +188,15 @@ class Searcher:
     def _sort_key(self, name: str, desc: bool) -> Callable[[int], Any]:
         """A C-speed key (a list's `__getitem__`) where unknown values come last either way."""
         index = self.index
-        column = {
+        columns: dict[str, array[Any]] = {
             "latency": index.latency,
             "ttft": index.ttft,
             "tokens": index.completion,
             "prompt": index.prompt,
             "cost": index.cost,
             "status": index.status,
-        }[name]
+        }
+        column = columns[name]
         cached = self._keys.get((name, desc))
         if cached is None or cached[0] != index.version:
             missing = -math.inf if desc else math.inf

@@ -143,7 +143,7 @@ class Viewer:
         app.router.add_get("/api/compare", self._compare)
         app.router.add_get("/api/live", self._live)
         app.router.add_get("/report", self._report)
-        app.router.add_get("/favicon.ico", lambda request: web.Response(status=204))
+        app.router.add_get("/favicon.ico", _no_icon)
         app.on_startup.append(self._start)
         app.on_cleanup.append(self._stop)
         return app
@@ -306,6 +306,10 @@ class Viewer:
             html = f"<p>No report: {_escape(redact(str(exc)))}</p>"
         return web.Response(text=html, content_type="text/html",
                             headers={"Content-Security-Policy": _REPORT_CSP})  # fmt: skip
+
+
+async def _no_icon(request: web.Request) -> web.Response:
+    return web.Response(status=204)
 
 
 def _counts(column: Any) -> dict[int, int]:
