@@ -6,13 +6,14 @@ from __future__ import annotations
 import gc
 import socket
 import time
+import warnings
 
 import pytest
 from batchutil import exec_cli, read_results, start_cli, write_requests
 from conftest import free_port
 
-from jsonlbatch import execute
-from jsonlbatch.errors import OutputError, ServerUnavailableError
+from jsonlbatch import aexecute, execute
+from jsonlbatch.errors import OutputError, ServerUnavailableError, UsageError
 from jsonlbatch.exec.job import ExecOptions, Job
 
 
@@ -109,3 +110,19 @@ def test_a_pinned_mock_name_still_refuses_other_models(tmp_path, mock_server):
     assert proc.returncode != 0
     assert "'Qwen/Qwen3-8B' (2 requests use it) is not served" in proc.stderr
     assert "it serves: pinned" in proc.stderr
+
+
+async def test_execute_inside_a_running_loop_says_to_await_aexecute(tmp_path, mock_server):
+    """Issue 26: in Jupyter (a loop already runs) execute() failed with asyncio's "Cannot run
+    the event loop while another loop is running" and never-awaited warnings."""
+    url = mock_server()
+    requests, out = tmp_path / "req.jsonl", tmp_path / "out.jsonl"
+    write_requests(requests, 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a never-awaited coroutine would fail the test
+        with pytest.raises(UsageError, match=r"await jsonlbatch\.aexecute\(\.\.\.\)"):
+            execute(requests, out, urls=[url], quiet=True)
+        gc.collect()
+    assert not out.exists() and _lock_files(tmp_path) == []
+    summary = await aexecute(requests, out, urls=[url], quiet=True)  # the advice works
+    assert summary.succeeded == 3

@@ -110,7 +110,8 @@ def submit(
     on Ctrl-C, leaving the batches running; the same call again resumes."""
     from jsonlbatch.exec.job import run_coroutine
 
-    return run_coroutine(Submitter(requests, output, options).run())
+    run = Submitter(requests, output, options).run()
+    return run_coroutine(run, ("jsonlbatch.batchapi.submit", "Submitter(...).run"))
 
 
 class Submitter:

@@ -223,6 +223,7 @@ def execute(
     `seams` plugs in checks, a store, pools or listeners (exec/seams.py).
     Raises `Interrupted` (with `.summary`) on Ctrl-C; re-running with the same arguments resumes.
     """
+    refuse_running_loop("jsonlbatch.execute", "jsonlbatch.aexecute")  # before the output lock
     job = Job(requests, output, ExecOptions(**options), seams=seams)
     job.prepare()
     return run_coroutine(job.run(watchdog=watchdog, handle_signals=handle_signals))
@@ -242,8 +243,31 @@ async def aexecute(
     return await job.run(watchdog=watchdog)
 
 
-def run_coroutine(coro: Coroutine[Any, Any, _T]) -> _T:
-    """Run on uvloop when it is installed (about a sixth faster here), else on asyncio's loop."""
+def refuse_running_loop(blocking: str, awaitable: str) -> None:
+    """A blocking call made where an event loop already runs (a Jupyter notebook, an async
+    application) cannot start its own loop: say what to call instead, before anything starts."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    raise UsageError(
+        f"{blocking}() cannot run inside a running event loop (a Jupyter notebook runs one): "
+        f"use `await {awaitable}(...)` with the same arguments, or call {blocking}() in a "
+        "worker thread"
+    )
+
+
+def run_coroutine(
+    coro: Coroutine[Any, Any, _T], names: tuple[str, str] = ("run_coroutine", "the coroutine")
+) -> _T:
+    """Run on uvloop when it is installed (about a sixth faster here), else on asyncio's loop.
+    `names` (the blocking call, its awaitable twin) go into the message when a loop already
+    runs; the coroutine is then closed, so no "never awaited" warning follows the message."""
+    try:
+        refuse_running_loop(*names)
+    except UsageError:
+        coro.close()
+        raise
     try:
         import uvloop
 
