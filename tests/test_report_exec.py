@@ -103,3 +103,36 @@ def test_report_of_a_streamed_exec_run(tmp_path: Path, mock_server: Callable[...
     tpots = [line["metrics"]["tpot_s"] for line in lines.values() if "tpot_s" in line["metrics"]]
     assert run["latency"]["tpot"]["count"] == len(tpots) > 0
     assert run["sla"][0]["judged"] == N
+
+
+def test_report_of_a_resumed_file_counts_only_the_time_spent_sending(
+    tmp_path: Path, mock_server: Callable[..., str]
+) -> None:
+    """Issue 26: a file resumed later showed the wall time from the first run's first send to
+    the last run's last answer (304 s for 3 s of work). exec marks each run's lines."""
+    url = mock_server(latency=0.02)
+    requests, responses = tmp_path / "requests.jsonl", tmp_path / "responses.jsonl"
+    _requests(requests)
+    part = tmp_path / "part.jsonl"
+    part.write_bytes(b"".join(requests.read_bytes().splitlines(keepends=True)[:10]))
+    for source in (part, requests):  # the second run resumes: 10 done, 20 to send
+        done = cli("exec", str(source), "-o", str(responses), "--url", url, "-q")
+        assert done.returncode == 0, done.stderr
+    lines = list(read_results(responses).values())
+    windows: dict[str, list[float]] = {}
+    for line in lines:
+        m = line["metrics"]
+        a, b = windows.setdefault(m["run"], [m["start_time"], 0.0]), m["start_time"]
+        a[0], a[1] = min(a[0], b), max(a[1], b + m["latency_s"])
+    assert len(windows) == 2
+    sending = sum(b - a for a, b in windows.values())
+    run = _report(str(responses))["runs"][0]
+    assert run["runs"] == 2
+    assert run["wall_s"] == pytest.approx(sending)
+    # the second exec's start-up lies between the runs: it is no part of the time sending
+    assert run["wall_s"] < run["end_time"] - run["start_time"]
+    assert run["requests_per_s"] == pytest.approx(N / sending)
+    text = cli("report", str(responses))
+    assert "responses.jsonl spans 2 runs of exec" in text.stdout
+    html = cli("report", str(responses), "--format", "html", "-o", str(tmp_path / "r.html"))
+    assert html.returncode == 0, html.stderr

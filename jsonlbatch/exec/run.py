@@ -97,6 +97,7 @@ class Run:
         self.sender: Sender | None = None
         self.pools: ModelPools | None = None
         self.model_override: str | None = None
+        self.run_id = os.urandom(4).hex()  # marks this run's lines (metrics.run)
         self.workers: list[asyncio.Task[None]] = []
         self.reader: asyncio.Task[None] | None = None
         self.queue: asyncio.Queue[Request | None] | None = None
@@ -288,6 +289,8 @@ class Run:
             self._record(request, result)
 
     def _record(self, request: Request, result: Result) -> None:
+        # which run wrote the line: report tells the runs of a resumed file apart
+        result.metrics["run"] = self.run_id
         # last in metrics, where a resume reads it without decoding the line
         result.metrics["fingerprint"] = request.fingerprint
         self.recorder.emit(result)

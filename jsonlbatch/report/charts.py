@@ -10,10 +10,11 @@ no global backend state and needs no display.
 
 from __future__ import annotations
 
+import bisect
 import io
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -139,6 +140,20 @@ def bin_width(span_s: float, completions: int) -> float:
     return next((w for w in _NICE_WIDTHS if w >= wanted), math.ceil(wanted / 3600) * 3600.0)
 
 
+def sending_clock(windows: list[tuple[float, float]]) -> Callable[[float], float]:
+    """Wall-clock time -> seconds spent sending: the runs' windows laid end to end, so a
+    resumed file's idle days do not flatten its chart."""
+    starts = [a for a, _ in windows]
+    before = list(itertools.accumulate((b - a for a, b in windows), initial=0.0))
+
+    def offset(t: float) -> float:
+        i = max(0, bisect.bisect_right(starts, t) - 1)
+        a, b = windows[i]
+        return before[i] + min(max(t - a, 0.0), b - a)
+
+    return offset
+
+
 def _throughput(figure: Any, report: Report) -> list[Chart]:
     timed = [
         (data, run)
@@ -156,10 +171,11 @@ def _throughput(figure: Any, report: Report) -> list[Chart]:
         # sliver of a bin would turn a few completions into a spike.
         bins = max(1, int(run.wall_s / width + 0.5))
         done, tokens = [0] * bins, [0.0] * bins
+        offset = sending_clock(run.windows)
         for end, count in zip(data.columns["end"], data.columns["completion"], strict=True):
             if math.isnan(end):
                 continue
-            slot = min(bins - 1, max(0, int((end - run.start_time) / width)))
+            slot = min(bins - 1, max(0, int(offset(end) / width)))
             done[slot] += 1
             tokens[slot] += 0.0 if math.isnan(count) else count
         edges = [k * width for k in range(bins)] + [run.wall_s]
@@ -176,14 +192,17 @@ def _throughput(figure: Any, report: Report) -> list[Chart]:
             )
             if mean:
                 ax.axhline(mean, color=color, linestyle=":", linewidth=1.2)
+            for a, _ in run.windows[1:]:  # where a resumed run took over
+                ax.axvline(offset(a), color=color, linestyle="--", linewidth=0.8, alpha=0.6)
     note = f"completed per {format_duration(width)}; dotted: the run's mean"
+    resumed = "; dashed: a resumed run starts" if any(len(r.windows) > 1 for _, r in timed) else ""
     charts = []
     for fig, ax, title in (
         (req_fig, req_ax, "Requests/s"),
         (tok_fig, tok_ax, "Output tokens/s"),
     ):
         ax.set_title(title)
-        ax.set_xlabel(f"seconds since the run started ({note})")
+        ax.set_xlabel(f"seconds spent sending ({note}{resumed})")
         ax.set_xlim(0, span)
         ax.set_ylim(bottom=0)
         _legend(fig, ax, many)

@@ -57,6 +57,7 @@ class _Line:
     completion: float
     reasoning: float
     finish_reasons: list[str]
+    run: str | None = None  # exec's mark of the run that wrote the line (metrics.run)
 
 
 @dataclass
@@ -79,6 +80,8 @@ class RunData:
     reasoning_tokens: int = 0
     first_start: float = math.inf
     last_end: float = -math.inf
+    #: exec's run mark (None: unmarked lines) -> [first attempt start, last attempt end]
+    run_windows: dict[str | None, list[float]] = field(default_factory=dict)
     itl_gap_sum: float = 0.0
     itl_gaps: int = 0
     torn_tail: bool = False
@@ -100,6 +103,12 @@ class RunData:
                 self.first_start = line.start
             if end > self.last_end:
                 self.last_end = end
+            window = self.run_windows.get(line.run)
+            if window is None:
+                self.run_windows[line.run] = [line.start, end]
+            else:
+                window[0] = min(window[0], line.start)
+                window[1] = max(window[1], end)
         if not isnan(line.prompt):
             self.prompt_tokens += int(line.prompt)
         if not isnan(line.completion):
@@ -305,6 +314,7 @@ def _parse(obj: Any, path: str, number: int, problems: list[Problem]) -> _Line |
         completion=completion,
         reasoning=_usage_number(num("reasoning_tokens"), reasoning_tokens(usage)),
         finish_reasons=reasons,
+        run=str(metrics["run"]) if isinstance(metrics.get("run"), str) else None,
     )
 
 

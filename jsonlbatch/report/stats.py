@@ -1,7 +1,8 @@
 """The numbers of a report, computed from loaded run data.
 
 Definitions follow the vLLM and SGLang serving benchmarks, so figures can be set beside theirs:
-throughput is over the run's wall window (first attempt start to last attempt end), TPOT is
+throughput is over the time spent sending (first attempt start to last attempt end of each run of
+exec that wrote the file, summed: a resumed file's idle gaps are left out), TPOT is
 `(e2e - ttft) / (completion_tokens - 1)`, goodput is requests meeting every SLA per second.
 Percentiles interpolate linearly between closest ranks (numpy's default); `std` is the
 population standard deviation (numpy's default, ddof=0). Failed requests count in the outcome
@@ -97,7 +98,9 @@ class RunStats:
     reasoning_tokens: int
     start_time: float | None
     end_time: float | None
-    wall_s: float | None
+    wall_s: float | None  # time spent sending: the runs' windows summed, not the gaps between
+    runs: int  # runs of exec the file spans (a resumed file: several; unmarked lines: one)
+    windows: list[tuple[float, float]]  # the runs' sending windows, in time order, disjoint
     requests_per_s: float | None
     output_tokens_per_s: float | None
     total_tokens_per_s: float | None
@@ -117,18 +120,32 @@ class RunStats:
         return self.truncated / self.choices if self.choices else None
 
 
+def sending_windows(data: RunData) -> list[tuple[float, float]]:
+    """The windows in which the file's runs were sending (first attempt start to last attempt
+    end of each run exec marked; overlaps merged), in time order. A resumed file's runs are
+    apart by however long nobody ran it: that time is no part of its throughput."""
+    spans = sorted((a, b) for a, b in data.run_windows.values() if b >= a)
+    merged: list[tuple[float, float]] = []
+    for a, b in spans:
+        if merged and a <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(b, merged[-1][1]))
+        else:
+            merged.append((a, b))
+    return merged
+
+
 def summarize(
     data: RunData,
     *,
     sla: Sequence[Sla] = (),
     price: Price | None = None,
-    window: tuple[float, float] | None = None,
+    windows: list[tuple[float, float]] | None = None,
 ) -> RunStats:
-    """Compute the stats of a run; `window` overrides its wall window (for groups, whose
+    """Compute the stats of a run; `windows` override its sending windows (for groups, whose
     throughput is their share of the whole run's)."""
-    if window is None and data.last_end >= data.first_start:
-        window = (data.first_start, data.last_end)
-    wall = window[1] - window[0] if window is not None else None
+    if windows is None:
+        windows = sending_windows(data)
+    wall = sum(b - a for a, b in windows) if windows else None
     cols = data.columns
 
     def rate(count: float) -> float | None:
@@ -153,9 +170,11 @@ def summarize(
         prompt_tokens=data.prompt_tokens,
         completion_tokens=data.completion_tokens,
         reasoning_tokens=data.reasoning_tokens,
-        start_time=window[0] if window else None,
-        end_time=window[1] if window else None,
+        start_time=windows[0][0] if windows else None,
+        end_time=windows[-1][1] if windows else None,
         wall_s=wall,
+        runs=len(data.run_windows) or 1,
+        windows=windows,
         requests_per_s=rate(data.succeeded),
         output_tokens_per_s=rate(data.completion_tokens),
         total_tokens_per_s=rate(data.prompt_tokens + data.completion_tokens),
@@ -171,7 +190,7 @@ def summarize(
     )
     for key, groups in data.groups.items():
         stats.breakdown[key] = {
-            value: summarize(group, sla=sla, price=price, window=window)
+            value: summarize(group, sla=sla, price=price, windows=windows)
             for value, group in sorted(groups.items())
         }
     return stats

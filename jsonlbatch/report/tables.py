@@ -101,7 +101,7 @@ def headline(report: Report) -> Table:
     rows: list[tuple[str, str, Callable[[RunStats], Any], str | None]] = [
         ("requests ok", "count", lambda r: r.succeeded, "higher"),
         ("requests failed", "count", lambda r: r.failed, "lower"),
-        ("wall time", "seconds", lambda r: r.wall_s, "lower"),
+        ("time sending", "seconds", lambda r: r.wall_s, "lower"),
         ("requests/s", "rate", lambda r: r.requests_per_s, "higher"),
         ("output tokens/s", "rate", lambda r: r.output_tokens_per_s, "higher"),
     ]
@@ -248,15 +248,21 @@ def _tokens(runs: list[RunStats]) -> Table:
 def _throughput(runs: list[RunStats]) -> Table:
     rows: list[tuple[str, str, Callable[[RunStats], Any]]] = [
         ("started (UTC)", "text", lambda r: utc_text(r.start_time)),
-        ("wall window", "seconds", lambda r: r.wall_s),
+        ("time sending", "seconds", lambda r: r.wall_s),
         ("requests/s", "rate", lambda r: r.requests_per_s),
         ("output tokens/s", "rate", lambda r: r.output_tokens_per_s),
         ("total tokens/s", "rate", lambda r: r.total_tokens_per_s),
     ]
+    resumed = [run for run in runs if run.runs > 1]
+    if resumed:
+        rows.insert(1, ("runs of exec", "count", lambda r: r.runs))
+        rows.insert(2, ("ended (UTC)", "text", lambda r: utc_text(r.end_time)))
     notes = [
-        "Over the wall window: first attempt start to last attempt end; requests/s counts "
-        "successful requests."
+        "Over the time spent sending: first attempt start to last attempt end of each run of "
+        "exec, summed over the runs a resumed file spans (the time between them is left out); "
+        "requests/s counts successful requests."
     ]
+    notes += [f"{run.label} spans {run.runs} runs of exec (resumed)." for run in resumed]
     return Table("Throughput", _header(runs), _by_run(runs, rows), notes)
 
 
