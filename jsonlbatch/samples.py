@@ -10,6 +10,9 @@ answer lines `{"custom_id", "answer"}` computed elsewhere.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import contextlib
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -42,6 +45,9 @@ class Sample:
     answer: str | None = None  # given by an answer line, not extracted from text
     choices: int = 1  # how many choices its response had
     metrics: dict[str, Any] | None = None  # jsonlbatch's per-request metrics, when present
+    #: What an answer without text says (embeddings: `dimensions`; moderations: `flagged`,
+    #: `categories`), for tables that show it; None for text answers.
+    details: dict[str, Any] | None = None
     path: str = ""
     line: int = 0
     source: int = 0  # position of its file among the inputs
@@ -186,8 +192,32 @@ def _moderation_choices(results: list[Any]) -> list[dict[str, Any]]:
         hits = (
             [k for k, v in categories.items() if v is True] if isinstance(categories, dict) else []
         )
-        text = ("flagged: " + ", ".join(hits)) if result.get("flagged") else "not flagged"
-        out.append({**_choice(text, "", [], "stop"), "index": i})
+        flagged = result.get("flagged") is True
+        text = ("flagged: " + ", ".join(hits)) if flagged else "not flagged"
+        details = {"flagged": flagged, "categories": hits}
+        out.append({**_choice(text, "", [], "stop"), "index": i, "details": details})
+    return out
+
+
+def _embedding_choices(data: Any) -> list[dict[str, Any]] | None:
+    """An embeddings answer: one choice per input, no text, its vector's dimensions (None for
+    any other body)."""
+    if not isinstance(data, list) or not data:
+        return None
+    out = []
+    for pos, item in enumerate(data):
+        if not isinstance(item, dict) or "embedding" not in item:
+            return None
+        vector = item["embedding"]
+        dims: int | None = None
+        if isinstance(vector, list):
+            dims = len(vector)
+        elif isinstance(vector, str):  # encoding_format "base64": little-endian float32s
+            with contextlib.suppress(binascii.Error, ValueError):
+                dims = len(base64.b64decode(vector, validate=True)) // 4
+        index = item.get("index")
+        out.append({"index": index if isinstance(index, int) else pos, "finish_reason": None,
+                    "details": {"dimensions": dims}})  # fmt: skip
     return out
 
 
@@ -243,6 +273,8 @@ def samples_of(
     choices = body.get("choices") if isinstance(body, dict) else None
     if choices is None:
         choices = hosted_choices(body)
+    if choices is None and isinstance(body, dict):
+        choices = _embedding_choices(body.get("data"))
     if not isinstance(choices, list) or not choices:
         return [Sample(cid, error="response body has no choices", **where)]
     model = body.get("model") if isinstance(body.get("model"), str) else None
@@ -270,6 +302,7 @@ def samples_of(
                 usage=usage,
                 model=model,
                 choices=len(choices),
+                details=choice.get("details"),
                 **where,
             )
         )

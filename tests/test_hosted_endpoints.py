@@ -223,3 +223,37 @@ def test_gen_writes_each_endpoint(tmp_path):
     refused = cli("gen", "--data", str(data), "--prompt", "{{ q }}", "--url", MODERATIONS,
                   "--max-tokens", "5", "-o", str(tmp_path / "x.jsonl"))  # fmt: skip
     assert refused.returncode != 0 and "no meaning" in refused.stderr
+
+
+def test_export_shows_every_usable_kind_as_succeeded_with_its_own_columns(tmp_path, mock_server):
+    """Issue 26: export marked successful embeddings as failed ("response body has no
+    choices") with empty model and token columns."""
+    lines = [
+        _line("emb", "/v1/embeddings", {"model": "mock", "input": ["a", "b"], "dimensions": 8}),
+        _line("emb64", "/v1/embeddings",
+              {"model": "mock", "input": "c", "dimensions": 4, "encoding_format": "base64"}),
+        *(_line(f"{u.rsplit('/', 1)[1]}-0", u, b) for u, b in _bodies(0).items()),
+    ]  # fmt: skip
+    (tmp_path / "req.jsonl").write_bytes(b"".join(lines))
+    out = tmp_path / "out.jsonl"
+    assert exec_cli(tmp_path / "req.jsonl", out, "--url", mock_server(), "-q").returncode == 0
+    table = tmp_path / "table.jsonl"
+    done = cli("export", str(out), "-o", str(table), "--per", "choice")
+    assert done.returncode == 0, done.stderr
+    rows = [orjson.loads(x) for x in table.read_bytes().splitlines()]
+    assert {r["status"] for r in rows} == {"ok"}, rows
+    emb = [r for r in rows if r["custom_id"] == "emb"]
+    assert [(r["choice"], r["dimensions"]) for r in emb] == [(0, 8), (1, 8)]
+    assert emb[0]["model"] == "mock" and emb[0]["prompt_tokens"] > 0 and emb[0]["answer"] is None
+    assert next(r for r in rows if r["custom_id"] == "emb64")["dimensions"] == 4
+    moderation = [r for r in rows if r["custom_id"] == "moderations-0"]
+    assert [(r["flagged"], r["categories"]) for r in moderation] == [
+        (False, []),
+        (True, ["violence"]),
+    ]
+    chat_only = tmp_path / "chat.jsonl"
+    chat_only.write_bytes(b"".join(x + b"\n" for x in out.read_bytes().splitlines()
+                                   if b'"responses-0"' in x))  # fmt: skip
+    assert cli("export", str(chat_only), "-o", str(tmp_path / "c.jsonl")).returncode == 0
+    (row,) = [orjson.loads(x) for x in (tmp_path / "c.jsonl").read_bytes().splitlines()]
+    assert "dimensions" not in row and "flagged" not in row  # text answers keep their columns

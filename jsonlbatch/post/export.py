@@ -51,6 +51,13 @@ COLUMNS: dict[str, type] = {
     "latency_s": float,
     "ttft_s": float,
 }
+#: Columns of answers without text, added when a response file holds such answers.
+KIND_COLUMNS: dict[str, dict[str, type]] = {
+    "embedding": {"dimensions": int},
+    "moderation": {"flagged": bool, "categories": list},
+}
+#: What marks each kind's answers in a line's bytes (a cheap search, not a parse).
+_KIND_MARKS = {"embedding": b'"embedding"', "moderation": b'"flagged"'}
 VOTE_COLUMNS: dict[str, type] = {"voted_answer": str, "gold": str, "correct": bool}
 PATCH_COLUMNS: dict[str, type] = {"patch": str, "patch_status": str}
 FILE_COLUMNS: dict[str, type] = {"files": list}
@@ -121,11 +128,12 @@ def export(
     check_output(out, [*paths, requests, votes, patches, files, into])
     check_responses(paths)  # bad input stops before anything is written
     joins = _Joins.load(votes, patches, files)
-    chosen = _choose_columns(joins.columns(), columns)
+    available = joins.columns() | _kind_columns(paths)
+    chosen = _choose_columns(available, columns)
     key = key or split_key()
     summary = ExportSummary(out, fmt)
     rows = _rows(paths, requests, per, key, joins, summary)
-    types = {new: joins.columns()[old] for new, old in chosen.items()}
+    types = {new: available[old] for new, old in chosen.items()}
     if into is None:
         with TableWriter(out, fmt, dict(types)) as writer:
             for row in rows:
@@ -135,6 +143,22 @@ def export(
     assert on is not None
     _join_into(into, on, out, fmt, rows, chosen, types, summary)
     return summary
+
+
+def _kind_columns(paths: Sequence[str]) -> dict[str, type]:
+    """The columns of the answer kinds without text (embeddings, moderations) that the files
+    hold: chat exports keep their columns, and an embeddings export gets its own."""
+    found: dict[str, type] = {}
+    left = dict(_KIND_MARKS)
+    for path in paths:
+        for _, raw in iter_lines(path):
+            for kind, mark in list(left.items()):
+                if mark in raw:
+                    found |= KIND_COLUMNS[kind]
+                    del left[kind]
+            if not left:
+                return found
+    return found
 
 
 def _pick(row: dict[str, Any], chosen: dict[str, str]) -> dict[str, Any]:
@@ -251,6 +275,7 @@ def _row(samples: list[Sample], key: KeyFunc, per: str) -> dict[str, Any]:
     group = key(first.custom_id)
     usage = first.usage or {}
     metrics = first.metrics or {}
+    details = first.details or {}
     row: dict[str, Any] = {
         "custom_id": first.custom_id,
         "group": group,
@@ -260,13 +285,14 @@ def _row(samples: list[Sample], key: KeyFunc, per: str) -> dict[str, Any]:
         "model": first.model,
         "status": "failed" if first.failed else "ok",
         "error": first.error,
-        "answer": None if first.failed else first.text,
+        "answer": None if first.failed or "dimensions" in details else first.text,
         "reasoning": first.reasoning or None,
         "finish_reason": first.finish_reason,
         "prompt_tokens": _number(usage.get("prompt_tokens"), int),
         "completion_tokens": _number(usage.get("completion_tokens"), int),
         "latency_s": _number(metrics.get("latency_s"), float),
         "ttft_s": _number(metrics.get("ttft_s"), float),
+        **details,
     }
     return row
 
