@@ -61,9 +61,12 @@ class InputError(JsonlbatchError):
     user's fix-and-retry loop can fix them all.
     """
 
-    def __init__(self, message: str, problems: Sequence[Problem] = ()) -> None:
+    def __init__(
+        self, message: str, problems: Sequence[Problem] = (), hint: str | None = None
+    ) -> None:
         super().__init__(message)
         self.problems = list(problems)
+        self.hint = hint  # what the file looks like and what to do, after the list
 
     def __str__(self) -> str:
         lines = [self.args[0]]
@@ -73,6 +76,8 @@ class InputError(JsonlbatchError):
             more = len(self.problems) - len(shown)
             plus = "+" if len(self.problems) >= MAX_PROBLEMS else ""
             lines.append(f"  ... and {more}{plus} more")
+        if self.hint:
+            lines.append(f"hint: {self.hint}")
         return redact("\n".join(lines))
 
 

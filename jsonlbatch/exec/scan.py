@@ -31,6 +31,7 @@ from jsonlbatch.exec.resume import (  # the output pass: callers ask `scan` for 
     problems_text,
     scan_output,
 )
+from jsonlbatch.exec.shape import hint
 from jsonlbatch.idset import IdSet, id_key
 from jsonlbatch.jsonl import iter_lines_at
 from jsonlbatch.records import check_request, request_crc
@@ -175,7 +176,11 @@ def scan_input(
         problems += find_duplicates(path, seen.colliding_hashes() | repeated, name=scan.path)
         problems.sort(key=lambda p: p.line or 0)
     if problems:
-        raise InputError(f"{scan.path}: {problems_text(problems)}; nothing was sent", problems)
+        raise InputError(
+            f"{scan.path}: {problems_text(problems)}; nothing was sent",
+            problems,
+            hint(os.fspath(path), scan.path),
+        )
     if scan.changed and changed == "refuse":
         shown = ", ".join(scan.changed_ids) + (", ..." if scan.changed > 5 else "")
         raise InputError(
