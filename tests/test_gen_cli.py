@@ -321,3 +321,20 @@ def test_force_through_a_symlink_writes_the_real_file(tmp_path):
     assert link.is_symlink()
     assert read(real)[0]["body"]["messages"][0]["content"] == "new"
     assert sorted(p.name for p in real.parent.iterdir()) == ["r.jsonl"]
+
+
+def test_a_prompt_that_names_a_file_is_pointed_out(tmp_path):
+    """Issue 26: `gen --prompt prompt.j2` silently used the literal text "prompt.j2"."""
+    data = write_jsonl(tmp_path / "d.jsonl", [{"q": 1}])
+    template = tmp_path / "ask.txt"
+    template.write_text("Answer: {{ q }}")
+    for value, instead in ((tmp_path / "prompt.j2", "use --template"), (template, "--template")):
+        proc = gen("--data", data, "--prompt", value, "--model", "m", "-o", tmp_path / "r.jsonl")
+        assert_clean_failure(proc, 2, tmp_path)
+        assert f"--prompt takes the template text itself, but '{value}' names a file" in proc.stderr
+        assert instead in proc.stderr and not (tmp_path / "r.jsonl").exists()
+    system = gen("--data", data, "--prompt", "{{ q }}", "--system", "system.jinja", "--model",
+                 "m", "-o", tmp_path / "r.jsonl")  # fmt: skip
+    assert_clean_failure(system, 2, tmp_path)
+    ok = gen("--data", data, "--prompt", "prompt.j2?", "--model", "m", "-o", tmp_path / "r.jsonl")
+    assert ok.returncode == 0, ok.stderr  # not a file name: a one-word prompt stays a prompt

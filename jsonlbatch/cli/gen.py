@@ -200,13 +200,19 @@ def gen(
     if template is not None:
         user = RowTemplate.from_file(template)
     elif prompt_text is not None:
-        user = RowTemplate.inline(prompt_text, name="--prompt")
+        user = RowTemplate.inline(
+            prompt_text, name="--prompt", instead=f"use --template {prompt_text}"
+        )
     else:
         user = None
     prompt = Prompt(
         user=user,
         messages=RowTemplate.from_file(messages) if messages else None,
-        system=RowTemplate.inline(system, name="--system") if system is not None else None,
+        system=RowTemplate.inline(
+            system, name="--system", instead="give its text, or a --messages template"
+        )
+        if system is not None
+        else None,
         continues=continues,
     )
     custom_id = RowTemplate.inline(id_template, name="--id") if id_template else None

@@ -11,6 +11,7 @@ names are not identifiers, or `row | tojson`) and `row_index`; a field of the sa
 from __future__ import annotations
 
 import json
+import os
 import re
 import traceback
 from collections.abc import Callable
@@ -62,8 +63,15 @@ class RowTemplate:
         return cls(read_text(path, "template"), name=path)
 
     @classmethod
-    def inline(cls, text: str, *, name: str) -> RowTemplate:
-        """A template typed on the command line, where `\\n` and `\\t` mean newline and tab."""
+    def inline(cls, text: str, *, name: str, instead: str | None = None) -> RowTemplate:
+        """A template typed on the command line, where `\\n` and `\\t` mean newline and tab.
+        A text that is a file's name is a mistake (the prompt would be the literal name):
+        refused when `instead` says what to do with a file."""
+        if instead is not None and names_a_file(text):
+            raise UsageError(
+                f"{name} takes the template text itself, but {text!r} names a file: {instead} "
+                "(else every prompt would hold the file's name)"
+            )
         return cls(re.sub(r"\\([nt\\])", lambda m: _ESCAPES[m.group(1)], text), name=name)
 
     def render(self, row: Row) -> str:
@@ -71,6 +79,17 @@ class RowTemplate:
             return self._template.render(_context(row))
         except Exception as exc:  # any failure inside a user's template is the user's to fix
             raise render_error(exc, row, f"cannot render {self.name}") from None
+
+
+_TEMPLATE_SUFFIXES = (".j2", ".jinja", ".jinja2")
+
+
+def names_a_file(text: str) -> bool:
+    """One word that is an existing file, or ends like a template file's name."""
+    word = text.strip()
+    if not word or any(c.isspace() for c in word) or "{" in word:
+        return False
+    return word.lower().endswith(_TEMPLATE_SUFFIXES) or os.path.isfile(word)
 
 
 def render_error(exc: Exception, row: Row, what: str, *, template_line: bool = True) -> InputError:
