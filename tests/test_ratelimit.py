@@ -190,3 +190,72 @@ def test_a_reset_far_beyond_a_minute_reveals_a_daily_window():
                                 "anthropic-ratelimit-requests-remaining": "49",
                                 "anthropic-ratelimit-requests-reset": "2020-01-01T00:00:00Z"}))  # fmt: skip
     assert minute.buckets["requests"].per_minute == 50
+
+
+HOSTILE = {
+    "a limit of 1e-300": {"x-ratelimit-limit-requests": "1e-300",
+                          "x-ratelimit-remaining-requests": "0",
+                          "x-ratelimit-reset-requests": "1s"},
+    "remaining 0, reset in 99,999 h": {"x-ratelimit-limit-requests": "100",
+                                       "x-ratelimit-remaining-requests": "0",
+                                       "x-ratelimit-reset-requests": "99999h"},
+    "tokens 1e-300": {"x-ratelimit-limit-tokens": "1e-300",
+                      "x-ratelimit-remaining-tokens": "0",
+                      "x-ratelimit-reset-tokens": "9999h"},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", HOSTILE)
+def test_hostile_limit_headers_cannot_stall_a_run(tmp_path, monkeypatch, case):
+    """Limits learned from headers are paced at least at the 429 throttle's floor (here set to
+    10 requests/s so the test is quick): the run finishes instead of sending one an hour."""
+    from aiohttp import web
+    from batchutil import odd_server
+
+    from jsonlbatch.exec.job import aexecute
+
+    monkeypatch.setattr(limits, "_MIN_RATE", 10.0)
+    body = {"id": "x", "object": "chat.completion", "model": "mock",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
+                         "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}  # fmt: skip
+
+    async def handler(request):
+        await request.read()
+        return web.json_response(body, headers=HOSTILE[case])
+
+    url, stop = odd_server(handler)
+    write_requests(tmp_path / "req.jsonl", 6)
+    try:
+        summary = asyncio.run(
+            asyncio.wait_for(  # a bound for a stall, not a speed check
+                aexecute(tmp_path / "req.jsonl", tmp_path / "out.jsonl", urls=[url], quiet=True),
+                60,
+            )
+        )
+    finally:
+        stop()
+    assert summary.succeeded == 6
+
+
+def test_an_absolute_reset_is_read_against_the_servers_date():
+    """Anthropic's reset is a time: a server clock an hour ahead (its `Date` too) is no
+    one-hour window."""
+    import email.utils
+
+    ahead = time.time() + 3600
+    headers = {
+        "date": email.utils.formatdate(ahead, usegmt=True),
+        "anthropic-ratelimit-requests-limit": "50",
+        "anthropic-ratelimit-requests-remaining": "49",
+        "anthropic-ratelimit-requests-reset": time.strftime(
+            "%Y-%m-%dT%H:%M:%SZ", time.gmtime(ahead + 2)
+        ),
+    }
+
+    async def learn() -> RateLimiter:
+        limiter = RateLimiter()
+        limiter.observe(headers, (0, 0.0))
+        return limiter
+
+    assert asyncio.run(learn()).buckets["requests"].per_minute == 50

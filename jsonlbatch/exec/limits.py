@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as _dt
+import email.utils
 import math
 import re
 import time
@@ -73,6 +74,9 @@ _ANTHROPIC = {
 #: A limit whose reset is this much longer than a per-minute refill would take is a longer
 #: window (requests per day): the rate then follows from what is used and when it is back.
 _LONG_WINDOW = 2.0
+#: The longest window a provider counts in (requests per day): a reset further away than this
+#: is a broken header (99,999 h), not a window.
+_MAX_WINDOW_S = 86400.0
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
@@ -105,6 +109,19 @@ def _number(value: str | None) -> float | None:
     except ValueError:
         return None
     return number if math.isfinite(number) and number >= 0 else None
+
+
+def server_now(headers: Mapping[str, str]) -> float | None:
+    """The answer's `Date` header as a timestamp: absolute reset times are measured against
+    the server's own clock, so a server clock an hour ahead (or ours jumping back) does not make
+    every reset look an hour away."""
+    date = headers.get("date") or headers.get("Date")
+    if not date:
+        return None
+    try:
+        return email.utils.parsedate_to_datetime(date).timestamp()
+    except (TypeError, ValueError, IndexError):
+        return None
 
 
 @dataclass(slots=True)
@@ -211,11 +228,16 @@ class RateLimiter:
         up to and including it.
         """
         async with self._lock:
+            # A limit learned from headers holds one request at most `1 / _MIN_RATE` s, the 429
+            # throttle's floor: a limit of 1e-300, a `remaining: 0` with a reset 99,999 h away,
+            # or a reset read against a clock an hour off would otherwise stall the run.
+            believed_until = time.monotonic() + 1.0 / _MIN_RATE
             while True:
                 now = time.monotonic()
                 wait = self.hold_until - now
                 for kind, bucket in self.buckets.items():
-                    wait = max(wait, bucket.wait_for(getattr(cost, kind), now))
+                    if bucket.source != "headers" or now < believed_until:
+                        wait = max(wait, bucket.wait_for(getattr(cost, kind), now))
                 if self.throttle is not None:
                     self._recover(now)
                     if self.throttle is not None:
@@ -302,16 +324,19 @@ class RateLimiter:
             family = _ANTHROPIC
         else:
             return
+        now = None
         for kind, (limit_name, remaining_name, reset_name) in family.items():
             limit = _number(headers.get(limit_name))
-            if not limit:
+            if limit is None or limit < 1:  # no count of requests or tokens: not a limit
                 continue
             remaining = _number(headers.get(remaining_name))
             if remaining is not None and remaining < limit:
-                reset = parse_reset(headers.get(reset_name))
+                if now is None:
+                    now = server_now(headers) or time.time()
+                reset = parse_reset(headers.get(reset_name), now)
                 if reset and reset > _LONG_WINDOW * 60.0 * (limit - remaining) / limit:
                     # Back to full only after `reset`: refilled at (limit - remaining) / reset.
-                    limit = 60.0 * (limit - remaining) / reset
+                    limit = 60.0 * (limit - remaining) / min(reset, _MAX_WINDOW_S)
             self._learn(kind, limit, remaining, ticket)
         self.active = True
 
