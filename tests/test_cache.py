@@ -80,12 +80,8 @@ def test_draws_count_copies_over_the_whole_file(tmp_path: Path):
                  b'"messages":[{"content":"s","role":"user"}],"model":"m"}}\n')  # fmt: skip
     path.write_bytes(b"".join(lines))
     draws = count_draws(path)
-    offsets = []
-    at = 0
-    for line in lines:
-        offsets.append(at)
-        at += len(line)
-    assert [draws.draw_at(o) for o in offsets] == [0, 0, 1, 0, 2, 0, 3]
+    ids = [orjson.loads(line)["custom_id"] for line in lines]
+    assert [draws.draw_of(i) for i in ids] == [0, 0, 1, 0, 2, 0, 3]
     assert draws.repeats == 3
     # --model makes bodies of different models one body
     other = tmp_path / "models.jsonl"

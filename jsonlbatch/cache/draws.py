@@ -5,43 +5,37 @@ of a body in the file (in file order, every line counted, before `--shard` picks
 whatever a resume skips) maps to the k-th stored draw. So shards and resumes map the same copy
 to the same draw, and a re-run reuses draws one to one and asks only for the missing ones.
 
-Memory: 8 bytes per sampling line while counting, then 12 bytes per line that is not the first
-copy of its body (most lines of a file of distinct prompts are first copies and cost nothing).
+Memory: 16 bytes per sampling line while counting, then about 40 bytes per line that is not the
+first copy of its body (an `IdSet` of their ids with the copy number; a file of distinct prompts
+keeps nothing).
 """
 
 from __future__ import annotations
 
 import os
 from array import array
-from bisect import bisect_left
-from collections.abc import Iterable
 
 import orjson
 
 from jsonlbatch.cache.keys import body_key, one_draw
 from jsonlbatch.idset import IdSet
-from jsonlbatch.jsonl import iter_lines_at
+from jsonlbatch.jsonl import iter_lines
 
 
 class Draws:
-    """Feed `add(offset, key)` for every sampling line in file order, then `finish()`;
-    `draw_at(offset)` is the copy number of the line at that byte offset (0 for the first copy
-    and for lines never added)."""
+    """Feed `add(custom_id, key)` for every sampling line in file order, then `finish()`;
+    `draw_of(custom_id)` is that line's copy number (0 for the first copy and for lines never
+    added)."""
 
     def __init__(self) -> None:
-        self._offsets = array("Q")
+        self._ids = array("q")
         self._hashes = array("q")
-        self._repeat_offsets = array("Q")
-        self._repeat_draws = array("I")
+        self._repeats = IdSet(values=True)  # ids of second and later copies -> copy number
 
-    def add(self, offset: int, key: str) -> None:
-        """A sampling line at `offset` whose body key is `key` (hex); call in file order."""
-        self._offsets.append(offset)
+    def add(self, custom_id: str, key: str) -> None:
+        """A sampling line with body key `key` (hex); call in file order."""
+        self._ids.append(hash(custom_id))
         self._hashes.append(int(key[:16], 16) - (1 << 63))
-
-    def add_many(self, lines: Iterable[tuple[int, str]]) -> None:
-        for offset, key in lines:
-            self.add(offset, key)
 
     def finish(self) -> Draws:
         """Count the copies (one pass over the hashes); frees the per-line hashes."""
@@ -50,31 +44,32 @@ class Draws:
         if seen.colliding_hashes():  # some body repeats: count copies slot by slot
             slot = seen.slot_key
             counts = array("I", bytes(4 * seen.capacity))
-            for offset, h in zip(self._offsets, self._hashes, strict=True):
+            ids, draws = array("q"), array("q")
+            for cid, h in zip(self._ids, self._hashes, strict=True):
                 at = slot(h)
                 k = counts[at]
                 counts[at] = k + 1
                 if k:
-                    self._repeat_offsets.append(offset)
-                    self._repeat_draws.append(k)
-        self._offsets = array("Q")
+                    ids.append(cid)
+                    draws.append(k)
+            self._repeats.add_keys(ids, draws)
+        self._ids = array("q")
         self._hashes = array("q")
         return self
 
-    def draw_at(self, offset: int) -> int:
-        """The copy number of the line at `offset` (0: the first, or a line that is one draw)."""
-        offsets = self._repeat_offsets
-        if not offsets:
+    def draw_of(self, custom_id: str) -> int:
+        """The copy number of the line with this id (0: the first, or a line that is one
+        draw)."""
+        repeats = self._repeats
+        if not len(repeats):
             return 0
-        i = bisect_left(offsets, offset)
-        if i < len(offsets) and offsets[i] == offset:
-            return self._repeat_draws[i]
-        return 0
+        at = repeats.slot(custom_id)
+        return repeats.values()[at] if at >= 0 else 0
 
     @property
     def repeats(self) -> int:
         """Lines that are a second or later copy of their body."""
-        return len(self._repeat_offsets)
+        return len(self._repeats)
 
 
 def count_draws(
@@ -83,16 +78,16 @@ def count_draws(
     """`Draws` of a (validated) request file, keyed as `body_key` keys its requests; `model`
     is exec's `--model` override, applied to every body as it will be sent."""
     draws = Draws()
-    for _, offset, raw in iter_lines_at(path):
+    for _, raw in iter_lines(path):
         try:
             obj = orjson.loads(raw)
-            url, body = obj["url"], obj["body"]
+            cid, url, body = obj["custom_id"], obj["url"], obj["body"]
         except (orjson.JSONDecodeError, TypeError, KeyError):
             continue  # a line the run will not send (checked by exec's scan)
-        if type(body) is not dict or type(url) is not str:
+        if type(body) is not dict or type(url) is not str or type(cid) is not str:
             continue
         if model is not None:
             body["model"] = model
         if not one_draw(url, body):
-            draws.add(offset, body_key(url, body, scope))
+            draws.add(cid, body_key(url, body, scope))
     return draws.finish()

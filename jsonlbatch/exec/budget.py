@@ -126,11 +126,17 @@ def spent_in_output(path: str, price: Price) -> float:
             not isinstance(obj, dict)
             or obj.get("error")
             or not isinstance(obj.get("response"), dict)
+            or _from_cache(obj)  # taken from exec's answer cache: paid for by another run
         ):
             continue
         prompt, completion = _usage_of(obj)
         total += price.of(prompt, completion)
     return total
+
+
+def _from_cache(line: dict[str, Any]) -> bool:
+    metrics = line.get("metrics")
+    return isinstance(metrics, dict) and metrics.get("cache") == "hit"
 
 
 def _usage_of(line: dict[str, Any]) -> tuple[float, float]:

@@ -45,6 +45,9 @@ _TOP = {
     "defaults": _MAP,
     "conditions": _MAP,
     "steps": "list",
+    # an answer cache folder (exec --cache) shared by every condition and judge round: requests
+    # that conditions share (the same greedy baseline) are paid for once
+    "cache": _STR,
 }
 _EXPERIMENT = {"id": _STR, "description": _STR}
 _DATA = {
@@ -153,6 +156,7 @@ class Experiment:
     conditions: list[Condition]
     steps: list[Step]
     raw: dict[str, Any] = field(repr=False, default_factory=dict)
+    cache: str | None = None  # answer cache folder (absolute), from the file's `cache:` key
 
     def step(self, kind: str) -> Step | None:
         return next((s for s in self.steps if s.kind == kind), None)
@@ -212,9 +216,16 @@ class _Checker(FileChecker):
                 self.guard(("prompt", key), RowTemplate, prompt[key], name=f"prompt.{key}")
         conditions = self.conditions(top)
         steps = self.steps(top.get("steps"), [c.name for c in conditions])
+        cache = top.get("cache")
+        if isinstance(cache, str) and not cache.strip():
+            self.problem(("cache",), "must name a folder")
         if self.problems:
             return None
-        return Experiment(exp_id, os.path.abspath(self.path), data, prompt, conditions, steps, raw)
+        if isinstance(cache, str):
+            cache = os.path.join(self.base, os.path.expanduser(cache))
+        return Experiment(
+            exp_id, os.path.abspath(self.path), data, prompt, conditions, steps, raw, cache
+        )
 
     def conditions(self, top: dict[str, Any]) -> list[Condition]:
         defaults = self.keys(top.get("defaults"), ("defaults",), _CONDITION)

@@ -58,6 +58,7 @@ class _Line:
     reasoning: float
     finish_reasons: list[str]
     run: str | None = None  # exec's mark of the run that wrote the line (metrics.run)
+    cached: bool = False  # answered from exec's answer cache (`metrics.cache` "hit")
 
 
 @dataclass
@@ -85,6 +86,9 @@ class RunData:
     itl_gap_sum: float = 0.0
     itl_gaps: int = 0
     torn_tail: bool = False
+    cache_hits: int = 0  # lines answered from exec's answer cache: not sent, not paid for
+    cache_prompt_tokens: int = 0
+    cache_completion_tokens: int = 0
     columns: dict[str, array] = field(default_factory=lambda: {c: array("d") for c in COLUMNS})
     groups: dict[str, dict[str, RunData]] = field(default_factory=dict)
 
@@ -96,8 +100,12 @@ class RunData:
             self.retried += line.attempts > 1
             self.max_attempts = max(self.max_attempts, line.attempts)
         end = line.start + line.latency
+        if line.cached:
+            self.cache_hits += 1
+            self.cache_prompt_tokens += 0 if isnan(line.prompt) else int(line.prompt)
+            self.cache_completion_tokens += 0 if isnan(line.completion) else int(line.completion)
         if isnan(end):
-            self.untimed += 1
+            self.untimed += not line.cached  # a hit has no timings of its own: not "untimed"
         else:
             if line.start < self.first_start:
                 self.first_start = line.start
@@ -315,6 +323,7 @@ def _parse(obj: Any, path: str, number: int, problems: list[Problem]) -> _Line |
         reasoning=_usage_number(num("reasoning_tokens"), reasoning_tokens(usage)),
         finish_reasons=reasons,
         run=str(metrics["run"]) if isinstance(metrics.get("run"), str) else None,
+        cached=ok and metrics.get("cache") == "hit",
     )
 
 

@@ -74,6 +74,7 @@ class Cost:
     output_usd: float
     total_usd: float
     per_request_usd: float | None  # per successful request
+    saved_usd: float = 0.0  # what the answers taken from exec's cache would have cost
 
 
 @dataclass
@@ -112,6 +113,7 @@ class RunStats:
     goodput_per_s: float | None
     cost: Cost | None
     untimed: int  # lines without timings (not written by jsonlbatch exec)
+    cache_hits: int  # lines answered from exec's answer cache (`exec --cache`)
     torn_tail: bool
     breakdown: dict[str, dict[str, RunStats]] = field(default_factory=dict)
 
@@ -175,9 +177,15 @@ def summarize(
         wall_s=wall,
         runs=len(data.run_windows) or 1,
         windows=windows,
-        requests_per_s=rate(data.succeeded),
-        output_tokens_per_s=rate(data.completion_tokens),
-        total_tokens_per_s=rate(data.prompt_tokens + data.completion_tokens),
+        # what the servers did: answers from exec's cache were not sent
+        requests_per_s=rate(data.succeeded - data.cache_hits),
+        output_tokens_per_s=rate(data.completion_tokens - data.cache_completion_tokens),
+        total_tokens_per_s=rate(
+            data.prompt_tokens
+            + data.completion_tokens
+            - data.cache_prompt_tokens
+            - data.cache_completion_tokens
+        ),
         latency={name: describe(cols[name]) for name in LATENCIES},
         itl_pooled_mean_s=data.itl_gap_sum / data.itl_gaps if data.itl_gaps else None,
         tokens={name: describe(cols[name]) for name in TOKENS},
@@ -186,6 +194,7 @@ def summarize(
         goodput_per_s=rate(good) if good is not None else None,
         cost=_cost(data, price),
         untimed=data.untimed,
+        cache_hits=data.cache_hits,
         torn_tail=data.torn_tail,
     )
     for key, groups in data.groups.items():
@@ -224,7 +233,10 @@ def _judge(
 def _cost(data: RunData, price: Price | None) -> Cost | None:
     if price is None:
         return None
-    input_usd = data.prompt_tokens * price.input_per_m / 1e6
-    output_usd = data.completion_tokens * price.output_per_m / 1e6
+    # answers from the cache were paid for by the run that stored them, not by this one
+    input_usd = (data.prompt_tokens - data.cache_prompt_tokens) * price.input_per_m / 1e6
+    output_usd = (data.completion_tokens - data.cache_completion_tokens) * price.output_per_m / 1e6
     total = input_usd + output_usd
-    return Cost(input_usd, output_usd, total, total / data.succeeded if data.succeeded else None)
+    saved = price.of(data.cache_prompt_tokens, data.cache_completion_tokens)
+    per_request = total / data.succeeded if data.succeeded else None
+    return Cost(input_usd, output_usd, total, per_request, saved)

@@ -204,6 +204,12 @@ def _outcomes(runs: list[RunStats]) -> Table:
         ("most attempts", "count", lambda r: r.max_attempts),
     ]
     notes = []
+    if any(run.cache_hits for run in runs):
+        rows.append(("from the answer cache", "count", lambda r: r.cache_hits))
+        notes.append(
+            "Answers from the cache (exec --cache) were not sent: no timings of their own, "
+            "not in latencies, throughput or cost."
+        )
     for run in runs:
         if run.torn_tail:
             notes.append(f"{run.label}: torn last line ignored (a run still writing?)")
@@ -344,6 +350,10 @@ def _cost(runs: list[RunStats], price_in: float, price_out: float) -> Table:
         ("total", "usd", lambda r: r.cost.total_usd if r.cost else None),
         ("per successful request", "usd", lambda r: r.cost.per_request_usd if r.cost else None),
     ]
+    if any(r.cost and r.cost.saved_usd for r in runs):
+        rows.append(
+            ("saved by the answer cache", "usd", lambda r: r.cost.saved_usd if r.cost else None)
+        )
     notes = [f"At ${price_in:g} per million input and ${price_out:g} per million output tokens."]
     return Table("Cost", _header(runs), _by_run(runs, rows), notes)
 

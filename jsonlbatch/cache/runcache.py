@@ -1,0 +1,158 @@
+"""The cache as one exec run uses it: look a request up before sending, store its answer after.
+
+`RunCache` is exec's before-send lookup and after-answer store (`exec/lookup.py`'s
+`AnswerStore`): `lookup` turns a stored answer into the `Result` to write instead of sending,
+`store` keeps a usable answer before its output line is written, so an answer that is in any
+output is in the cache (a kill -9 loses at most the requests in flight, as for the output).
+
+A hit's line is a normal response line (the stored body, byte for byte) whose `metrics` say
+`"cache": "hit"` and `"cache_key": "<key>.<draw>"`, with the token counts of the stored answer;
+a stored miss says `"cache": "stored"` and its key. Hits cost no attempt, no rate-limit token
+and no budget; what they saved is counted at the run's `--price`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+from jsonlbatch.cache.draws import Draws, count_draws
+from jsonlbatch.cache.keys import body_key, key_scope, one_draw
+from jsonlbatch.cache.store import Cache, CacheCounts
+from jsonlbatch.cost import Price
+from jsonlbatch.records import Request, Result
+from jsonlbatch.redact import redact_line
+
+#: The usage metrics kept with an answer and written into a hit's metrics.
+_USAGE_KEYS = ("prompt_tokens", "completion_tokens", "reasoning_tokens")
+#: Environment variable naming a cache directory for every exec (`--no-cache` wins over it).
+ENV_VAR = "JSONLBATCH_CACHE"
+
+
+def cache_dir_from(option: str | None, no_cache: bool) -> str | None:
+    """The cache directory a run uses: `--cache`, else `$JSONLBATCH_CACHE`; none with
+    `--no-cache` (which wins over both) or when neither is set."""
+    if no_cache:
+        return None
+    return option or os.environ.get(ENV_VAR) or None
+
+
+class RunCache:
+    """Lookups and stores of one run over one request file (`requests`, read once more to
+    count the copies of sampled bodies: see `draws.py`)."""
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        requests: str | os.PathLike[str],
+        *,
+        mode: str = "rw",
+        model: str | None = None,
+        key_urls: Sequence[str] | None = None,
+        price: Price | None = None,
+    ) -> None:
+        self.cache = Cache(root, mode)
+        self.requests = os.fspath(requests)
+        self.model = model  # exec's --model (None: bodies as they are; "auto": as resolved)
+        self.scope = key_scope(key_urls) if key_urls else b""
+        self.price = price
+        self._draws: Draws | None = None
+
+    @property
+    def counts(self) -> CacheCounts:
+        return self.cache.counts
+
+    def _draw(self, request: Request) -> tuple[str, int, bool]:
+        """(key, draw, whether the body is one draw) of a request as it will be sent."""
+        key = body_key(request.url, request.body, self.scope)
+        if one_draw(request.url, request.body):
+            return key, 0, True
+        if self._draws is None:  # counted on first need: after --model auto is resolved
+            model = self.model
+            if model == "auto":
+                model = request.body.get("model")
+            self._draws = count_draws(self.requests, model=model, scope=self.scope)
+        return key, self._draws.draw_of(request.custom_id), False
+
+    def lookup(self, request: Request, occurrence: int = 0, /) -> Result | None:
+        """The stored answer of this request as a `Result`, or None to send it. `occurrence`
+        (exec's count of identical earlier lines) is not used: copies are counted here over
+        the canonical key, so 64 and 64.0 are copies of one body too."""
+        if not self.cache.readable:
+            self.counts.misses += 1
+            return None
+        key, draw, _ = self._draw(request)
+        name = f"{key}.{draw}"
+        entry = self.cache.get(name)
+        if entry is None:
+            self.counts.misses += 1
+            return None
+        meta = entry.meta
+        metrics: dict[str, Any] = {"cache": "hit", "cache_key": name}
+        usage = meta.get("usage")
+        if isinstance(usage, dict):
+            metrics.update((k, v) for k, v in usage.items() if k in _USAGE_KEYS)
+        counts = self.counts
+        counts.hits += 1
+        prompt, completion = metrics.get("prompt_tokens", 0), metrics.get("completion_tokens", 0)
+        counts.saved_prompt_tokens += prompt
+        counts.saved_completion_tokens += completion
+        if self.price is not None:
+            counts.saved_usd = (counts.saved_usd or 0.0) + self.price.of(prompt, completion)
+        status = meta.get("status") if isinstance(meta.get("status"), int) else 200
+        return Result(
+            request.custom_id,
+            status,
+            orjson.Fragment(entry.body),
+            meta.get("request_id"),
+            None,
+            metrics,
+        )
+
+    def store(self, request: Request, occurrence: int, result: Result, /) -> None:
+        """Keep a usable answer (never an error, a 429 or an invalid body) before its line is
+        written; its metrics gain `"cache": "stored"` and the key."""
+        if not self.cache.writable or not result.ok or result.metrics.get("cache") == "hit":
+            return
+        body = result.body
+        raw = orjson.dumps(body)  # an exact Fragment stays the server's bytes
+        raw = redact_line(raw, thorough=False)  # a registered secret echoed back is not kept
+        key, draw, single = self._draw(request)
+        meta = {
+            "url": request.url,
+            "model": request.body.get("model"),
+            "status": result.status_code,
+            "request_id": result.request_id,
+            "usage": {k: result.metrics[k] for k in _USAGE_KEYS if k in result.metrics},
+        }
+        name = self.cache.put(key, draw, single, raw, meta)
+        if name:
+            result.metrics["cache"] = "stored"
+            result.metrics["cache_key"] = name
+
+    def notes(self) -> list[str]:
+        """Things the user should hear once (a read-only cache, a failed store)."""
+        return list(self.counts.notes)
+
+    def finish(self, output: str) -> None:
+        """Record this run's counts in the cache's `runs/` (for `cache stats`)."""
+        self.cache.record_run(output)
+
+    def describe(self) -> str:
+        """One line for the summary: hits, what they saved, misses, answers stored."""
+        c = self.counts
+        saved = f", saved ${c.saved_usd:,.4f} at --price" if c.saved_usd is not None else ""
+        tokens = c.saved_prompt_tokens + c.saved_completion_tokens
+        text = (
+            f"cache {self.cache.root}: {c.hits} hits ({tokens:,} tokens not paid for{saved}), "
+            f"{c.misses} misses, {c.stored} answers stored"
+        )
+        if c.corrupt:
+            text += f", {c.corrupt} corrupt entries ignored"
+        if c.store_failed:
+            text += f", {c.store_failed} not stored"
+        return text
+
