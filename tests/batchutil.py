@@ -18,6 +18,7 @@ from jsonlbatch.records import is_failure
 
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
 ENV.pop("OPENAI_API_KEY", None)
+ENV.pop("JSONLBATCH_CACHE", None)  # a user's answer cache must not answer the tests
 
 
 def chat_body(i: int, model: str = "mock", **extra: Any) -> dict[str, Any]:

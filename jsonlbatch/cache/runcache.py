@@ -61,6 +61,11 @@ class RunCache:
         self.price = price
         self._draws: Draws | None = None
 
+    def key_by(self, urls: Sequence[str]) -> None:
+        """`--cache-key-url`: put these endpoint URLs in every key (before the first lookup)."""
+        self.scope = key_scope(urls)
+        self._draws = None
+
     @property
     def counts(self) -> CacheCounts:
         return self.cache.counts
@@ -155,4 +160,3 @@ class RunCache:
         if c.store_failed:
             text += f", {c.store_failed} not stored"
         return text
-

@@ -8,6 +8,8 @@ from typing import Any
 
 import click
 
+from jsonlbatch.cache import MODES as CACHE_MODES
+from jsonlbatch.cache.runcache import cache_dir_from
 from jsonlbatch.cli.batch_options import batch_api_options, pop_batch_kwargs, run_batch_api
 from jsonlbatch.cli.exec_watch import add_watch_options, pop_watch_kwargs, watching
 from jsonlbatch.cli.params import (
@@ -211,6 +213,26 @@ def parse_headers(values: tuple[str, ...]) -> dict[str, str]:
     help="Validate and count requests, prompt tokens (tiktoken if installed), output caps "
     "and, with --price, the cost range; send nothing, touch no output.",
 )
+@click.option(
+    "--cache",
+    metavar="DIR",
+    type=click.Path(file_okay=False),
+    help="Answer cache: look each request up before sending, store usable answers (shared by "
+    "runs, processes and machines). Default: $JSONLBATCH_CACHE, else none.",
+)
+@click.option("--no-cache", is_flag=True, help="No answer cache, whatever $JSONLBATCH_CACHE says.")
+@click.option(
+    "--cache-mode",
+    type=click.Choice(CACHE_MODES),
+    default="rw",
+    show_default=True,
+    help="read: look up only; write: store only (refresh answers); rw: both.",
+)
+@click.option(
+    "--cache-key-url",
+    is_flag=True,
+    help="Put the endpoints' URLs in the cache key: only the same servers reuse answers.",
+)
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or notes; errors only.")
 @serve_options
 @batch_api_options
@@ -224,6 +246,8 @@ def exec_(
     rate_limits: str,
     price: str | None,
     dry_run: bool,
+    cache: str | None,
+    no_cache: bool,
     **kwargs: Any,
 ) -> None:
     """Send the REQUESTS file (OpenAI Batch JSONL) and write one result line per request.
@@ -256,6 +280,7 @@ def exec_(
         shard=parse_shard(shard) if shard else None,
         rate_limits=rate_limits == "on",
         price=parse_price(price),
+        cache=cache_dir_from(cache, no_cache),
         **kwargs,
     )
     # The block releases the output's lock (and removes its file) however the run ends, also

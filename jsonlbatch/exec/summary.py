@@ -34,6 +34,8 @@ class RunSummary:
     spent_before: float = 0.0  # of which, by earlier runs
     rate_limited: int = 0  # attempts answered 429
     limits: str = ""  # the rate limits in force at the end, e.g. "3,000 rpm (headers)"
+    cache_hits: int = 0  # results taken from the answer cache (`--cache`), not sent
+    cache: str = ""  # what the answer cache did, one line (hits, savings, misses, stored)
 
     @property
     def written(self) -> int:
@@ -53,6 +55,10 @@ class RunSummary:
         return self.completion_tokens / self.wall_s if self.wall_s > 0 else 0.0
 
     def count(self, result: Result) -> None:
+        if result.metrics.get("cache") == "hit":  # not sent: no endpoint, no tokens paid
+            self.succeeded += 1
+            self.cache_hits += 1
+            return
         if result.ok:
             self.succeeded += 1
         else:
@@ -82,6 +88,8 @@ class RunSummary:
                 f"  rate limits: {self.limits or 'none known'}; {self.rate_limited} attempts "
                 "answered 429"
             )
+        if self.cache:
+            lines.append(f"  {self.cache}")
         if self.spent is not None:
             before = f" (${self.spent_before:,.4f} before this run)" if self.spent_before else ""
             lines.append(f"  spent: ${self.spent:,.4f}{before}")

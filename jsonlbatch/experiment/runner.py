@@ -192,6 +192,8 @@ class _ConditionRun:
         options = {k: v for k, v in (step.settings if step else {}).items() if k in _EXEC_KEYS}
         if self.api_key:
             options["api_key"] = self.api_key
+        if self.exp.cache is not None:  # one answer cache for every condition and judge round
+            options["cache"] = self.exp.cache
         return options
 
     # -- steps ---------------------------------------------------------------------------------
