@@ -47,6 +47,8 @@ _TAG = (
 )
 _MAGIC = b"JBC1"
 _HEADER = struct.Struct("<4sII")  # magic, CRC-32 of the payload, payload length
+_READ = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+_CHUNK = 1 << 16
 #: How many draw numbers past the wanted one a store tries when others took them meanwhile.
 _MAX_PROBE = 64
 
@@ -89,7 +91,7 @@ def decode_entry(data: bytes, *, head_only: bool = False) -> Entry | None:
 
 def entry_path(root: str, name: str) -> str:
     """Where entry `name` (`<key>.<draw>`) lives: two levels of 256 folders by key."""
-    return os.path.join(root, ANSWERS, name[:2], name[2:4], name)
+    return f"{root}/{ANSWERS}/{name[:2]}/{name[2:4]}/{name}"
 
 
 @dataclass
@@ -161,10 +163,15 @@ class Cache:
         """The entry stored as `name` (`keys.entry_name`), or None: absent, unreadable, torn or
         corrupt (counted in `counts.corrupt`). One open and one read."""
         try:
-            with open(entry_path(self.root, name), "rb", buffering=0) as f:
-                data = f.read()
+            fd = os.open(f"{self.root}/{ANSWERS}/{name[:2]}/{name[2:4]}/{name}", _READ)
         except OSError:
             return None
+        try:
+            data = _read_all(fd)
+        except OSError:
+            data = b""
+        finally:
+            os.close(fd)
         entry = decode_entry(data)
         if entry is None or entry.meta.get("name") != name:
             self.counts.corrupt += 1
@@ -285,6 +292,18 @@ def _check_is_cache(root: str) -> None:
             f"{root} is not a jsonlbatch cache (it has files but no {MARKER}): give a new or "
             "empty directory, or one a run made"
         )
+
+
+def _read_all(fd: int) -> bytes:
+    """A whole (small) file: one read in the common case."""
+    data = os.read(fd, _CHUNK)
+    if len(data) < _CHUNK:
+        return data
+    parts = [data]
+    while data:
+        data = os.read(fd, _CHUNK)
+        parts.append(data)
+    return b"".join(parts)
 
 
 def _unique() -> str:
