@@ -44,6 +44,10 @@ class RunCache:
     """Lookups and stores of one run over one request file (`requests`, read once more to
     count the copies of sampled bodies: see `draws.py`)."""
 
+    #: Copies of a body are told apart here, by the canonical key (exec's own count, by exact
+    #: body, is skipped): 64 and 64.0, or two `metadata`, make copies of one body too.
+    counts_copies = True
+
     def __init__(
         self,
         root: str | os.PathLike[str],

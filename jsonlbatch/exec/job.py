@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import sys
 import weakref
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
 
+from jsonlbatch.cache.runcache import RunCache
 from jsonlbatch.errors import OutputError, UsageError
 from jsonlbatch.exec.endpoints import parse_endpoint
 from jsonlbatch.exec.options import ExecOptions
@@ -129,6 +131,8 @@ class Job:
                     "temporary file first, to read it twice (needs as much free disk)"
                 )
                 self.source = spool(self.requests)
+            if opts.cache is not None and self.seams.store is None:
+                self._open_cache()  # an unusable folder fails here, before anything runs
             prefetch(self.output)
             prefetch(self.source)  # read from disk while the output is scanned
             self.existing = scan_output(self.output)
@@ -152,6 +156,17 @@ class Job:
                 "streams are not read yet): run these requests without --stream"
             )
         return self.input
+
+    def _open_cache(self) -> None:
+        """`--cache DIR`: the answer cache (jsonlbatch/cache/) as the run's before-send lookup
+        and after-answer store."""
+        opts = self.options
+        assert opts.cache is not None
+        cache = RunCache(
+            opts.cache, self.source, mode=opts.cache_mode, model=opts.model, price=opts.price,
+            key_urls=opts.urls if opts.cache_key_url else None,
+        )  # fmt: skip
+        self.seams = dataclasses.replace(self.seams, store=cache)
 
     def _note(self, message: str) -> None:
         if not self.options.quiet:
@@ -195,10 +210,13 @@ class Job:
         died for good)."""
         if self.input is None:
             self.prepare()
+        run_urls = list(urls or self.options.urls)
+        if self.options.cache_key_url and isinstance(self.seams.store, RunCache):
+            self.seams.store.key_by(run_urls)  # launched servers' URLs included
         try:
             return await Run(
                 self,
-                list(urls or self.options.urls),
+                run_urls,
                 dict(keys or {}),
                 watchdog,
                 handle_signals,

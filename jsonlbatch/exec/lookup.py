@@ -11,6 +11,13 @@ exactly the same thing (same URL and body, keys in any order), so the 3rd of fiv
 samples is occurrence 2 in every run, whatever was already done or how the lines are ordered for
 sending. Counting it needs one pass over the request file and a counter per distinct request
 (only when a store is installed).
+
+Every pending request is looked up before the first one is sent, in file order (`Run._answer`):
+answers the store has are written at once, without the router, the queue or a server; only the
+others go on to be sent. Optional members a store may have: `counts_copies = True` (it tells
+identical requests apart itself, by its own notion of "identical": exec skips its count and
+passes occurrence 0), `notes()` (lines to show once the run starts) and `describe()` (one line
+for the run's summary). The answer cache (`jsonlbatch/cache/runcache.py`) has all three.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from jsonlbatch.cache.store import MODES as CACHE_MODES
 from jsonlbatch.cost import Price
 from jsonlbatch.errors import UsageError
 from jsonlbatch.exec.router import RouteOptions
@@ -44,6 +45,9 @@ class ExecOptions:
     rate_limits: bool = True  # learn limits from the providers' rate-limit headers
     price: Price | None = None  # dollars per million tokens: spend shown, --max-cost enforced
     max_cost: float | None = None  # dollars for the whole output file, resumed runs included
+    cache: str | None = None  # answer cache folder (jsonlbatch/cache/): look up, then store
+    cache_mode: str = "rw"  # rw | read | write
+    cache_key_url: bool = False  # the endpoints' URLs are part of the cache key
 
     def __post_init__(self) -> None:
         self.route_options()  # checks the routing options
@@ -57,6 +61,8 @@ class ExecOptions:
             raise UsageError(f"--changed must be one of: {', '.join(CHANGED_POLICIES)}")
         if (self.rpm is not None and self.rpm <= 0) or (self.tpm is not None and self.tpm <= 0):
             raise UsageError("--rpm and --tpm must be positive")
+        if self.cache_mode not in CACHE_MODES:
+            raise UsageError(f"--cache-mode must be one of: {', '.join(CACHE_MODES)}")
         if self.max_cost is not None:
             if self.max_cost < 0:
                 raise UsageError("--max-cost must not be negative")

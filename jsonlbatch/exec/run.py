@@ -11,10 +11,10 @@ stream (`events.py`) and stops cleanly on Ctrl-C, a budget stop or a fatal error
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 import signal
 import time
+from array import array
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -28,7 +28,7 @@ from jsonlbatch.exec.concurrency import FixedConcurrency
 from jsonlbatch.exec.endpoints import Endpoint, EndpointPool, auth_headers, parse_endpoint
 from jsonlbatch.exec.events import Answered, EventBus, Snapshot
 from jsonlbatch.exec.limits import RateLimiter
-from jsonlbatch.exec.lookup import occurrences
+from jsonlbatch.exec.lookup import AnswerStore, occurrences
 from jsonlbatch.exec.pools import ModelPools, PoolSpec
 from jsonlbatch.exec.progress import Progress
 from jsonlbatch.exec.record import Recorder
@@ -38,6 +38,7 @@ from jsonlbatch.exec.seams import Seams
 from jsonlbatch.exec.send import Sender, Stop
 from jsonlbatch.exec.server_metrics import compare, keep_servers, scrape_all
 from jsonlbatch.exec.summary import RunSummary
+from jsonlbatch.jsonl import read_lines_at
 from jsonlbatch.records import Request, Result, fingerprint
 
 if TYPE_CHECKING:
@@ -103,6 +104,7 @@ class Run:
         self.queue: asyncio.Queue[Request | None] | None = None
         self.preflight: asyncio.Task[str | None] | None = None
         self.repeats: dict[str, int] = {}  # custom_id -> occurrence, with a lookup only
+        self.pending = self.scan.pending  # byte offsets of the lines still to send
 
     # -- the run -------------------------------------------------------------------------------
 
@@ -141,6 +143,9 @@ class Run:
                     loop.remove_signal_handler(sig)
             self.recorder.close()
             self._meter_summary()
+            describe = getattr(self.seams.store, "describe", None)
+            if describe is not None:
+                self.summary.cache = describe()
             self._snapshot(final=True)
             self.progress.close()
             self.summary.wall_s = time.monotonic() - started
@@ -221,11 +226,16 @@ class Run:
             self.summary.spent = budget.spent
 
     async def _send_all(self) -> None:
-        n_workers = min(self.opts.concurrency, len(self.scan.pending))
+        store = self.seams.store
+        if store is not None and not getattr(store, "counts_copies", False):
+            self.repeats = occurrences(self.job.source)  # identical requests told apart
+        if store is not None:
+            await self._answer(store)
+            if self.stopping.is_set() or not self.pending:
+                return
+        n_workers = min(self.opts.concurrency, len(self.pending))
         queue: asyncio.Queue[Request | None] = asyncio.Queue(maxsize=2 * n_workers)
         self.queue = queue
-        if self.seams.store is not None:  # identical requests told apart, in file order
-            self.repeats = occurrences(self.job.source)
         self.reader = reader = asyncio.ensure_future(self._read(queue, n_workers))
         self.workers = [asyncio.ensure_future(self._work(queue)) for _ in range(n_workers)]
         try:
@@ -240,21 +250,52 @@ class Run:
                 task.cancel()
             await asyncio.gather(reader, *self.workers, return_exceptions=True)
 
-    async def _read(self, queue: asyncio.Queue[Request | None], n_workers: int) -> None:
-        override = self.model_override
+    def _check_source(self) -> None:
         stat = stat_input(self.job.source)
         if (stat.st_size, stat.st_mtime_ns) != (self.scan.size, self.scan.mtime_ns):
             raise InputError(
                 f"{self.job.requests} changed after it was checked; run the command again"
             )
+
+    def _request(self, raw: bytes) -> Request:
+        """A pending line as the request to send (after `--model`), with its fingerprint."""
+        obj = orjson.loads(raw)
+        url, body = obj["url"], obj["body"]
+        mark = fingerprint(raw, url, body)  # of the request as the file asks it
+        if self.model_override is not None:
+            body["model"] = self.model_override
+        return Request(obj["custom_id"], url, body, fingerprint=mark)
+
+    async def _answer(self, store: AnswerStore) -> None:
+        """Before anything is sent: write what the store answers, in file order, and keep only
+        the rest pending. No router, queue or server is involved in a stored answer, so a run
+        the store answers whole costs a read per request, not a request."""
+        self._check_source()
+        notes = getattr(store, "notes", None)
+        for note in notes() if notes is not None else ():
+            self.progress.note(note)
+        repeats, missed = self.repeats, array("Q")
+        pending = self.pending
+        for n, raw in enumerate(read_lines_at(self.job.source, pending)):
+            request = self._request(raw)
+            stored = store.lookup(request, repeats.get(request.custom_id, 0))
+            if stored is None:
+                missed.append(pending[n])
+            else:
+                stored.custom_id = request.custom_id
+                self._record(request, stored)
+            if n % 1024 == 1023:
+                await asyncio.sleep(0)  # progress, signals, the writer's flushes
+                if self.stopping.is_set():
+                    missed.extend(pending[n + 1 :])
+                    break
+        self.pending = missed
+
+    async def _read(self, queue: asyncio.Queue[Request | None], n_workers: int) -> None:
+        self._check_source()
         route = self.opts.route_options()
-        for raw in ordered_lines(self.job.source, self.scan.pending, route):
-            obj = orjson.loads(raw)
-            url, body = obj["url"], obj["body"]
-            mark = fingerprint(raw, url, body)  # of the request as the file asks it
-            if override is not None:
-                body["model"] = override
-            await queue.put(Request(obj["custom_id"], url, body, fingerprint=mark))
+        for raw in ordered_lines(self.job.source, self.pending, route):
+            await queue.put(self._request(raw))
             if self.stopping.is_set():
                 break
         for _ in range(n_workers):
@@ -268,16 +309,9 @@ class Run:
             if request is None or self.stopping.is_set():
                 return
             try:
-                if store is not None:
-                    occurrence = repeats.get(request.custom_id, 0)
-                    stored = store.lookup(request, occurrence)
-                    if stored is not None:
-                        stored = dataclasses.replace(stored, custom_id=request.custom_id)
-                        self._record(request, stored)
-                        continue
                 result = await sender.send(request)
-                if store is not None:
-                    store.store(request, occurrence, result)
+                if store is not None:  # looked up before sending began (`_answer`)
+                    store.store(request, repeats.get(request.custom_id, 0), result)
             except BudgetReached:
                 self._stop_for_budget()
                 return
