@@ -127,8 +127,9 @@ def prune(
 ) -> PruneResult:
     """Remove answers: of `model` only (all of them, or those older than `older_than` seconds),
     else those older than `older_than`; then the oldest until at most `max_bytes` remain.
-    Torn or corrupt entries and temporary files older than an hour always go. Age is the time
-    an answer was stored."""
+    Torn or corrupt entries and temporary files older than an hour always go, and with
+    `older_than` alone, the runs' records (`runs/`) older than that. Age is the time an answer
+    was stored."""
     if older_than is None and max_bytes is None and model is None:
         raise UsageError("say what to prune: --older-than, --max-size and/or --model")
     root = _cache_root(root)
@@ -168,7 +169,22 @@ def prune(
             sizes.append(st.st_size)
     if max_bytes is not None and result.kept_bytes > max_bytes:
         _trim(root, result, ages, sizes, max_bytes, remove)
+    if cutoff is not None and model is None and not dry_run:  # old runs' counts go too
+        _prune_runs(root, cutoff)
     return result
+
+
+def _prune_runs(root: str, cutoff: float) -> None:
+    folder = os.path.join(root, RUNS)
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return
+    for name in names:
+        path = os.path.join(folder, name)
+        with contextlib.suppress(OSError):
+            if os.stat(path).st_mtime < cutoff:
+                os.unlink(path)
 
 
 def _trim(

@@ -150,6 +150,14 @@ class RunCache:
         """Record this run's counts in the cache's `runs/` (for `cache stats`)."""
         self.cache.record_run(output)
 
+    def progress(self) -> str:
+        """For the progress bar: hits so far and what they saved."""
+        c = self.counts
+        if not c.hits:
+            return ""
+        saved = f" saved=${c.saved_usd:,.4f}" if c.saved_usd is not None else ""
+        return f"cache_hits={c.hits}{saved}"
+
     def describe(self) -> str:
         """One line for the summary: hits, what they saved, misses, answers stored."""
         c = self.counts

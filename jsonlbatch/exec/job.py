@@ -131,7 +131,7 @@ class Job:
                     "temporary file first, to read it twice (needs as much free disk)"
                 )
                 self.source = spool(self.requests)
-            if opts.cache is not None and self.seams.store is None:
+            if opts.cache is not None and self.seams.store is None and lock:
                 self._open_cache()  # an unusable folder fails here, before anything runs
             prefetch(self.output)
             prefetch(self.source)  # read from disk while the output is scanned

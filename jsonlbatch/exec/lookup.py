@@ -16,8 +16,9 @@ Every pending request is looked up before the first one is sent, in file order (
 answers the store has are written at once, without the router, the queue or a server; only the
 others go on to be sent. Optional members a store may have: `counts_copies = True` (it tells
 identical requests apart itself, by its own notion of "identical": exec skips its count and
-passes occurrence 0), `notes()` (lines to show once the run starts) and `describe()` (one line
-for the run's summary). The answer cache (`jsonlbatch/cache/runcache.py`) has all three.
+passes occurrence 0), `notes()` (lines to show once the run starts), `progress()` (a few words
+for the progress bar) and `describe()` (one line for the run's summary). The answer cache
+(`jsonlbatch/cache/runcache.py`) has them all.
 """
 
 from __future__ import annotations

@@ -86,7 +86,6 @@ class Progress:
                 if len(summary.endpoints) > 1
                 else ""
             )
-            + (f" cache_hits={summary.cache_hits}" if summary.cache_hits else "")
             + (f" {extra}" if extra else "")
             + (" [waiting for server]" if status else ""),
             refresh=True,

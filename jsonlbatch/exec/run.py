@@ -336,7 +336,11 @@ class Run:
             return
         status = self.pools.status if self.pools is not None else ""
         retrying = self.sender.retrying if self.sender is not None and not final else 0
-        self.bus.emit(Snapshot(self.summary, retrying, status, self.meter.status(), final))
+        extra = self.meter.status()
+        shown = getattr(self.seams.store, "progress", None)  # e.g. the cache's hits, savings
+        if shown is not None:
+            extra = f"{extra} {shown()}".strip()
+        self.bus.emit(Snapshot(self.summary, retrying, status, extra, final))
 
     async def _tick(self) -> None:
         while True:
