@@ -12,7 +12,6 @@ import contextlib
 import hmac
 import itertools
 import logging
-import math
 import os
 import signal
 import tempfile
@@ -24,9 +23,13 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from jsonlbatch.batchapi.intake import new_batch, queued_requests
 from jsonlbatch.batchapi.objects import new_id, now, window_seconds
 from jsonlbatch.batchapi.runner import BatchRunner, RunnerOptions
+from jsonlbatch.batchapi.serve_anthropic import DEFAULT_EXPIRY as anthropic_expiry
+from jsonlbatch.batchapi.serve_anthropic import AnthropicBatches
 from jsonlbatch.batchapi.store import Store, StoreError
+from jsonlbatch.batchapi.web import ApiError, json_response
 from jsonlbatch.errors import UsageError
 from jsonlbatch.exec.endpoints import parse_endpoint
 from jsonlbatch.records import KNOWN_URLS
@@ -59,16 +62,16 @@ class BatchServerOptions:
     host: str = "127.0.0.1"
     port: int = 0
     api_key: str | None = field(default=None, repr=False)  # clients must send it
+    #: Seconds before an Anthropic or Gemini batch expires (None: theirs, 24 h and 48 h).
+    expiry: float | None = None
+    #: Requests that may wait in unfinished batches; a batch beyond is refused as the
+    #: provider does (OpenAI: the batch fails with `token_limit_exceeded`; Anthropic and
+    #: Gemini: HTTP 429). None: no limit.
+    max_queued: int | None = None
 
 
-class _Error(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param = status, message, param
-
-
-def _json(obj: Any, status: int = 200) -> web.Response:
-    return web.Response(body=orjson.dumps(obj), status=status, content_type="application/json")
+_Error = ApiError
+_json = json_response
 
 
 class _Api:
@@ -198,32 +201,42 @@ class _Api:
             and all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())
         ):
             raise _Error(400, "metadata must map at most 16 strings to strings", "metadata")
-        created = now()
-        batch = {
-            "id": new_id("batch_"),
-            "object": "batch",
-            "endpoint": endpoint,
-            "errors": None,
-            "input_file_id": file_id,
-            "completion_window": window,
-            "status": "validating",
-            "output_file_id": None,
-            "error_file_id": None,
-            "created_at": created,
-            "in_progress_at": None,
-            "expires_at": created + math.ceil(seconds),
-            "finalizing_at": None,
-            "completed_at": None,
-            "failed_at": None,
-            "expired_at": None,
-            "cancelling_at": None,
-            "cancelled_at": None,
-            "request_counts": {"total": 0, "completed": 0, "failed": 0},
-            "metadata": metadata,
-        }
-        self.store.put_batch(batch)
-        self.runner.wake.set()
+        queued = self._over_queue_limit(file_id)
+        batch = new_batch(
+            self.store,
+            self.runner,
+            input_file_id=file_id,
+            endpoint=endpoint,
+            window=window,
+            seconds=seconds,
+            metadata=metadata,
+        )
+        if queued is not None:  # as OpenAI does: the batch is made, and fails at once
+            message = (
+                f"Enqueued token limit reached: {queued} requests are already queued and the "
+                f"limit is {self.options.max_queued}. Try again once earlier batches complete."
+            )
+            error = {
+                "code": "token_limit_exceeded",
+                "message": message,
+                "param": None,
+                "line": None,
+            }
+            batch.update(
+                status="failed", failed_at=now(), errors={"object": "list", "data": [error]}
+            )
+            self.store.put_batch(batch)
         return _json(batch)
+
+    def _over_queue_limit(self, file_id: str) -> int | None:
+        """The requests already queued, when this file's would pass `max_queued`."""
+        limit = self.options.max_queued
+        if limit is None:
+            return None
+        with open(self.store.file_path(file_id), "rb") as f:
+            lines = sum(1 for line in f if line.strip())
+        queued = queued_requests(self.store)
+        return queued if queued + lines > limit else None
 
     def _batch(self, request: web.Request) -> dict[str, Any]:
         return _found(self.store.get_batch, "Batch", request.match_info["batch_id"])
@@ -309,6 +322,22 @@ def _page(data: list[dict[str, Any]], more: bool) -> dict[str, Any]:
 
 
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+#: Paths that need the front's key when it has one (every API it serves, not `/health`).
+_GUARDED = ("/v1/", "/v1beta/", "/upload/", "/download/")
+
+
+def _given_key(request: web.Request) -> str:
+    """The key a client sent, however its SDK sends it: OpenAI's and Anthropic's current
+    `Authorization: Bearer`, Azure's `api-key`, Anthropic's older `x-api-key`, Gemini's
+    `x-goog-api-key` (or `?key=`)."""
+    headers = request.headers
+    bearer = headers.get("Authorization", "")
+    if bearer.startswith("Bearer "):
+        return bearer.removeprefix("Bearer ").strip()
+    for name in ("api-key", "x-api-key", "x-goog-api-key"):
+        if headers.get(name):
+            return headers[name]
+    return request.query.get("key", "")
 
 
 def create_app(options: BatchServerOptions) -> web.Application:
@@ -320,21 +349,13 @@ def create_app(options: BatchServerOptions) -> web.Application:
 
     @web.middleware
     async def guard(request: web.Request, handler: _Handler) -> web.StreamResponse:
-        if key is not None and request.path.startswith("/v1/"):
-            given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
-            given = given or request.headers.get("api-key", "")
-            if not hmac.compare_digest(given.encode(), key):
-                return _json({"error": "Unauthorized"}, 401)
+        guarded = key is not None and request.path.startswith(_GUARDED)
+        if guarded and not hmac.compare_digest(_given_key(request).encode(), key or b""):
+            return _json({"error": "Unauthorized"}, 401)
         try:
             return await handler(request)
-        except _Error as exc:
-            error = {
-                "message": exc.message,
-                "type": "invalid_request_error",
-                "param": exc.param,
-                "code": None,
-            }
-            return _json({"error": error}, exc.status)
+        except ApiError as exc:
+            return exc.response()
         except StoreError as exc:  # locked past the busy timeout: a passing failure
             log.error("%s %s: %s", request.method, request.path, exc)
             error = {"message": str(exc), "type": "server_error", "param": None, "code": None}
@@ -362,6 +383,12 @@ def create_app(options: BatchServerOptions) -> web.Application:
     add.add_get("/v1/batches", api.list_batches)
     add.add_get("/v1/batches/{batch_id}", api.get_batch)
     add.add_post("/v1/batches/{batch_id}/cancel", api.cancel_batch)
+    AnthropicBatches(
+        store,
+        runner,
+        expiry=options.expiry or anthropic_expiry,
+        max_queued=options.max_queued,
+    ).add_routes(app)
     add.add_route("*", "/{tail:.*}", api.proxy)
 
     async def lifecycle(app: web.Application) -> Any:

@@ -78,6 +78,19 @@ _CHECK_EVERY = 1.0
     show_default=True,
     help="Requests in flight for batches (one budget, the oldest batch first).",
 )
+@click.option(
+    "--batch-expiry",
+    type=SECONDS,
+    metavar="SECONDS",
+    help="Expire Anthropic and Gemini batches after this long (default: theirs, 24 h and 48 h).",
+)
+@click.option(
+    "--batch-max-queued",
+    type=click.IntRange(min=1),
+    metavar="N",
+    help="Requests that may wait in unfinished batches; a batch beyond is refused as each "
+    "provider does (OpenAI: token_limit_exceeded; Anthropic, Gemini: 429).",
+)
 @fleet_options
 @click.option(
     "--endpoints-out",
@@ -97,6 +110,8 @@ def serve(
     batch_dir: str,
     batch_port: int,
     batch_concurrency: int,
+    batch_expiry: float | None,
+    batch_max_queued: int | None,
     **kwargs: Any,
 ) -> None:
     """Launch a server (or replicas) and keep it up; prints one base URL per line.
@@ -143,6 +158,8 @@ def serve(
         host=kwargs["host"],
         port=batch_port,
         api_key=kwargs["server_api_key"],
+        expiry=batch_expiry,
+        max_queued=batch_max_queued,
     )
     if upstream is not None:
         if kwargs["backend"] is not None:
