@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 import urllib.request
@@ -127,10 +128,13 @@ def test_ready_timeout_stops_the_slow_server(
     monkeypatch.setenv("STANDIN_GRANDCHILD", "1")
     opts = ServeOptions("vllm", model_path="M", ready_timeout=1.0)
     expected = r"not ready within --ready-timeout 1s \(cannot connect"
-    with pytest.raises(LaunchError, match=expected), serving(opts, quiet=True):
+    with pytest.raises(LaunchError, match=expected) as info, serving(opts, quiet=True):
         pass
-    # it was started (then taken down: the fixture checks that nothing survives)
-    assert "start 1: vllm serve M" in Path("jsonlbatch-vllm.server.log").read_text()
+    # it was started (then taken down: the fixture checks that nothing survives); its log is
+    # in a run directory under the temp dir, not in the current one
+    log = re.search(r"its log (\S+jsonlbatch-vllm\.server\.log)", str(info.value))[1]
+    assert "start 1: vllm serve M" in Path(log).read_text()
+    assert not Path("jsonlbatch-vllm.server.log").exists()
 
 
 def test_a_server_dying_mid_run_is_restarted_on_the_same_port(

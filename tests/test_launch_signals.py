@@ -264,3 +264,24 @@ def test_ray_without_the_extra_says_how_to_install_it(standins: Standins) -> Non
     assert done.returncode == 2, done.stderr
     assert "pip install 'jsonlbatch[ray]'" in done.stderr and "Traceback" not in done.stderr
     assert not (standins.tmp / "out.jsonl").exists()
+
+
+def test_serve_keeps_its_logs_out_of_the_current_directory(
+    standins: Standins, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 26: a bare `serve` wrote jsonlbatch-<backend>.server.log into the current
+    directory; its logs go to a fresh per-run directory under the temp dir, named on stderr."""
+    temp = standins.tmp / "systemp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
+    before = sorted(p.name for p in standins.tmp.iterdir())
+    proc, out, err = start("serve", "--backend", "mock", "--served-model-name", "m")
+    out.wait_for("http://")
+    line = err.wait_for("(log: ")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0
+    err.rest()
+    log = Path(line.rsplit("(log: ", 1)[1].rstrip().rstrip(")"))
+    assert log.parent.parent == temp and log.parent.name.startswith("jsonlbatch-serve-mock-")
+    assert log.name == "jsonlbatch-mock.server.log" and log.stat().st_size > 0
+    assert sorted(p.name for p in standins.tmp.iterdir()) == before  # nothing new here

@@ -146,7 +146,8 @@ _OPTIONS = [
         "--server-log-dir",
         "log_dir",
         type=click.Path(file_okay=False),
-        help="Directory for server logs (default: beside exec's output file; for serve, the current one).",
+        help="Directory for server logs (default: beside exec's output file; for serve, a new "
+        "directory under the system's temp dir, named on stderr).",
     ),
 ]
 

@@ -14,6 +14,7 @@ ending the others' work, where the caller asks for that (`keep_going`).
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import sys
 import urllib.parse
@@ -30,6 +31,7 @@ from jsonlbatch.serve.launch import (
     STOP_GRACE,
     Servers,
     plan_servers,
+    run_log_dir,
     running,
     stop_all,
     warn_gpu_holders,
@@ -159,6 +161,8 @@ def plan_fleet(
     listed = visible_gpus(gpus, detect=needs and not ray)
     placed = place(fleet, listed, node=node, ray=ray)
     stem = log_stem or "jsonlbatch-fleet"
+    if log_stem is None and not (defaults or {}).get("log_dir"):  # a bare `serve --fleet`
+        stem = os.path.join(run_log_dir("fleet"), stem)
     taken: set[int] = set()
     groups = []
     for i, entry in enumerate(placed):

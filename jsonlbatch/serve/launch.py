@@ -12,11 +12,13 @@ nothing survives us: not on an error, not on Ctrl-C or SIGTERM, not even on SIGK
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import http.client
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -368,6 +370,14 @@ def plan_servers(
     return servers
 
 
+def run_log_dir(what: str) -> str:
+    """A fresh directory for one `serve` run's logs, under the system's temp dir: a bare
+    `serve` (no output file to put them beside, no --server-log-dir) must not litter the
+    current directory."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return tempfile.mkdtemp(prefix=f"jsonlbatch-serve-{what}-{stamp}-")
+
+
 def log_paths(options: ServeOptions, count: int, log_stem: str | None) -> list[str]:
     """`<stem>.server.log`, or `<stem>.server-<i>.log` per replica; in `log_dir` if given.
 
@@ -390,8 +400,11 @@ def serving(
     Startup raises LaunchError with the server's own last log lines when a server exits or
     does not become ready in time. Ctrl-C (KeyboardInterrupt), and SIGTERM where no handler
     is installed, become Interrupted, during startup or in the block. Teardown runs however the
-    block ends.
+    block ends. Logs go beside `log_stem` (exec's output), in `options.log_dir`, or else in a
+    fresh directory under the system's temp dir (each server's start line names its log).
     """
+    if log_stem is None and options.log_dir is None:  # nothing to put the logs beside
+        options = dataclasses.replace(options, log_dir=run_log_dir(options.backend))
     if options.ray:
         from jsonlbatch.serve.raycluster import RayServers  # Ray is an optional extra
 
