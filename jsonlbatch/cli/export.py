@@ -65,11 +65,18 @@ _FILE = click.Path(exists=True, dir_okay=False)
     f"{' '.join(DEFAULT_SEPARATORS)}).",
 )
 @click.option("--no-split", is_flag=True, help="Each custom_id is its own group.")
+@click.option(
+    "--csv-raw",
+    is_flag=True,
+    help="CSV: keep text cells as they are (by default one starting with = + - @ gets a ' "
+    "first, so a spreadsheet does not run it as a formula).",
+)
 @click.option("-q", "--quiet", is_flag=True, help="No summary.")
 def export_(responses: tuple[str, ...], output: str, fmt: str | None, requests: str | None,
             per: str, votes: str | None, patches: str | None, files: str | None,
             into: str | None, on: str | None, columns: tuple[str, ...],
-            separators: tuple[str, ...], no_split: bool, quiet: bool) -> None:  # fmt: skip
+            separators: tuple[str, ...], no_split: bool, csv_raw: bool,
+            quiet: bool) -> None:  # fmt: skip
     """Write one row per request (or choice) of RESPONSES to a table for dataset tools."""
     summary = export(
         responses,
@@ -84,6 +91,7 @@ def export_(responses: tuple[str, ...], output: str, fmt: str | None, requests: 
         columns=columns,
         key=make_key(() if no_split else (separators or None), None, None),
         fmt=fmt,
+        csv_escape=not csv_raw,
     )
     if not quiet:
         for line in summary.lines():

@@ -111,10 +111,12 @@ def export(
     columns: Sequence[str] = (),
     key: KeyFunc | None = None,
     fmt: str | None = None,
+    csv_escape: bool = True,
 ) -> ExportSummary:
     """Write the result table to `out` (format from `fmt` or the suffix); see the module doc.
 
     `columns` picks and renames result columns (`NAME` or `NEW=NAME`); by default all.
+    `csv_escape`: CSV text cells that a spreadsheet would run as a formula start with `'`.
     """
     if per not in PER:
         raise UsageError(f"--per must be one of {', '.join(PER)}, not {per!r}")
@@ -135,13 +137,13 @@ def export(
     rows = _rows(paths, requests, per, key, joins, summary)
     types = {new: available[old] for new, old in chosen.items()}
     if into is None:
-        with TableWriter(out, fmt, dict(types)) as writer:
+        with TableWriter(out, fmt, dict(types), csv_escape=csv_escape) as writer:
             for row in rows:
                 writer.write(_pick(row, chosen))
         summary.rows = writer.rows
         return summary
     assert on is not None
-    _join_into(into, on, out, fmt, rows, chosen, types, summary)
+    _join_into(into, on, out, fmt, rows, chosen, types, summary, csv_escape)
     return summary
 
 
@@ -363,6 +365,7 @@ def _join_into(
     chosen: dict[str, str],
     types: dict[str, type],
     summary: ExportSummary,
+    csv_escape: bool = True,
 ) -> None:
     """Left join: every dataset row, once per matching result (by custom_id, else group)."""
     base_types, batches = open_table(base)
@@ -378,7 +381,7 @@ def _join_into(
     columns: dict[str, type | None] = dict.fromkeys(c for c in base_types if c not in types)
     kept = {c: t for c, t in base_types.items() if c not in types}
     empty = dict.fromkeys(types)
-    with TableWriter(out, fmt, columns | types, arrow_types=kept) as writer:
+    with TableWriter(out, fmt, columns | types, arrow_types=kept, csv_escape=csv_escape) as writer:
         for batch in batches:
             for record in batch:
                 summary.base_rows += 1

@@ -63,8 +63,10 @@ class TableWriter:
         fmt: str,
         columns: dict[str, type | None],
         arrow_types: dict[str, Any] | None = None,
+        csv_escape: bool = True,
     ) -> None:
         self.path, self.fmt, self.columns = path, fmt, list(columns)
+        self._escape = csv_escape
         self._kinds = columns
         self._arrow_types = arrow_types or {}
         self._stack = contextlib.ExitStack()
@@ -99,7 +101,7 @@ class TableWriter:
             if len(self._buffer) >= ROW_GROUP:
                 self._flush()
         elif self._csv is not None:
-            self._csv.writerow([_csv_value(row.get(c)) for c in self.columns])
+            self._csv.writerow([_csv_value(row.get(c), self._escape) for c in self.columns])
         else:
             assert self._fh is not None
             self._fh.write(orjson.dumps({c: row.get(c) for c in self.columns}, default=str) + b"\n")
@@ -123,11 +125,20 @@ class TableWriter:
             self._flush()
 
 
-def _csv_value(value: Any) -> Any:
+#: What a spreadsheet takes for a formula at the start of a cell (OWASP's CSV injection list).
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _csv_value(value: Any, escape: bool = True) -> Any:
+    """A cell: a model's answer `=HYPERLINK(...)` would run as a formula when the CSV is opened
+    in a spreadsheet, so a text cell starting with = + - @ (or a tab, CR) gets a `'` first,
+    which spreadsheets show as text (`--csv-raw` keeps cells as they are)."""
     if value is None:
         return ""
     if isinstance(value, list | dict):
-        return orjson.dumps(value).decode()
+        value = orjson.dumps(value).decode()
+    if escape and isinstance(value, str) and value.startswith(_FORMULA_START):
+        return "'" + value
     return value
 
 
