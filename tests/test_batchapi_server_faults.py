@@ -121,3 +121,38 @@ def test_a_second_server_on_one_directory_is_refused(tmp_path, mock_server):
     args = ("--batch-api", "--upstream", upstream, "--batch-dir", str(tmp_path / "state"))
     second = cli("serve", *args, "--batch-port", "0", timeout=60)
     assert second.returncode != 0 and "in use by another" in second.stderr, second.stderr
+
+
+def test_client_credentials_are_not_passed_to_the_upstream(tmp_path):
+    from aiohttp import web
+    from batchutil import odd_server
+
+    seen: list[dict] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        seen.append({k.lower(): v for k, v in request.headers.items()})
+        return web.json_response({"id": "c", "choices": [], "object": "chat.completion"})
+
+    upstream, stop = odd_server(handler)
+    try:
+        server = BatchServer(tmp_path / "state", upstream, "--upstream-api-key", "sk-up").start()
+        import urllib.request
+
+        request = urllib.request.Request(
+            server.url + "/chat/completions",
+            data=b'{"model": "mock", "messages": []}',
+            headers={
+                "Content-Type": "application/json",
+                "x-api-key": "client-secret-1",
+                "Cookie": "session=client-secret-2",
+                "x-goog-api-key": "client-secret-3",
+                "X-Trace": "kept",
+            },
+        )
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            assert resp.status == 200
+    finally:
+        stop()
+    [headers] = seen
+    assert headers["x-trace"] == "kept" and headers["authorization"] == "Bearer sk-up"
+    assert not any("client-secret" in v for v in headers.values()), headers

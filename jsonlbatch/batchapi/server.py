@@ -43,10 +43,20 @@ _HOP_HEADERS = frozenset(
         "transfer-encoding",
         "content-length",
         "content-encoding",
-        "authorization",
-        "api-key",
         "upgrade",
+    }
+)
+#: A client's credentials are for this front, never for the backend (which gets only
+#: `--upstream-api-key`): an Anthropic-style key, a Google key or a session cookie sent here
+#: must not reach a server someone else may run.
+_CREDENTIALS = frozenset(
+    {
+        "authorization",
         "proxy-authorization",
+        "api-key",
+        "x-api-key",
+        "x-goog-api-key",
+        "cookie",
     }
 )
 _CHUNK = 1 << 20
@@ -267,7 +277,8 @@ class _Api:
         target = endpoint.root_url(request.path)
         if request.query_string:
             target += "?" + request.query_string
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
+        dropped = _HOP_HEADERS | _CREDENTIALS
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in dropped}
         if self.options.runner.api_key:
             headers["Authorization"] = f"Bearer {self.options.runner.api_key}"
         assert self.session is not None
