@@ -40,7 +40,11 @@ MIN_SECRET_LEN = 4
 _MIN_PREFIX = 6
 
 _secrets: set[str] = set()
+_secret_forms: tuple[str, ...] = ()  # every secret as written and encoded, longest first
 _secret_bytes: tuple[bytes, ...] = ()
+#: Secrets at least this long are also looked for base64- and %-encoded: shorter ones would
+#: make their encodings too short to tell from ordinary text.
+_MIN_ENCODED_LEN = 8
 
 _QUERY_NAME = r"[A-Za-z0-9_.-]*(?:" + "|".join(_QUERY_WORDS) + r")[A-Za-z0-9_.-]*"
 #: Names of fields and headers whose value is a credential, as a server may echo them.
@@ -80,16 +84,40 @@ def _shapes_possible(text: str) -> bool:
 
 
 def register_secret(value: str | None) -> None:
-    """Remember a value that must never be shown."""
-    global _secret_bytes
+    """Remember a value that must never be shown (nor its JSON, base64 or %-encoded forms)."""
+    global _secret_bytes, _secret_forms
     if value and len(value) >= MIN_SECRET_LEN and value not in _secrets:
         _secrets.add(value)
-        forms = set()
+        forms: set[str] = set()
         for secret in _secrets:
-            forms.add(secret.encode())
-            forms.add(json.dumps(secret)[1:-1].encode())  # as a JSON string escapes it
-            forms.add(json.dumps(secret, ensure_ascii=False)[1:-1].encode())
-        _secret_bytes = tuple(forms)
+            forms.add(secret)
+            forms.add(json.dumps(secret)[1:-1])  # as a JSON string escapes it
+            forms.add(json.dumps(secret, ensure_ascii=False)[1:-1])
+            if len(secret) >= _MIN_ENCODED_LEN:
+                forms.update(_encoded_forms(secret))
+        _secret_forms = tuple(sorted(forms, key=len, reverse=True))
+        _secret_bytes = tuple(form.encode() for form in _secret_forms)
+
+
+def _encoded_forms(secret: str) -> set[str]:
+    """How a secret looks inside a URL (`%2F`, `+` for a space) or inside base64, at any of
+    base64's three alignments (a key inside `user:key` or a JSON blob that was encoded whole):
+    only the characters that depend on the secret alone, so the match holds whatever surrounds
+    it."""
+    import base64
+    import urllib.parse
+
+    raw = secret.encode()
+    forms = {urllib.parse.quote(secret, safe=""), urllib.parse.quote_plus(secret)}
+    forms |= {re.sub(r"%[0-9A-F]{2}", lambda m: m[0].lower(), f) for f in list(forms)}
+    for pad in range(3):
+        encoded = base64.b64encode(b"\0" * pad + raw).decode().rstrip("=")
+        total = pad + len(raw)
+        start = (0, 2, 3)[pad]  # the first character free of the bytes before the secret
+        end = 4 * (total // 3) + (0, 1, 2)[total % 3]  # the last one free of those after it
+        inner = encoded[start:end]
+        forms |= {inner, inner.replace("+", "-").replace("/", "_")}  # standard, URL-safe
+    return {f for f in forms if len(f) >= MIN_SECRET_LEN}
 
 
 def register_environment(environ: Mapping[str, str] | None = None) -> None:
@@ -114,9 +142,9 @@ def secret_query_parameter(name: str) -> bool:
 def redact(text: str, limit: int | None = None) -> str:
     """`text` with every secret masked, then cut to `limit` characters (with "...")."""
     if _secrets:
-        for secret in sorted(_secrets, key=len, reverse=True):
-            if secret in text:
-                text = text.replace(secret, MASK)
+        for form in _secret_forms:
+            if form in text:
+                text = text.replace(form, MASK)
         text = _mask_cut_tail(text)
     if _shapes_possible(text):
         text = _RULES.sub(_masked, text)

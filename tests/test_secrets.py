@@ -270,9 +270,11 @@ def test_a_malformed_header_is_not_quoted_back(tmp_path):
 @pytest.fixture
 def registered() -> Iterator[None]:
     saved = set(redact_module._secrets), redact_module._secret_bytes
+    forms = getattr(redact_module, "_secret_forms", ())
     register_secret(USER_KEY)
     yield
     redact_module._secrets, redact_module._secret_bytes = saved
+    redact_module._secret_forms = forms
 
 
 @pytest.mark.usefixtures("registered")
@@ -336,3 +338,24 @@ def test_library_errors_are_masked_wherever_they_are_printed():
     assert "abc123" not in str(error) and USER_KEY not in str(error)
     problem = InputError("bad input", [Problem("f.jsonl", 3, "body", f"echoes Bearer {USER_KEY}")])
     assert_hidden(str(problem), USER_KEY)
+
+
+@pytest.mark.usefixtures("registered")
+def test_encoded_forms_of_a_registered_secret_are_masked():
+    """base64 (at each of its three alignments, standard and URL-safe) and %-encoding: a server
+    that echoes `Basic base64(user:key)`, a JSON blob encoded whole, or a key in a URL path."""
+    import base64
+    import urllib.parse
+
+    for before in ("", "u", "us", "user:", '{"key": "'):
+        blob = base64.b64encode((before + USER_KEY + '"}').encode()).decode()
+        for text in (blob, blob.replace("+", "-").replace("/", "_")):
+            masked = redact(f"token blob {text} end")
+            assert "***" in masked and text not in masked, (before, text)
+    quoted = urllib.parse.quote(USER_KEY + "/+ x", safe="")
+    register_secret(USER_KEY + "/+ x")
+    assert quoted not in redact(f"GET /files/{quoted}/content") and "***" in redact(quoted)
+    encoded = base64.b64encode(b"me:" + USER_KEY.encode()).decode()
+    saved = redact_line(('{"error": "' + encoded + '"}\n').encode(), thorough=False)
+    assert encoded not in saved.decode() and b"***" in saved  # a saved line too
+    assert redact("an ordinary answer: dGhpcyBpcyBmaW5l") == "an ordinary answer: dGhpcyBpcyBmaW5l"
