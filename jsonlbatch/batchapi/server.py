@@ -28,6 +28,8 @@ from jsonlbatch.batchapi.objects import new_id, now, window_seconds
 from jsonlbatch.batchapi.runner import BatchRunner, RunnerOptions
 from jsonlbatch.batchapi.serve_anthropic import DEFAULT_EXPIRY as anthropic_expiry
 from jsonlbatch.batchapi.serve_anthropic import AnthropicBatches
+from jsonlbatch.batchapi.serve_gemini import DEFAULT_EXPIRY as gemini_expiry
+from jsonlbatch.batchapi.serve_gemini import GeminiBatches, is_gemini
 from jsonlbatch.batchapi.store import Store, StoreError
 from jsonlbatch.batchapi.web import ApiError, json_response
 from jsonlbatch.errors import UsageError
@@ -89,6 +91,10 @@ class _Api:
         self.options = options
         self.store = store
         self.runner = runner
+        #: Gemini shares `/v1/batches` and `/v1/files/...` with OpenAI: its calls go there.
+        self.gemini = GeminiBatches(
+            store, runner, expiry=options.expiry or gemini_expiry, max_queued=options.max_queued
+        )
         self.session: aiohttp.ClientSession | None = None
         self.upstreams = itertools.cycle([parse_endpoint(u) for u in options.runner.urls])
 
@@ -160,7 +166,9 @@ class _Api:
     def _file(self, request: web.Request) -> dict[str, Any]:
         return _found(self.store.get_file, "File", request.match_info["file_id"])
 
-    async def get_file(self, request: web.Request) -> web.Response:
+    async def get_file(self, request: web.Request) -> web.StreamResponse:
+        if ":" in request.match_info["file_id"] or is_gemini(request):
+            return await self.gemini.file(request)
         return _json(self._file(request))
 
     async def file_content(self, request: web.Request) -> web.StreamResponse:
@@ -252,9 +260,14 @@ class _Api:
         return _found(self.store.get_batch, "Batch", request.match_info["batch_id"])
 
     async def get_batch(self, request: web.Request) -> web.Response:
+        found = self.store.get_batch(request.match_info["batch_id"])
+        if is_gemini(request) or (found is not None and found.get("provider") == "gemini"):
+            return await self.gemini.retrieve(request)
         return _json(self._batch(request))
 
     async def list_batches(self, request: web.Request) -> web.Response:
+        if is_gemini(request):
+            return await self.gemini.list(request)
         data, more = self.store.list_batches(
             after=request.query.get("after"), limit=_limit(request, default=20, most=100)
         )
@@ -360,7 +373,10 @@ def create_app(options: BatchServerOptions) -> web.Application:
 
     @web.middleware
     async def guard(request: web.Request, handler: _Handler) -> web.StreamResponse:
-        guarded = key is not None and request.path.startswith(_GUARDED)
+        # An upload URL's chunks come without the key, as Google's do: the random upload_id,
+        # handed out by a keyed `start`, is what lets them in.
+        chunk = request.path.startswith("/upload/") and "upload_id" in request.query
+        guarded = key is not None and request.path.startswith(_GUARDED) and not chunk
         if guarded and not hmac.compare_digest(_given_key(request).encode(), key or b""):
             return _json({"error": "Unauthorized"}, 401)
         try:
@@ -400,6 +416,7 @@ def create_app(options: BatchServerOptions) -> web.Application:
         expiry=options.expiry or anthropic_expiry,
         max_queued=options.max_queued,
     ).add_routes(app)
+    api.gemini.add_routes(app)
     add.add_route("*", "/{tail:.*}", api.proxy)
 
     async def lifecycle(app: web.Application) -> Any:
