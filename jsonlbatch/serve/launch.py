@@ -48,6 +48,7 @@ from jsonlbatch.serve.gpus import (
     pick_ports,
     visible_gpus,
 )
+from jsonlbatch.serve.ports import lost_its_port, move, port_of
 from jsonlbatch.serve.readiness import wait_all
 from jsonlbatch.serve.reaper import SECRETS_ENV, group_pids, wait_group_gone
 
@@ -91,6 +92,7 @@ class ServerProcess:
         self._log_offset = 0
 
     model: str | None = None  # in a fleet, the model it serves: messages name it
+    moves = 0  # starts again on another port because its own was taken (serve/ports.py)
 
     def __repr__(self) -> str:
         return f"<server {self.label} {self.url} pid={self.pid}>"
@@ -270,7 +272,7 @@ class Servers:
             code = p.poll()
             if code is None:
                 continue
-            restarts = p.starts - 1  # the first start is no restart
+            restarts = p.starts - 1 - p.moves  # the first start (and a move) is no restart
             if restarts >= self.options.restart:
                 used = f"--restart-server {self.options.restart} used up"
                 raise LaunchError(
@@ -284,6 +286,19 @@ class Servers:
             p.start()
             watcher = threading.Thread(target=self._watch_restart, args=(p, p.starts), daemon=True)
             watcher.start()
+
+    def rebind(self, p: ServerProcess) -> bool:
+        """`p` exited before it was ready because its port was taken meanwhile: start it again
+        on another free port (`ports`). False when it failed for another reason."""
+        if not lost_its_port(p):
+            return False
+        stride = BACKENDS[self.options.backend].port_stride
+        first = max(port_of(s.url) for s in self.processes) + stride
+        (port,) = pick_ports(self.options.host, 1, first, stride=stride)
+        self.note(f"server {p.label}: port {move(p, port)} was taken before it could bind it; "
+                  f"starting it again on port {port}")  # fmt: skip
+        p.start()
+        return True
 
     def _watch_restart(self, p: ServerProcess, start: int) -> None:
         deadline = time.monotonic() + self.options.ready_timeout

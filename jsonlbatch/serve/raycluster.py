@@ -25,6 +25,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
+from urllib.parse import urlsplit
 
 from jsonlbatch.errors import LaunchError, UsageError
 from jsonlbatch.extras import load
@@ -38,6 +39,7 @@ from jsonlbatch.serve.launch import (
     log_paths,
     stop_all,
 )
+from jsonlbatch.serve.ports import MAX_MOVES, lost_its_port, move, port_of
 from jsonlbatch.serve.rayauth import RayAuth
 
 #: Settings of the servers themselves, forwarded from the driver to every replica's actor.
@@ -103,9 +105,7 @@ class ReplicaServer:
             options = replace(options, host=ray.util.get_node_ip_address())
         host = options.host
         if port is None:  # several actors may pick at once on one node: an ephemeral port
-            with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
-                sock.bind((host, 0))
-                port = sock.getsockname()[1]
+            port = _ephemeral_port(host)
         replicas = options.dp_mode == "replicas"
         command = build_command(
             options, port=port, data_parallel=1 if replicas else options.dp_size
@@ -130,7 +130,21 @@ class ReplicaServer:
     def info(self) -> dict[str, Any]:
         s = self.server
         return {"url": s.url, "command": s.command, "gpus": s.gpus, "starts": s.starts,
-                "pid": s.pid, "node": _node_id()}  # fmt: skip
+                "moves": s.moves, "pid": s.pid, "node": _node_id()}  # fmt: skip
+
+    def rebind(self, first: int | None, stride: int) -> dict[str, Any] | None:
+        """The server could not bind its port (taken meanwhile): start it again on another,
+        from `first` on (a one-machine cluster) or an ephemeral one; None: another failure."""
+        s = self.server
+        if not lost_its_port(s):
+            return None
+        host = urlsplit(s.url).hostname or "127.0.0.1"
+        port = (
+            _ephemeral_port(host) if first is None else pick_ports(host, 1, first, stride=stride)[0]
+        )
+        move(s, port)
+        s.start()
+        return self.info()
 
     def start(self) -> dict[str, Any]:
         self.server.start()
@@ -144,6 +158,12 @@ class ReplicaServer:
 
     def stop(self, grace: float) -> list[int]:
         return stop_all([self.server], grace=grace)
+
+
+def _ephemeral_port(host: str) -> int:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
 
 
 def _node_id() -> str:
@@ -191,6 +211,7 @@ class RayReplica(ServerProcess):
     def _update(self, info: dict[str, Any]) -> None:
         self.url, self.command, self.gpus = info["url"], info["command"], info["gpus"]
         self.starts, self._remote_pid, self.node = info["starts"], info["pid"], info["node"]
+        self.moves = info["moves"]
 
     def start(self) -> None:
         try:
@@ -255,9 +276,10 @@ class RayServers(Servers):
         self, options: ServeOptions, *, log_stem: str | None = None, quiet: bool = False
     ) -> None:
         _ray(_is_loopback(_address(options)))  # a missing extra: a usage error, before anything
-        if options.port is not None and options.dp_size > 1 and options.dp_mode == "replicas":
-            raise UsageError("--port with --ray and several replicas: let each node pick a port")
         self.count = options.dp_size if options.dp_mode == "replicas" else 1
+        self.stride = BACKENDS[options.backend].port_stride
+        if options.port is not None and options.port + (self.count - 1) * self.stride > 65535:
+            raise UsageError(f"--port {options.port} leaves no room for {self.count} replicas")
         per = options.tp_size * (1 if options.dp_mode == "replicas" else options.dp_size)
         self.gpus_per_replica = per if BACKENDS[options.backend].needs_gpus else 0
         if options.gpus is not None and not _is_loopback(_address(options)):
@@ -271,6 +293,7 @@ class RayServers(Servers):
         self._joined = False
         self._head: ServerProcess | None = None  # the local cluster this run started
         self._auth = RayAuth()  # token authentication: a local head's own token, or read
+        self._local = True  # every node on this machine's loopback (known once connected)
 
     @property
     def replicas(self) -> list[RayReplica]:
@@ -283,7 +306,7 @@ class RayServers(Servers):
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        local = self._local_cluster(ray)
+        local = self._local = self._local_cluster(ray)
         ports = self._ports(local)
         env = forwarded_env()
         bundle = {"GPU": self.gpus_per_replica} if self.gpus_per_replica else {"CPU": 0.01}
@@ -357,15 +380,34 @@ class RayServers(Servers):
         return all(n["NodeManagerAddress"].startswith(_LOOPBACK) for n in ray.nodes() if n["Alive"])
 
     def _ports(self, local: bool) -> list[int | None]:
-        """On a one-machine cluster, ports picked here (free, stable across actor restarts);
-        on a real cluster each actor picks a free one on its node."""
+        """On a one-machine cluster, ports picked here (free, stable across actor restarts;
+        `--port` is the first); on a real cluster, `--port` + i x stride on each replica's node,
+        else an ephemeral one each actor picks there. A port taken before its server binds it
+        moves the server to another (`rebind`)."""
+        port = self.options.port
         if not local:
-            return [self.options.port] + [None] * (self.count - 1)
-        backend = BACKENDS[self.options.backend]
-        first = self.options.port or backend.default_port
-        picked = pick_ports(self.options.host, self.count, first, stride=backend.port_stride,
-                            exact=self.options.port is not None)  # fmt: skip
+            return [None if port is None else port + i * self.stride for i in range(self.count)]
+        first = port or BACKENDS[self.options.backend].default_port
+        picked = pick_ports(self.options.host, self.count, first, stride=self.stride,
+                            exact=port is not None)  # fmt: skip
         return list(picked)
+
+    def rebind(self, p: ServerProcess) -> bool:
+        """The replica's server could not bind its port: its actor starts it on another."""
+        if not isinstance(p, RayReplica) or p.actor is None or p.moves >= MAX_MOVES:
+            return False
+        first = max(port_of(r.url) for r in self.replicas) + self.stride if self._local else None
+        old = port_of(p.url)
+        try:
+            info = p._call("rebind", first, self.stride)
+        except Exception:  # the actor is gone: the usual failure report follows
+            return False
+        if info is None:
+            return False
+        p._update(info)
+        self.note(f"server {p.label}: port {old} was taken before it could bind it; "
+                  f"starting it again on port {port_of(p.url)}")  # fmt: skip
+        return True
 
     def _check_fit(self, ray: Any) -> None:
         need = self.count * self.gpus_per_replica

@@ -46,6 +46,8 @@ def wait_all(groups: Sequence[Servers], *, quiet: bool = False) -> None:
                 pending += g.processes
             for p in list(pending):
                 code = p.poll()
+                if code is not None and group_of[id(p)].rebind(p):
+                    continue  # its port was taken meanwhile: started again on another
                 if code is not None:
                     raise LaunchError(
                         p.describe_failure(f"exited with status {code} before it was ready")

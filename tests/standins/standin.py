@@ -13,6 +13,9 @@ flags (and reject unknown ones as argparse does), then behave as the environment
                             so a restarted server serves
   STANDIN_GRANDCHILD=1      spawn a sleeping worker process ("stubborn": it ignores SIGTERM)
   STANDIN_IGNORE_SIGTERM=1  the server itself ignores SIGTERM
+  STANDIN_PORT_TAKEN=PATH   while PATH does not exist (creates it): another process takes the
+                            port just before this server binds it, as on a busy machine between
+                            the launcher's pick and the bind, so the bind fails
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ def run(
     if crash_after and not (marker and os.path.exists(marker)):
         app.middlewares.append(_crash_after(int(crash_after), marker))
     delay = float(env.get("STANDIN_READY_DELAY", "0"))
+    _take_port_first(env.get("STANDIN_PORT_TAKEN"), host, port)
     try:
         # As vLLM does: bind the port at once (SO_REUSEADDR), listen only once "loaded", so
         # the port refuses connections meanwhile yet is taken.
@@ -122,6 +126,20 @@ def _crash_after(limit: int, marker: str | None) -> object:
         return await handler(request)  # type: ignore[operator]
 
     return middleware
+
+
+def _take_port_first(marker: str | None, host: str, port: int) -> None:
+    """A squatter in this server's process group (so it goes with it) listens on the port."""
+    if not marker or os.path.exists(marker):
+        return
+    open(marker, "w").close()
+    code = ("import socket, sys, time\n"
+            "s = socket.socket(socket.AF_INET6 if ':' in sys.argv[1] else socket.AF_INET)\n"
+            "s.bind((sys.argv[1], int(sys.argv[2]))); s.listen()\n"
+            "print('bound', flush=True); time.sleep(600)")  # fmt: skip
+    squatter = subprocess.Popen([sys.executable, "-S", "-c", code, host, str(port)],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)  # fmt: skip
+    assert squatter.stdout is not None and squatter.stdout.readline() == b"bound\n"
 
 
 def _spawn_grandchild(kind: str) -> int | None:
