@@ -99,7 +99,7 @@ def test_cancel_expiry_and_a_full_queue(tmp_path: Path, mock_server: Any) -> Non
     try:
         client = _client(front)
         expiring = client.batches.create(model=MODEL, src=_inline(20))
-        with pytest.raises(genai.errors.ClientError, match="RESOURCE_EXHAUSTED|exhausted"):
+        with pytest.raises(genai.errors.ClientError, match=r"RESOURCE_EXHAUSTED|exhausted"):
             client.batches.create(model=MODEL, src=_inline(20))  # 40 > 30 queued
         assert _wait(client, expiring.name).state.name == "JOB_STATE_EXPIRED"
         cancelled = client.batches.create(model=MODEL, src=_inline(20))
