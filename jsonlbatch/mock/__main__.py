@@ -16,6 +16,10 @@ from jsonlbatch.errors import JsonlbatchError, UsageError
 from jsonlbatch.mock import MockConfig, gpu, serve
 from jsonlbatch.mock.app import MOCK_API_KEY_ENV
 
+def _seconds_or_none(value: str) -> float | None:
+    return None if value.strip().lower() == "none" else float(value)
+
+
 # (flag, MockConfig field, type, metavar, help); defaults come from MockConfig itself.
 _OPTIONS: tuple[tuple[str, str, type, str, str], ...] = (
     ("--latency", "latency", float, "S", "seconds before answering (streams: the first chunk)"),
@@ -27,9 +31,14 @@ _OPTIONS: tuple[tuple[str, str, type, str, str], ...] = (
     ("--fail-rate", "fail_rate", float, "F", "share of requests answered 500"),
     ("--rate-limit-rate", "rate_limit_rate", float, "F",
      "share of requests answered 429 with Retry-After"),
-    ("--retry-after", "retry_after", float, "S", "Retry-After seconds on injected 429s"),
+    ("--retry-after", "retry_after", _seconds_or_none, "S",
+     "Retry-After seconds on injected 429s; 'none' sends no Retry-After"),
     ("--drop-rate", "drop_rate", float, "F",
      "share of requests whose connection is closed without a response"),
+    ("--hang-rate", "hang_rate", float, "F",
+     "share of requests never answered (held until the client gives up)"),
+    ("--record-bodies", "record_bodies", int, "N",
+     "keep the last N request bodies received, for GET /mock/bodies"),
     ("--stream-error-rate", "stream_error_rate", float, "F",
      "share of streams cut by an error event halfway"),
     ("--api-key", "api_key", str, "KEY",

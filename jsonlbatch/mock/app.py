@@ -12,7 +12,7 @@ import hmac
 import os
 import random
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -30,10 +30,10 @@ from jsonlbatch.records import check_messages
 #: Where the mock server (`python -m jsonlbatch.mock`) reads its API key.
 MOCK_API_KEY_ENV = "JSONLBATCH_MOCK_API_KEY"
 
-_RATES = ("fail_rate", "rate_limit_rate", "drop_rate", "stream_error_rate")
-_DURATIONS = ("latency", "latency_jitter", "retry_after", "warmup")
+_RATES = ("fail_rate", "rate_limit_rate", "drop_rate", "hang_rate", "stream_error_rate")
+_DURATIONS = ("latency", "latency_jitter", "warmup")
 _UNAUTHORIZED = orjson.dumps({"error": "Unauthorized"})
-_DROP, _LIMIT, _FAIL = "drop", 429, 500
+_DROP, _HANG, _LIMIT, _FAIL = "drop", "hang", 429, 500
 _MAX_BODY = 256 << 20  # long prompts are legitimate; vLLM sets no cap either
 
 
@@ -50,8 +50,9 @@ class MockConfig:
     default_max_tokens: int = content.DEFAULT_MAX_TOKENS
     fail_rate: float = 0.0
     rate_limit_rate: float = 0.0
-    retry_after: float = 1.0
+    retry_after: float | None = 1.0  # None: injected 429s carry no Retry-After
     drop_rate: float = 0.0
+    hang_rate: float = 0.0  # share never answered: held until the client gives up
     stream_error_rate: float = 0.0
     api_key: str | None = None
     max_model_len: int | None = None
@@ -63,6 +64,7 @@ class MockConfig:
     tpm: float | None = None
     rate_limit_burst: float = 1.0  # seconds of rate a limit's bucket holds
     rate_limit_headers: str = "openai"  # or "anthropic"
+    record_bodies: int = 0  # keep the last N request bodies received (GET /mock/bodies)
 
     def __post_init__(self) -> None:
         if isinstance(self.served_models, str):
@@ -74,8 +76,12 @@ class MockConfig:
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 raise UsageError(f"{name} must be between 0 and 1, got {value}")
-        if self.fail_rate + self.rate_limit_rate + self.drop_rate > 1.0:
-            raise UsageError("fail_rate + rate_limit_rate + drop_rate must not exceed 1")
+        if self.fail_rate + self.rate_limit_rate + self.drop_rate + self.hang_rate > 1.0:
+            raise UsageError("fail_rate + rate_limit_rate + drop_rate + hang_rate must not exceed 1")
+        if self.retry_after is not None and self.retry_after < 0:
+            raise UsageError(f"retry_after must not be negative, got {self.retry_after}")
+        if self.record_bodies < 0:
+            raise UsageError(f"record_bodies must not be negative, got {self.record_bodies}")
         for name in _DURATIONS:
             if getattr(self, name) < 0:
                 raise UsageError(f"{name} must not be negative, got {getattr(self, name)}")
@@ -96,13 +102,17 @@ class MockStats:
     requests: Counter[str] = field(default_factory=Counter)  # by path
     responses: Counter[int] = field(default_factory=Counter)  # by status code
     dropped: int = 0
+    hung: int = 0
     stream_errors: int = 0
+    #: The last `MockConfig.record_bodies` generation request bodies, oldest first.
+    bodies: deque[dict[str, Any]] = field(default_factory=deque)
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "requests": dict(self.requests),
             "responses": {str(k): v for k, v in self.responses.items()},
             "dropped": self.dropped,
+            "hung": self.hung,
             "stream_errors": self.stream_errors,
         }
 
@@ -199,7 +209,10 @@ class _Mock:
         self.stats = MockStats()
         self.faults = random.Random(config.seed)
         self.jitter = random.Random(f"{config.seed}-jitter")
-        self.has_faults = config.fail_rate + config.rate_limit_rate + config.drop_rate > 0
+        self.has_faults = (
+            config.fail_rate + config.rate_limit_rate + config.drop_rate + config.hang_rate > 0
+        )
+        self.stats.bodies = deque(maxlen=config.record_bodies)
         self.key = config.api_key.encode() if config.api_key else None
         self.served = frozenset(config.served_models)
         self.step_delay = 1.0 / config.tokens_per_second if config.tokens_per_second else 0.0
@@ -250,12 +263,11 @@ class _Mock:
         if not self.has_faults:
             return None
         c, r = self.config, self.faults.random()
-        if r < c.drop_rate:
-            return _DROP
-        if r < c.drop_rate + c.rate_limit_rate:
-            return _LIMIT
-        if r < c.drop_rate + c.rate_limit_rate + c.fail_rate:
-            return _FAIL
+        for fault, rate in ((_DROP, c.drop_rate), (_LIMIT, c.rate_limit_rate),
+                            (_FAIL, c.fail_rate), (_HANG, c.hang_rate)):  # fmt: skip
+            if r < rate:
+                return fault
+            r -= rate
         return None
 
     def model_of(self, body: dict[str, Any]) -> str:
@@ -310,6 +322,8 @@ class _Mock:
         except _Reject as exc:
             kind = _ERROR_TYPES.get(exc.status, "BadRequestError")
             return self.respond(_error_body(exc.status, str(exc), kind, exc.param), exc.status)
+        if self.config.record_bodies:
+            self.stats.bodies.append(body)
         refused = self.limits and self.limits.admit(request, body, prompt)
         if refused:
             return self.respond(refused[0], 429, refused[1])
@@ -319,9 +333,16 @@ class _Mock:
             if request.transport is not None:
                 request.transport.abort()
             return web.Response()  # never sent: the connection is gone
+        if fault == _HANG:  # a stuck request: nothing comes back until the client gives up
+            self.stats.hung += 1
+            while request.transport is not None and not request.transport.is_closing():
+                await asyncio.sleep(0.2)
+            return web.Response()  # never sent: the client has gone
         if fault == _LIMIT:
-            retry = f"{self.config.retry_after:g}"
-            return self.respond(_INJECTED_429, 429, {"Retry-After": retry})
+            after = self.config.retry_after
+            return self.respond(
+                _INJECTED_429, 429, None if after is None else {"Retry-After": f"{after:g}"}
+            )
         if fault == _FAIL:
             return self.respond(_INJECTED_500, 500)
         return await answer(request, body, model, prompt)
@@ -493,6 +514,10 @@ class _Mock:
         body = orjson.dumps(self.stats.as_dict())
         return web.Response(body=body, content_type="application/json")
 
+    async def bodies_info(self, request: web.Request) -> web.StreamResponse:
+        body = orjson.dumps(list(self.stats.bodies))
+        return web.Response(body=body, content_type="application/json")
+
 
 _Answer = Callable[[web.Request, dict[str, Any], str, int], Awaitable[web.StreamResponse]]
 MOCK_KEY = web.AppKey("jsonlbatch_mock", _Mock)
@@ -518,6 +543,7 @@ def create_app(config: MockConfig) -> web.Application:
     add.add_get("/ping", mock.health)
     add.add_get("/version", mock.version_info)
     add.add_get("/mock/stats", mock.stats_info)
+    add.add_get("/mock/bodies", mock.bodies_info)
     if mock.gpu is not None:
         add.add_get("/metrics", mock.gpu.metrics)
         app.on_cleanup.append(mock.gpu.close)
