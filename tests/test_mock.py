@@ -434,6 +434,25 @@ async def test_drop_closes_the_connection(mock_server):
     assert stats["dropped"] == 1 and stats["requests"] == {"/v1/chat/completions": 1}
 
 
+async def test_hang_answers_nothing_and_429_without_retry_after(mock_server):
+    url = mock_server(hang_rate=1.0)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=0.3)) as session:
+        with pytest.raises(asyncio.TimeoutError):
+            await session.post(url + CHAT, json=HELLO)
+    _, stats = await post_json(url.removesuffix("/v1"), None, "/mock/stats")
+    assert stats["hung"] == 1 and stats["responses"] == {}
+    status, headers, _ = await call(mock_server(rate_limit_rate=1.0, retry_after=None), HELLO)
+    assert status == 429 and "Retry-After" not in headers
+
+
+async def test_record_bodies_keeps_the_last_ones(mock_server):
+    url = mock_server(record_bodies=2)
+    for i in range(3):
+        await post_json(url, {**HELLO, "priority": i})
+    _, bodies = await post_json(url.removesuffix("/v1"), None, "/mock/bodies")
+    assert [b["priority"] for b in bodies] == [1, 2]
+
+
 async def test_stream_error_midway(mock_server):
     url = mock_server(stream_error_rate=1.0)
     body = {**HELLO, "stream": True, "stream_options": {"include_usage": True}}

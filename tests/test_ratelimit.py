@@ -4,9 +4,12 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
+import random
 import time
 import urllib.request
 
+import orjson
 import pytest
 from batchutil import exec_cli, failures, read_results, write_requests
 
@@ -128,39 +131,111 @@ def test_rpm_option_paces_a_server_that_sends_no_headers(tmp_path, mock_server):
     assert elapsed >= (40 - 20) / 20 * 0.9
 
 
-def test_a_429_holds_every_worker_until_retry_after_and_halves_the_rate():
-    async def scenario() -> tuple[float, float]:
-        limiter = RateLimiter(learn=False)
-        for _ in range(50):  # a send rate to halve
-            limiter.count_unpaced()
-        limiter.on_429(0.3)
-        assert limiter.active and limiter.throttle is not None
+_HEADERS = {"x-ratelimit-limit-requests": "12000", "x-ratelimit-remaining-requests": "0"}
+
+
+def _answer(limiter: RateLimiter, status: int, headers=None, retry_after=None) -> None:
+    """One answer to a request sent just now (as a worker's send would count it)."""
+    limiter.answered(status, headers or {}, limiter.count_unpaced(), retry_after)
+
+
+def test_a_429_with_retry_after_holds_every_worker_until_then():
+    async def scenario() -> float:
+        limiter = RateLimiter()
+        _answer(limiter, 429, retry_after=0.3)
+        assert limiter.active and limiter.throttle is None  # held, not slowed: one 429
         started = time.monotonic()
         await limiter.acquire(Cost())  # another worker's request: held by the first's 429
-        held = time.monotonic() - started
-        first_rate = limiter.throttle.rate
-        limiter.on_429(None)  # 429s within a second are one burst: one halving
-        return held, first_rate / limiter.throttle.rate
+        return time.monotonic() - started
 
-    held, ratio = asyncio.run(scenario())
-    assert held >= 0.28
-    assert ratio == 1.0
+    assert asyncio.run(scenario()) >= 0.28
 
 
-def test_the_429_throttle_recovers_when_errors_stop(monkeypatch):
-    monkeypatch.setattr(limits, "RECOVERY_S", 0.05)
-
+@pytest.mark.parametrize("share", [0.05, 0.2])
+def test_stray_429s_without_headers_never_slow_the_run(share):
     async def scenario() -> RateLimiter:
-        limiter = RateLimiter(learn=False)
-        limiter._send_rate = lambda now: 100.0  # type: ignore[method-assign]
-        limiter.on_429(None)
-        assert limiter.throttle is not None and limiter.throttle.rate == pytest.approx(50.0)
-        await asyncio.sleep(0.2)  # four recovery steps: 50 -> 800/s, above twice the old rate
-        await limiter.acquire(Cost())
+        limiter = RateLimiter()
+        draw = random.Random(3)
+        for _ in range(2000):
+            _answer(limiter, 429 if draw.random() < share else 200)
         return limiter
 
     limiter = asyncio.run(scenario())
-    assert limiter.throttle is None and not limiter.active
+    assert limiter.rate_limited > 0
+    assert limiter.throttle is None and not limiter.active and limiter.status() == ""
+
+
+def test_a_high_share_of_429s_halves_the_rate_down_to_a_floor_and_recovers_in_answers():
+    async def scenario() -> tuple[list[float], RateLimiter]:
+        limiter = RateLimiter()
+        limiter._send_rate = lambda now: 400.0  # type: ignore[method-assign]
+        rates = []
+        for _ in range(12 * limits.DECIDE_EVERY):  # a server that answers 429 to everything
+            _answer(limiter, 429)
+            rates.append(limiter.throttle.rate if limiter.throttle else 0.0)
+        assert limiter.active and limiter.throttle is not None
+        # recovery: answers without 429s double the rate back, group by group, until lifted
+        for _ in range(20 * limits.DECIDE_EVERY):
+            _answer(limiter, 200)
+        return rates, limiter
+
+    rates, limiter = asyncio.run(scenario())
+    steps = sorted({r for r in rates if r}, reverse=True)
+    assert steps[0] == pytest.approx(200.0)  # half the rate that ran into the limit
+    assert all(a == pytest.approx(2 * b) for a, b in itertools.pairwise(steps[:-1]))
+    assert steps[-1] == limits.MIN_RATE  # bounded: never a standstill
+    assert rates[limits.DECIDE_EVERY - 2] == 0.0  # no decision before a group of answers
+    assert limiter.throttle is None
+
+
+def test_a_429_with_rate_limit_headers_slows_down_at_once():
+    limiter = RateLimiter()
+    limiter._send_rate = lambda now: 100.0  # type: ignore[method-assign]
+    _answer(limiter, 200)
+    _answer(limiter, 429, _HEADERS)
+    assert limiter.throttle is not None and limiter.throttle.rate == pytest.approx(50.0)
+    _answer(limiter, 429, _HEADERS)  # one decision per group of answers, not per 429
+    assert limiter.throttle.rate == pytest.approx(50.0)
+
+
+def test_rate_limits_off_turns_off_every_pacing_not_asked_for():
+    limiter = RateLimiter(rpm=600, learn=False)
+    for _ in range(3 * limits.DECIDE_EVERY):
+        _answer(limiter, 429, _HEADERS, retry_after=30.0)
+    assert limiter.rate_limited == 3 * limits.DECIDE_EVERY
+    assert limiter.throttle is None and limiter.hold_until == 0.0
+    assert list(limiter.buckets) == ["requests"] and limiter.describe() == "600 rpm (--rpm)"
+
+
+def test_stray_429s_finish_the_run_unpaced(tmp_path, mock_server):
+    url = mock_server(rate_limit_rate=0.2, retry_after=None, seed=5)
+    write_requests(tmp_path / "req.jsonl", 300, max_tokens=2)
+    out = tmp_path / "out.jsonl"
+    proc = exec_cli(tmp_path / "req.jsonl", out, "--url", url, "-c", "32", "--backoff", "0.01",
+                    "--max-retries", "20")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    results = read_results(out)
+    assert len(results) == 300 and not failures(results)
+    assert "after 429s" not in proc.stderr
+
+
+def test_a_server_answering_429_to_everything_ends_with_failure_lines(
+    tmp_path, mock_server, monkeypatch
+):
+    monkeypatch.setattr(limits, "MIN_RATE", 50.0)  # the real floor (2/s) takes minutes here
+    url = mock_server(rate_limit_rate=1.0, retry_after=None)
+    write_requests(tmp_path / "req.jsonl", 12, max_tokens=2)
+    out = tmp_path / "out.jsonl"
+    summary = execute(
+        tmp_path / "req.jsonl", out, urls=[url], concurrency=16, quiet=True, backoff_base=0.01,
+        max_retries=4,
+    )  # fmt: skip
+    results = read_results(out)
+    assert len(results) == 12 and len(failures(results)) == 12
+    assert {r["response"]["status_code"] for r in results.values()} == {429}
+    assert summary.rate_limited == 12 * 5  # bounded: the first attempt and 4 retries each
+    stats = urllib.request.urlopen(url.removesuffix("/v1") + "/mock/stats", timeout=10)
+    assert orjson.loads(stats.read())["requests"]["/v1/chat/completions"] == 60
 
 
 def test_a_429_storm_is_slowed_for_all_workers_and_paced_is_shown(tmp_path, mock_server):

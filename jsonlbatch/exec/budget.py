@@ -211,9 +211,7 @@ class Meter:
     def after_answer(
         self, ticket: Ticket, status: int, headers: Mapping[str, str], retry_after: float | None
     ) -> None:
-        self.limiter.observe(headers, ticket.sent)
-        if status == 429:
-            self.limiter.on_429(retry_after)
+        self.limiter.answered(status, headers, ticket.sent, retry_after)
 
     def finish(self, ticket: Ticket, result: Result) -> None:
         metrics = result.metrics

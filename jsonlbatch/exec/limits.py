@@ -13,9 +13,16 @@ and Azure's `x-ratelimit-{limit,remaining,reset}-{requests,tokens}` and Anthropi
 limit sets a bucket's rate; what remains pulls the bucket down when the provider counts less
 left than we do (never up: our own count already holds requests the server has not seen yet).
 
-A 429 slows the whole run: nothing is sent before its `Retry-After`, and sending is throttled to
-half the rate that led to it. The throttle doubles back every `RECOVERY_S` seconds without a 429
-and is lifted once it is well above the rate that caused it.
+A 429 slows the whole run only on evidence of a limit, never for being a 429: a stray 429 (a
+gateway's queue limit, a busy replica, a proxy) is retried like a 500 and nothing else changes.
+The evidence: a `Retry-After` (nothing is sent before it), rate-limit headers on the 429, or a
+high share of 429s (`HIGH_SHARE`) among the answers to the last `DECIDE_EVERY` requests sent
+since the last change. Then sending is throttled to half the rate, at most once per
+`DECIDE_EVERY` such answers (so the next decision sees requests sent at the new rate), down to
+`MIN_RATE`; each later group of answers with a low share (`LOW_SHARE`) doubles it back, and it
+is lifted once it is twice the rate that ran into the limit. Recovery is counted in answers: a
+run that sends slowly recovers slowly, but always recovers. With learning off (`--rate-limits
+off`) none of this happens: only `--rpm`/`--tpm` pace the run.
 
 The hot path stays cheap when nothing limits the run: `active` is False, workers skip the
 limiter, and `observe` is two header lookups that find nothing.
@@ -49,10 +56,16 @@ BURST_S = 1.0  # a bucket holds this many seconds of its rate
 #: the limit leaves the provider's bucket empty, and then any jitter on the way (a request
 #: that arrives a millisecond early) is a 429.
 LEARNED_SHARE = 0.95
-RECOVERY_S = 5.0  # the 429 throttle doubles after this long without a 429
-_HALVE_EVERY_S = 1.0  # 429s closer together than this are one event (one burst, one halving)
-_MIN_RATE = 0.05  # requests/s: the throttle never stops a run entirely
+#: The 429 slowdown decides once per this many answers to requests sent since its last change.
+DECIDE_EVERY = 20
+HIGH_SHARE = 0.5  # this share of 429s among those answers is a limit: halve the rate
+LOW_SHARE = 0.3  # below this share the throttle doubles back (stray 429s do not hold it down)
+#: Requests/s the 429 throttle never goes below: a server that answers 429 to everything is
+#: not hammered (each request also backs off), yet its requests use up their retries and end
+#: with failure lines in minutes.
+MIN_RATE = 2.0
 _MAX_HOLD_S = 300.0  # a Retry-After longer than this holds the run only this long
+_MAX_LEARNED_WAIT_S = 20.0  # a limit learned from headers holds one request at most this long
 #: While limits are being learned, the first request goes alone, and the others wait for its
 #: answer (and the limits its headers tell) at most this long: a cold local server must not
 #: hold a run up, and a hosted API must not see a burst of hundreds before its limits are known.
@@ -196,9 +209,11 @@ class RateLimiter:
         self.fixed = frozenset(self.buckets)  # user limits: headers may lower them, not raise
         self.hold_until = 0.0  # no request leaves before this (monotonic): Retry-After
         self.throttle: Bucket | None = None  # the 429 slowdown, on top of any limit
-        self._throttle_base = 0.0  # requests/s that led to the first 429 of this episode
-        self._throttle_since = 0.0
-        self._last_halving = -math.inf
+        self._throttle_base = 0.0  # requests/s that ran into the limit (this episode)
+        self._mark = 0  # requests sent before the slowdown's last change: their answers are old
+        self._answers = 0  # answers to requests sent since then ...
+        self._limited = 0  # ... and how many of them were 429s
+        self._evidence = False  # a 429 among them carried rate-limit headers
         self.sent = 0  # requests sent so far, for the send rate and the header reconciliation
         self._tokens_sent = 0.0
         self._rate_mark = (time.monotonic(), 0)
@@ -228,10 +243,10 @@ class RateLimiter:
         up to and including it.
         """
         async with self._lock:
-            # A limit learned from headers holds one request at most `1 / _MIN_RATE` s, the 429
-            # throttle's floor: a limit of 1e-300, a `remaining: 0` with a reset 99,999 h away,
-            # or a reset read against a clock an hour off would otherwise stall the run.
-            believed_until = time.monotonic() + 1.0 / _MIN_RATE
+            # A limit learned from headers holds one request at most `_MAX_LEARNED_WAIT_S`: a
+            # limit of 1e-300, a `remaining: 0` with a reset 99,999 h away, or a reset read
+            # against a clock an hour off would otherwise stall the run.
+            believed_until = time.monotonic() + _MAX_LEARNED_WAIT_S
             while True:
                 now = time.monotonic()
                 wait = self.hold_until - now
@@ -239,9 +254,7 @@ class RateLimiter:
                     if bucket.source != "headers" or now < believed_until:
                         wait = max(wait, bucket.wait_for(getattr(cost, kind), now))
                 if self.throttle is not None:
-                    self._recover(now)
-                    if self.throttle is not None:
-                        wait = max(wait, self.throttle.wait_for(1.0, now))
+                    wait = max(wait, self.throttle.wait_for(1.0, now))
                 if wait <= 0:
                     break
                 self.paced_at = now
@@ -307,23 +320,25 @@ class RateLimiter:
         if self._gate is not None:
             self._gate.set()
             self._gate = None
-            self.active = bool(self.buckets) or self.throttle is not None
+            self._refresh_active()
 
-    def observe(self, headers: Mapping[str, str], ticket: tuple[int, float]) -> None:
-        """Learn limits and what is left from an answer's headers (any status)."""
+    def observe(self, headers: Mapping[str, str], ticket: tuple[int, float]) -> bool:
+        """Learn limits and what is left from an answer's headers (any status); True when
+        they carried rate-limit headers."""
         if not self.learn:
-            return
-        self._learn_from(headers, ticket)
+            return False
+        found = self._learn_from(headers, ticket)
         if self._gate is not None:
             self._open_gate()
+        return found
 
-    def _learn_from(self, headers: Mapping[str, str], ticket: tuple[int, float]) -> None:
+    def _learn_from(self, headers: Mapping[str, str], ticket: tuple[int, float]) -> bool:
         if "x-ratelimit-limit-requests" in headers or "x-ratelimit-limit-tokens" in headers:
             family = _OPENAI
         elif "anthropic-ratelimit-requests-limit" in headers:
             family = _ANTHROPIC
         else:
-            return
+            return False
         now = None
         for kind, (limit_name, remaining_name, reset_name) in family.items():
             limit = _number(headers.get(limit_name))
@@ -339,6 +354,7 @@ class RateLimiter:
                     limit = 60.0 * (limit - remaining) / min(reset, _MAX_WINDOW_S)
             self._learn(kind, limit, remaining, ticket)
         self.active = True
+        return True
 
     def _learn(
         self, kind: str, limit: float, remaining: float | None, ticket: tuple[int, float]
@@ -364,44 +380,79 @@ class RateLimiter:
 
     # -- 429 -----------------------------------------------------------------------------------
 
-    def on_429(self, retry_after: float | None) -> None:
-        """Slow every worker: hold until Retry-After and halve the sending rate."""
-        now = time.monotonic()
-        self.rate_limited += 1
-        self.active = True
-        if retry_after:
-            self.hold_until = max(self.hold_until, now + min(retry_after, _MAX_HOLD_S))
-        if now - self._last_halving < _HALVE_EVERY_S:
+    def answered(
+        self,
+        status: int,
+        headers: Mapping[str, str],
+        ticket: tuple[int, float],
+        retry_after: float | None,
+    ) -> None:
+        """An HTTP answer to the request of `ticket` (any status): learn from its headers and
+        weigh the evidence of a limit (module docstring)."""
+        if status == 429:
+            self.rate_limited += 1
+        if not self.learn:  # --rate-limits off: no pacing the user did not ask for
             return
-        self._last_halving = now
+        headed = self.observe(headers, ticket)
+        now = time.monotonic()
+        if status == 429 and retry_after:
+            self.hold_until = max(self.hold_until, now + min(retry_after, _MAX_HOLD_S))
+            self.active = True
+        if ticket[0] < self._mark:  # sent before the last change: says nothing about the new rate
+            return
+        self._answers += 1
+        if status == 429:
+            self._limited += 1
+            self._evidence = self._evidence or headed
+        if self._evidence and self.throttle is None:
+            self._decide(now)  # a provider that says it limits us: slow down at once
+        elif self._answers >= DECIDE_EVERY:
+            self._decide(now)
+
+    def _decide(self, now: float) -> None:
+        share = self._limited / max(1, self._answers)
+        if self._evidence or share >= HIGH_SHARE:
+            self._slow_down(now)
+        elif self.throttle is not None and share < LOW_SHARE:
+            self._speed_up()
+        self._answers = self._limited = 0
+        self._evidence = False
+        self._mark = self.sent
+
+    def _slow_down(self, now: float) -> None:
+        """Halve the sending rate (from what is really sent, when that is less)."""
+        current = self._send_rate(now)
         if self.throttle is None:
-            current = self._send_rate(now)
             limit = self.buckets.get("requests")
             if limit is not None:
                 current = min(current, limit.rate) if current else limit.rate
-            self._throttle_base = max(current, _MIN_RATE)
+            self._throttle_base = max(current, MIN_RATE)
             self.throttle = Bucket(self._throttle_base * 60.0, "429")
-            self._throttle_since = now
-        self._recover(now)
-        if self.throttle is not None:
-            self.throttle.set_limit(max(_MIN_RATE, self.throttle.rate / 2) * 60.0)
-            self.throttle.level = min(self.throttle.level, 0.0)
-        self._throttle_since = now
+            current = self._throttle_base
+        else:
+            current = min(current, self.throttle.rate) if current else self.throttle.rate
+        self.throttle.set_limit(max(MIN_RATE, current / 2) * 60.0)
+        self.throttle.level = min(self.throttle.level, 0.0)
+        self.active = True
 
-    def _recover(self, now: float) -> None:
-        """Let the throttle grow back: double every RECOVERY_S without a 429; lift it once it
-        is twice the rate that ran into the limit."""
+    def _speed_up(self) -> None:
+        """Double the throttle back; lift it once it is twice the rate that ran into the limit."""
         assert self.throttle is not None
-        steps = int((now - self._throttle_since) / RECOVERY_S)
-        if steps <= 0:
-            return
-        rate = self.throttle.rate * 2**steps
-        self._throttle_since += steps * RECOVERY_S
+        rate = self.throttle.rate * 2
         if rate >= 2 * self._throttle_base:
             self.throttle = None
-            self.active = bool(self.buckets) or self._gate is not None
+            self._refresh_active()
         else:
             self.throttle.set_limit(rate * 60.0)
+
+    def _refresh_active(self) -> None:
+        """Whether workers must go through `acquire` (anything paces or holds the run)."""
+        self.active = (
+            bool(self.buckets)
+            or self.throttle is not None
+            or self._gate is not None
+            or self.hold_until > time.monotonic()
+        )
 
     def _send_rate(self, now: float) -> float:
         """Requests per second over the last few seconds."""
@@ -423,7 +474,7 @@ class RateLimiter:
             return f"paced: holding {self.hold_until - now:.0f}s (Retry-After)"
         parts = [f"{b.per_minute:,.0f} {_SHORT[k]}" for k, b in self.buckets.items()]
         if self.throttle is not None:
-            parts.append(f"{self.throttle.per_minute:,.0f} rpm after 429")
+            parts.append(f"{self.throttle.per_minute:,.0f} rpm after 429s")
         return "paced: " + ", ".join(parts) if parts else ""
 
     def describe(self) -> str:

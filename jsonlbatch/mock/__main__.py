@@ -16,6 +16,7 @@ from jsonlbatch.errors import JsonlbatchError, UsageError
 from jsonlbatch.mock import MockConfig, gpu, serve
 from jsonlbatch.mock.app import MOCK_API_KEY_ENV
 
+
 def _seconds_or_none(value: str) -> float | None:
     return None if value.strip().lower() == "none" else float(value)
 

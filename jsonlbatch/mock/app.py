@@ -77,7 +77,9 @@ class MockConfig:
             if not 0.0 <= value <= 1.0:
                 raise UsageError(f"{name} must be between 0 and 1, got {value}")
         if self.fail_rate + self.rate_limit_rate + self.drop_rate + self.hang_rate > 1.0:
-            raise UsageError("fail_rate + rate_limit_rate + drop_rate + hang_rate must not exceed 1")
+            raise UsageError(
+                "fail_rate + rate_limit_rate + drop_rate + hang_rate must not exceed 1"
+            )
         if self.retry_after is not None and self.retry_after < 0:
             raise UsageError(f"retry_after must not be negative, got {self.retry_after}")
         if self.record_bodies < 0:
