@@ -282,14 +282,14 @@ HOSTILE = {
 
 @pytest.mark.parametrize("case", HOSTILE)
 def test_hostile_limit_headers_cannot_stall_a_run(tmp_path, monkeypatch, case):
-    """Limits learned from headers are paced at least at the 429 throttle's floor (here set to
-    10 requests/s so the test is quick): the run finishes instead of sending one an hour."""
+    """A limit learned from headers holds one request at most `_MAX_LEARNED_WAIT_S` (here
+    0.1 s so the test is quick): the run finishes instead of sending one an hour."""
     from aiohttp import web
     from batchutil import odd_server
 
     from jsonlbatch.exec.job import aexecute
 
-    monkeypatch.setattr(limits, "_MIN_RATE", 10.0)
+    monkeypatch.setattr(limits, "_MAX_LEARNED_WAIT_S", 0.1)
     body = {"id": "x", "object": "chat.completion", "model": "mock",
             "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
                          "finish_reason": "stop"}],
