@@ -9,10 +9,16 @@
 
 The stages are subpackages (`jsonlbatch.gen`, `.exec`, `.serve`, `.post`, `.report`, `.mock`)
 over a small shared core (`records`, `jsonl`, `errors`, `redact`, `stats`, `idset`); docs/architecture.md
-draws the map. `jsonlbatch.post` and `jsonlbatch.report` are reachable after `import jsonlbatch`.
+draws the map. Importing the package imports no stage: each name below is loaded on first use
+(`jsonlbatch.execute` imports the executor, `jsonlbatch.post` the post stage), so a command line
+or a script that only writes requests never pays for aiohttp or the executor.
 """
 
-from jsonlbatch import post, report
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from jsonlbatch.errors import (
     AuthenticationError,
     InputError,
@@ -26,17 +32,56 @@ from jsonlbatch.errors import (
     ServerUnavailableError,
     UsageError,
 )
-from jsonlbatch.exec import (
-    ExecOptions,
-    Job,
-    RunSummary,
-    ValidationReport,
-    aexecute,
-    execute,
-    validate_file,
-)
-from jsonlbatch.gen import GenSummary, RequestWriter
-from jsonlbatch.serve import ServeOptions, serving
+
+#: Public name -> the module that defines it (a stage, imported on first use).
+_LAZY = {
+    "ExecOptions": "jsonlbatch.exec",
+    "Job": "jsonlbatch.exec",
+    "RunSummary": "jsonlbatch.exec",
+    "Seams": "jsonlbatch.exec",
+    "ValidationReport": "jsonlbatch.exec",
+    "aexecute": "jsonlbatch.exec",
+    "execute": "jsonlbatch.exec",
+    "validate_file": "jsonlbatch.exec",
+    "GenSummary": "jsonlbatch.gen",
+    "RequestWriter": "jsonlbatch.gen",
+    "ServeOptions": "jsonlbatch.serve",
+    "serving": "jsonlbatch.serve",
+}
+#: Stages reachable as attributes (`jsonlbatch.post.votes(...)`) without importing them first.
+_STAGES = ("post", "report")
+
+if TYPE_CHECKING:  # what the lazy names are, for type checkers and IDEs
+    from jsonlbatch import post, report
+    from jsonlbatch.exec import (
+        ExecOptions,
+        Job,
+        RunSummary,
+        Seams,
+        ValidationReport,
+        aexecute,
+        execute,
+        validate_file,
+    )
+    from jsonlbatch.gen import GenSummary, RequestWriter
+    from jsonlbatch.serve import ServeOptions, serving
+
+
+def __getattr__(name: str) -> Any:
+    """Load a stage's public name on first use and keep it (the next access is a plain one)."""
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+    elif name in _STAGES:
+        value = importlib.import_module(f"jsonlbatch.{name}")
+    else:
+        raise AttributeError(f"module 'jsonlbatch' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY, *_STAGES})
+
 
 __all__ = [
     "AuthenticationError",
@@ -52,6 +97,7 @@ __all__ = [
     "Problem",
     "RequestWriter",
     "RunSummary",
+    "Seams",
     "ServeOptions",
     "ServerError",
     "ServerUnavailableError",

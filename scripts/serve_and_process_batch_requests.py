@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from process_batch_requests import base_url, build_parser, process, report_errors
 
 from jsonlbatch.serve.backends import BACKEND_NAMES, DP_MODES, ServeOptions
-from jsonlbatch.serve.launch import serving
+from jsonlbatch.serve.start import serving
 
 
 def server_parser() -> argparse.ArgumentParser:

@@ -18,7 +18,10 @@ _NUMBER_TYPES = (click.types.IntParamType, click.types.FloatParamType)
 def _commands(
     group: click.Group, path: tuple[str, ...] = ()
 ) -> Iterator[tuple[tuple[str, ...], click.Command]]:
-    for name, command in group.commands.items():
+    ctx = click.Context(group)
+    for name in group.list_commands(ctx):  # the lazy group imports each command here
+        command = group.get_command(ctx, name)
+        assert command is not None
         if isinstance(command, click.Group):
             yield from _commands(command, (*path, name))
         else:
@@ -149,3 +152,18 @@ def test_more_values_that_gave_tracebacks(args, message, tmp_path):
     assert result.exit_code == 2, result.output
     assert message in result.output
     assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def test_the_lazy_command_table_matches_the_commands():
+    """`jsonlbatch --help` lists the commands from `cli.COMMANDS` without importing them: each
+    entry must name the command it loads and carry that command's own summary."""
+    from jsonlbatch.cli import COMMANDS
+
+    ctx = click.Context(main)
+    assert main.list_commands(ctx)[:6] == ["gen", "exec", "post", "report", "export", "run"]
+    for name, (_, _, summary) in COMMANDS.items():
+        command = main.get_command(ctx, name)
+        assert command is not None and command.name == name
+        short = click.Command(name, help=summary).get_short_help_str(1000)
+        assert command.get_short_help_str(1000) == short, name
+    assert "view" in run("--help").output.split("Commands:")[1]

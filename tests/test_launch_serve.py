@@ -17,7 +17,8 @@ from standins.harness import Standins, alive, standin_session, tagged_pids, wait
 
 import jsonlbatch
 from jsonlbatch.errors import LaunchError
-from jsonlbatch.serve.launch import ServeOptions, plan_servers, serving, stop_all
+from jsonlbatch.serve.launch import ServeOptions, plan_servers, stop_all
+from jsonlbatch.serve.start import serving
 
 SECRET = "sk-launch-test-secret-42"
 

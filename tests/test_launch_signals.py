@@ -144,7 +144,7 @@ def test_ctrl_c_while_the_server_is_still_loading(standins: Standins) -> None:
 def test_sigkill_of_the_parent_still_takes_the_servers_down(standins: Standins) -> None:
     script = (
         "import time\n"
-        "from jsonlbatch.serve.launch import ServeOptions, serving\n"
+        "from jsonlbatch.serve.start import ServeOptions, serving\n"
         "with serving(ServeOptions('vllm', model_path='M', dp_size=2, dp_mode='replicas',\n"
         "             gpus=('0', '1')), quiet=True) as servers:\n"
         "    print('READY', flush=True)\n"

@@ -7,6 +7,8 @@ top of a module. See docs/architecture.md.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -116,14 +118,26 @@ def test_the_checker_sees_a_wrong_import(tmp_path):
     assert _imports(bad, "records") == {"exec", "cli"}
 
 
+def _top_level(tree: ast.Module) -> list[ast.stmt]:
+    """The module's own statements, and those under `if TYPE_CHECKING:`: an import for type
+    hints only is a dependency of the design even though Python does not run it."""
+    out: list[ast.stmt] = []
+    for node in tree.body:
+        out.append(node)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            out += node.body
+    return out
+
+
 def _module_level_edges() -> dict[str, set[str]]:
-    """module -> the jsonlbatch modules it imports when it is imported (top level only: an
-    import inside a function runs later and cannot make a circle at import time)."""
+    """module -> the jsonlbatch modules it imports when it is imported, or for its type hints
+    (top level only: an import inside a function runs later, for a narrower purpose, and
+    cannot make a circle at import time)."""
     known = {module for module, _ in _modules()}
     edges: dict[str, set[str]] = {}
     for module, path in _modules():
         out: set[str] = set()
-        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        for node in _top_level(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.ImportFrom) and not node.level and node.module:
                 bases = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
             elif isinstance(node, ast.Import):
@@ -144,6 +158,47 @@ def _module_level_edges() -> dict[str, set[str]]:
 
 def test_no_import_circle():
     _assert_no_circle(_module_level_edges())
+
+
+def test_type_hint_imports_count_as_edges(tmp_path):
+    """An import under `if TYPE_CHECKING:` is seen, so a circle made for type hints fails too."""
+    path = tmp_path / "mod.py"
+    path.write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from jsonlbatch.x import Y\n"
+    )
+    body = _top_level(ast.parse(path.read_text()))
+    assert any(isinstance(n, ast.ImportFrom) and n.module == "jsonlbatch.x" for n in body)
+
+
+def _all_edges() -> dict[str, set[str]]:
+    """module -> every jsonlbatch module it imports anywhere, inside functions too (the package
+    root, whose lazy attributes name every stage, left out)."""
+    known = {module for module, _ in _modules()} - {""}
+    edges: dict[str, set[str]] = {}
+    for module, path in _modules():
+        out: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                bases = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                bases = [a.name for a in node.names]
+            else:
+                continue
+            for base in bases:
+                name = base.removeprefix("jsonlbatch.") if base.startswith("jsonlbatch.") else ""
+                if name in known and name != module and not module.startswith(name + "."):
+                    out.add(name)
+        edges[module] = out
+    return edges
+
+
+def test_no_circle_even_through_a_lazy_import():
+    """A module imported inside a function (an optional extra, a faster start) still makes a
+    design circle if it imports its importer back: `serve.launch` once started Ray's
+    `raycluster`, which builds on `launch`; `serve.start` now chooses between them."""
+    edges = _all_edges()
+    edges.pop("", None)
+    _assert_no_circle(edges)
 
 
 def test_the_circle_check_can_fail():
@@ -179,3 +234,42 @@ def test_public_api_and_stage_attributes():
     assert callable(jsonlbatch.report.build_report)
     for name in jsonlbatch.__all__:
         assert hasattr(jsonlbatch, name), name
+
+
+def _imported_by(code: str, *argv: str) -> set[str]:
+    """The modules a fresh interpreter holds after running `code` (with `sys.argv[1:]` =
+    `argv`): what a command really imports, not what its source says."""
+    script = f"import sys\nsys.argv[1:] = {list(argv)!r}\n{code}\nprint('\\n'.join(sys.modules))"
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    return set(out.stdout.split())
+
+
+_HEAVY = {"aiohttp", "tqdm", "jinja2", "pyarrow", "pandas", "matplotlib", "yaml", "uvloop"}
+_STAGE_MODULES = {f"jsonlbatch.{stage}" for stage in STAGES}
+
+
+def _main_help() -> str:
+    return "from jsonlbatch.cli import main\ntry:\n    main()\nexcept SystemExit:\n    pass"
+
+
+def test_import_jsonlbatch_imports_no_stage_and_no_heavy_dependency():
+    loaded = _imported_by("import jsonlbatch")
+    assert not loaded & (_HEAVY | _STAGE_MODULES | {"click", "orjson"}), sorted(
+        loaded & (_HEAVY | _STAGE_MODULES)
+    )
+
+
+def test_help_imports_no_stage_and_gen_help_no_executor():
+    loaded = _imported_by(_main_help(), "--help")
+    assert "jsonlbatch.cli" in loaded
+    assert not loaded & (_HEAVY | _STAGE_MODULES), sorted(loaded & (_HEAVY | _STAGE_MODULES))
+    loaded = _imported_by(_main_help(), "gen", "--help")
+    assert "jsonlbatch.gen" in loaded
+    wrong = loaded & ({"aiohttp", "tqdm", "jsonlbatch.exec", "jsonlbatch.serve"} | _STAGE_MODULES)
+    assert wrong == {"jsonlbatch.gen"}, sorted(wrong)
+
+
+def test_the_import_check_sees_an_import():
+    assert "aiohttp" in _imported_by("import jsonlbatch\njsonlbatch.execute")

@@ -13,7 +13,8 @@ from standins.harness import Standins, standin_session, wait_no_survivors
 
 import jsonlbatch
 from jsonlbatch.errors import LaunchError
-from jsonlbatch.serve.launch import ServeOptions, serving
+from jsonlbatch.serve.launch import ServeOptions
+from jsonlbatch.serve.start import serving
 
 pytestmark = pytest.mark.timeout(120, method="thread")
 

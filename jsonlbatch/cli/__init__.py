@@ -1,42 +1,125 @@
 """The `jsonlbatch` command line: a thin layer over the importable library.
 
-Each command lives in its own module beside this one (none imports another) and is registered
-below. Errors of the package's own hierarchy become one clean message and an exit code here,
-in one place.
+Each command lives in its own module beside this one (none imports another) and is listed in
+`COMMANDS`, in the order `--help` shows them (the pipeline first). A command's module, and with
+it its stage, is imported only when that command runs: `jsonlbatch --help`, a tab completion or
+`jsonlbatch gen` never pay for aiohttp or the executor. Errors of the package's own hierarchy
+become one clean message and an exit code here, in one place.
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
 from typing import Any
 
 import click
 
-from jsonlbatch.cli import batches as _batches
-from jsonlbatch.cli import cache as _cache
-from jsonlbatch.cli import exec as _exec
-from jsonlbatch.cli import export as _export
-from jsonlbatch.cli import gen as _gen
-from jsonlbatch.cli import merge as _merge
-from jsonlbatch.cli import post as _post
-from jsonlbatch.cli import report as _report
-from jsonlbatch.cli import run as _run
-from jsonlbatch.cli import serve as _serve
-from jsonlbatch.cli import validate as _validate
-from jsonlbatch.cli import view as _view
 from jsonlbatch.errors import JsonlbatchError
 from jsonlbatch.redact import RedactingStream, redact, register_environment
 
+#: name -> (module, attribute, one-line summary). `--help` lists the commands in this order from
+#: the summaries alone (tests/test_cli_options.py checks them against the commands' own help).
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "gen": (
+        "jsonlbatch.cli.gen",
+        "gen",
+        "Write an OpenAI Batch request file: one request per data row (or --samples per row).",
+    ),
+    "exec": (
+        "jsonlbatch.cli.exec",
+        "exec_",
+        "Send the REQUESTS file (OpenAI Batch JSONL) and write one result line per request.",
+    ),
+    "post": (
+        "jsonlbatch.cli.post",
+        "post",
+        "Post-process saved response files offline: patches, votes, deliverable files.",
+    ),
+    "report": (
+        "jsonlbatch.cli.report",
+        "report",
+        "Outcomes, tokens, throughput and latency percentiles of response files.",
+    ),
+    "export": (
+        "jsonlbatch.cli.export",
+        "export_",
+        "Write one row per request (or choice) of RESPONSES to a table for dataset tools.",
+    ),
+    "run": (
+        "jsonlbatch.cli.run",
+        "run",
+        "Run EXPERIMENT_FILE (YAML): gen, exec, judge rounds, post (votes, files, patches) for "
+        "each condition, then one report comparing them; plain files under RUNS/<experiment "
+        "id>/.",
+    ),
+    "serve": (
+        "jsonlbatch.cli.serve",
+        "serve",
+        "Launch a server (or replicas) and keep it up; prints one base URL per line.",
+    ),
+    "view": (
+        "jsonlbatch.cli.view",
+        "view",
+        "Browse response files in a local web page: filter, read, compare side by side.",
+    ),
+    "validate": (
+        "jsonlbatch.cli.validate",
+        "validate",
+        "Check request or response JSONL files; list every problem with file, line and field.",
+    ),
+    "merge": (
+        "jsonlbatch.cli.merge",
+        "merge_",
+        "Merge shard outputs PARTS into one file, in request order.",
+    ),
+    "batches": (
+        "jsonlbatch.cli.batches",
+        "batches",
+        "See or cancel the remote batches of an `exec --batch-api` output.",
+    ),
+    "cache": (
+        "jsonlbatch.cli.cache",
+        "cache",
+        "Inspect and prune an answer cache (made by `exec --cache DIR`).",
+    ),
+}
+
 
 class _Group(click.Group):
-    """A click group that renders `JsonlbatchError` without a traceback, and masks secrets in
-    everything written to stderr (`RedactingStream`: progress, notes, click's own messages)."""
+    """A click group that imports a command only when it is run, renders `JsonlbatchError`
+    without a traceback, and masks secrets in everything written to stderr
+    (`RedactingStream`: progress, notes, click's own messages)."""
 
     def main(self, *args: Any, **kwargs: Any) -> Any:
         register_environment()
         if not isinstance(sys.stderr, RedactingStream):
             sys.stderr = RedactingStream(sys.stderr)
         return super().main(*args, **kwargs)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [*COMMANDS, *(name for name in self.commands if name not in COMMANDS)]
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        command = self.commands.get(cmd_name)
+        if command is None and cmd_name in COMMANDS:
+            module, attribute, _ = COMMANDS[cmd_name]
+            command = getattr(importlib.import_module(module), attribute)
+            self.add_command(command, cmd_name)
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The command list from `COMMANDS` alone: `--help` imports no command."""
+        names = self.list_commands(ctx)
+        limit = formatter.width - 6 - max(len(name) for name in names)
+        rows = []
+        for name in names:
+            # a stand-in carrying the summary shortens it as the command itself would
+            known = self.commands.get(name) or click.Command(name, help=COMMANDS[name][2])
+            text = known.get_short_help_str(limit)
+            rows.append((name, text))
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -50,20 +133,3 @@ class _Group(click.Group):
 @click.version_option(package_name="jsonlbatch")
 def main() -> None:
     """Offline LLM batch work over JSONL: gen -> exec -> post/report."""
-
-
-for _command in (
-    _batches.batches,
-    _cache.cache,
-    _exec.exec_,
-    _export.export_,
-    _gen.gen,
-    _merge.merge_,
-    _post.post,
-    _report.report,
-    _run.run,
-    _serve.serve,
-    _validate.validate,
-    _view.view,
-):
-    main.add_command(_command)

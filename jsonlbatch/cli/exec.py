@@ -31,7 +31,7 @@ from jsonlbatch.exec.shard import parse_shard
 from jsonlbatch.exec.summary import RunSummary
 from jsonlbatch.redact import register_secret
 from jsonlbatch.serve.backends import ServeOptions
-from jsonlbatch.serve.launch import serving
+from jsonlbatch.serve.start import serving
 
 #: Exit status of a run that finished but recorded failed requests.
 EXIT_SOME_FAILED = 3

@@ -14,7 +14,6 @@ from typing import Any
 import click
 
 from jsonlbatch.errors import UsageError
-from jsonlbatch.exec.endpoints import parse_endpoint
 
 
 class Finite(click.FloatRange):
@@ -61,6 +60,9 @@ class HttpUrl(click.ParamType):
     name = "url"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        # imported here: building a command's options must not import the executor
+        from jsonlbatch.exec.endpoints import parse_endpoint
+
         try:
             parse_endpoint(value)
         except UsageError as exc:

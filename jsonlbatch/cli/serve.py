@@ -24,7 +24,7 @@ from jsonlbatch.cli.serve_options import (
 )
 from jsonlbatch.errors import Interrupted, UsageError
 from jsonlbatch.redact import register_secret
-from jsonlbatch.serve.launch import serving
+from jsonlbatch.serve.start import serving
 
 _CHECK_EVERY = 1.0
 

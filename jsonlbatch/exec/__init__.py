@@ -14,11 +14,47 @@ whole line per finished request, `events` tells the progress bar and any listene
 
 from __future__ import annotations
 
-from jsonlbatch.exec.job import ExecOptions, Job, aexecute, execute, run_coroutine
-from jsonlbatch.exec.seams import Seams
-from jsonlbatch.exec.shard import MergeError, MergeSummary, merge, parse_shard
-from jsonlbatch.exec.summary import RunSummary
-from jsonlbatch.exec.validate import ValidationReport, validate_file
+import importlib
+from typing import TYPE_CHECKING, Any
+
+#: Public name -> its module, imported on first use: `import jsonlbatch.exec.scan` (validate,
+#: report, batchapi) must not import the run loop and aiohttp with it.
+_LAZY = {
+    "ExecOptions": "jsonlbatch.exec.options",
+    "Job": "jsonlbatch.exec.job",
+    "aexecute": "jsonlbatch.exec.job",
+    "execute": "jsonlbatch.exec.job",
+    "run_coroutine": "jsonlbatch.exec.job",
+    "MergeError": "jsonlbatch.exec.shard",
+    "MergeSummary": "jsonlbatch.exec.shard",
+    "merge": "jsonlbatch.exec.shard",
+    "parse_shard": "jsonlbatch.exec.shard",
+    "RunSummary": "jsonlbatch.exec.summary",
+    "Seams": "jsonlbatch.exec.seams",
+    "ValidationReport": "jsonlbatch.exec.validate",
+    "validate_file": "jsonlbatch.exec.validate",
+}
+
+if TYPE_CHECKING:
+    from jsonlbatch.exec.job import Job, aexecute, execute, run_coroutine
+    from jsonlbatch.exec.options import ExecOptions
+    from jsonlbatch.exec.seams import Seams
+    from jsonlbatch.exec.shard import MergeError, MergeSummary, merge, parse_shard
+    from jsonlbatch.exec.summary import RunSummary
+    from jsonlbatch.exec.validate import ValidationReport, validate_file
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'jsonlbatch.exec' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __all__ = [
     "ExecOptions",

@@ -30,7 +30,7 @@ from jsonlbatch.cache.runcache import RunCache
 from jsonlbatch.errors import OutputError, UsageError
 from jsonlbatch.exec.endpoints import parse_endpoint
 from jsonlbatch.exec.options import ExecOptions
-from jsonlbatch.exec.run import Run
+from jsonlbatch.exec.run import Prepared, Run
 from jsonlbatch.exec.scan import InputScan, OutputScan, scan_input, scan_output
 from jsonlbatch.exec.seams import NO_SEAMS, Seams
 from jsonlbatch.exec.streaming import NO_STREAM_URLS
@@ -214,8 +214,13 @@ class Job:
         if self.options.cache_key_url and isinstance(self.seams.store, RunCache):
             self.seams.store.key_by(run_urls)  # launched servers' URLs included
         try:
+            assert self.input is not None and self.existing is not None
+            prepared = Prepared(
+                self.requests, self.output, self.source, self.options, self.input,
+                self.existing, self._lock,
+            )  # fmt: skip
             return await Run(
-                self,
+                prepared,
                 run_urls,
                 dict(keys or {}),
                 watchdog,

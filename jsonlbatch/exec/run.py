@@ -16,7 +16,7 @@ import signal
 import time
 from array import array
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import aiohttp
 import orjson
@@ -29,20 +29,32 @@ from jsonlbatch.exec.endpoints import Endpoint, EndpointPool, auth_headers, pars
 from jsonlbatch.exec.events import Answered, EventBus, Snapshot
 from jsonlbatch.exec.limits import RateLimiter
 from jsonlbatch.exec.lookup import AnswerStore, occurrences
+from jsonlbatch.exec.options import ExecOptions
 from jsonlbatch.exec.pools import ModelPools, PoolSpec
 from jsonlbatch.exec.progress import Progress
 from jsonlbatch.exec.record import Recorder
 from jsonlbatch.exec.router import Router, ordered_lines
-from jsonlbatch.exec.scan import stat_input
+from jsonlbatch.exec.scan import InputScan, OutputScan, stat_input
 from jsonlbatch.exec.seams import Seams
 from jsonlbatch.exec.send import Sender, Stop
 from jsonlbatch.exec.server_metrics import compare, keep_servers, scrape_all
 from jsonlbatch.exec.summary import RunSummary
-from jsonlbatch.jsonl import read_lines_at
+from jsonlbatch.jsonl import OutputLock, read_lines_at
 from jsonlbatch.records import Request, Result, fingerprint
 
-if TYPE_CHECKING:
-    from jsonlbatch.exec.job import Job
+
+@dataclass
+class Prepared:
+    """What `Job.prepare` found and holds, handed to the run loop: the two files (and `source`,
+    what is read: the request file or a copy of a pipe), the options, both scans, the lock."""
+
+    requests: str
+    output: str
+    source: str
+    options: ExecOptions
+    scan: InputScan
+    existing: OutputScan
+    lock: OutputLock
 
 
 class Run:
@@ -50,17 +62,16 @@ class Run:
 
     def __init__(
         self,
-        job: Job,
+        job: Prepared,
         urls: list[str],
         keys: dict[str, str | None],
         watchdog: Callable[[], None] | None,
         handle_signals: bool,
         seams: Seams,
     ) -> None:
-        assert job.input is not None and job.existing is not None
         self.job = job
         self.opts = opts = job.options
-        self.scan = job.input
+        self.scan = job.scan
         self.urls = urls
         self.keys = keys
         self.watchdog = watchdog
@@ -91,7 +102,7 @@ class Run:
         self.signals = 0
         self._cancel_scheduled = False
         self.recorder = Recorder(
-            job.output, job.requests, job._lock, self.scan, job.existing, self.summary,
+            job.output, job.requests, job.lock, self.scan, job.existing, self.summary,
             self.bus, self.progress.note, opts.changed,
         )  # fmt: skip
         self.recorder.on_error = self._stop

@@ -19,7 +19,7 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import aiohttp
 import orjson
@@ -28,7 +28,6 @@ from jsonlbatch.jsonl import rewrite_atomically
 
 if TYPE_CHECKING:
     from jsonlbatch.exec.endpoints import Endpoint
-    from jsonlbatch.exec.summary import RunSummary
 
 _TIMEOUT = 5.0  # a server too busy to answer /metrics in this long is skipped, not waited for
 _MAX_BYTES = 16 << 20
@@ -170,7 +169,18 @@ def servers_path(output: str | os.PathLike[str]) -> str:
     return os.fspath(output) + ".servers.json"
 
 
-def keep_servers(output: str | os.PathLike[str], summary: RunSummary) -> bool:
+class RunFigures(Protocol):
+    """What `keep_servers` reads of a run (a `summary.RunSummary` is one): kept here so this
+    module, which the summary reads `ServerStats` from, does not know the summary back."""
+
+    @property
+    def servers(self) -> Sequence[ServerStats]: ...
+
+    @property
+    def started_at(self) -> float | None: ...
+
+
+def keep_servers(output: str | os.PathLike[str], summary: RunFigures) -> bool:
     """Add a run's server figures (if any) to the output's `.servers.json`, where a resumed
     job has one entry per run. Written atomically; a file that cannot be read is started
     afresh. False when it could not be written (the results are safe all the same)."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import orjson
 from aiohttp import web
@@ -21,8 +21,27 @@ from aiohttp import web
 from jsonlbatch.mock import content
 from jsonlbatch.records import check_messages
 
-if TYPE_CHECKING:
-    from jsonlbatch.mock.app import _Mock
+
+class _Mock(Protocol):
+    """What these answers use of the mock server (`app._Mock` is one): its pace and its
+    response maker. A protocol here, so this module does not import the app that imports it."""
+
+    step_delay: float
+
+    @property
+    def config(self) -> _Config: ...
+
+    def delay(self) -> float: ...
+
+    def respond(
+        self, body: bytes, status: int = 200, headers: dict[str, str] | None = None
+    ) -> web.Response: ...
+
+
+class _Config(Protocol):
+    @property
+    def default_max_tokens(self) -> int: ...
+
 
 #: Words whose presence flags a moderation input (deterministic, so tests can predict it).
 FLAGGED_WORDS = frozenset({"attack", "kill", "weapon"})

@@ -13,7 +13,8 @@ of jsonlbatch itself.
 from __future__ import annotations
 
 from jsonlbatch.serve.backends import BACKEND_NAMES, DP_MODES, ServeOptions, build_command
-from jsonlbatch.serve.launch import Servers, plan_servers, serving
+from jsonlbatch.serve.launch import Servers, plan_servers
+from jsonlbatch.serve.start import serving
 
 __all__ = [
     "BACKEND_NAMES",

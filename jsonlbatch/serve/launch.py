@@ -12,7 +12,6 @@ nothing survives us: not on an error, not on Ctrl-C or SIGTERM, not even on SIGK
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import http.client
 import os
 import signal
@@ -52,7 +51,7 @@ from jsonlbatch.serve.ports import lost_its_port, move, port_of
 from jsonlbatch.serve.readiness import wait_all
 from jsonlbatch.serve.reaper import SECRETS_ENV, group_pids, wait_group_gone
 
-__all__ = ["STOP_GRACE", "ServeOptions", "ServerProcess", "Servers", "plan_servers", "serving"]
+__all__ = ["STOP_GRACE", "ServeOptions", "ServerProcess", "Servers", "plan_servers"]
 
 #: Seconds a server gets between SIGTERM and SIGKILL (vLLM and SGLang free GPU memory on exit).
 STOP_GRACE = reaper.DEFAULT_GRACE
@@ -404,33 +403,6 @@ def log_paths(options: ServeOptions, count: int, log_stem: str | None) -> list[s
     if count == 1:
         return [f"{stem}.server.log"]
     return [f"{stem}.server-{i}.log" for i in range(count)]
-
-
-@contextlib.contextmanager
-def serving(
-    options: ServeOptions, *, quiet: bool = False, log_stem: str | None = None
-) -> Iterator[Servers]:
-    """Start the servers `options` describe, wait until all serve, yield them, stop them.
-
-    Startup raises LaunchError with the server's own last log lines when a server exits or
-    does not become ready in time. Ctrl-C (KeyboardInterrupt), and SIGTERM where no handler
-    is installed, become Interrupted, during startup or in the block. Teardown runs however the
-    block ends. Logs go beside `log_stem` (exec's output), in `options.log_dir`, or else in a
-    fresh directory under the system's temp dir (each server's start line names its log).
-    """
-    if log_stem is None and options.log_dir is None:  # nothing to put the logs beside
-        options = dataclasses.replace(options, log_dir=run_log_dir(options.backend))
-    if options.ray:
-        from jsonlbatch.serve.raycluster import RayServers  # Ray is an optional extra
-
-        servers: Servers = RayServers(options, log_stem=log_stem, quiet=quiet)
-    else:
-        BACKENDS[options.backend].require(options)  # installed here (Ray's nodes: not seen)
-        servers = Servers(options, plan_servers(options, log_stem=log_stem), quiet=quiet)
-    if BACKENDS[options.backend].needs_gpus and not options.ray:
-        warn_gpu_holders(servers)
-    with running(servers):
-        yield servers
 
 
 def warn_gpu_holders(servers: Servers) -> None:

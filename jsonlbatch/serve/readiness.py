@@ -9,18 +9,48 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from jsonlbatch.errors import LaunchError
 from jsonlbatch.redact import redact
 
-if TYPE_CHECKING:
-    from jsonlbatch.serve.launch import Servers
-
 _STATUS_EVERY = 15.0  # seconds between status lines when stderr is not a terminal
 
 
-def wait_all(groups: Sequence[Servers], *, quiet: bool = False) -> None:
+class _Process(Protocol):
+    """One launched server as the wait sees it (`launch.ServerProcess` is one). Protocols
+    here, so this module does not import `launch`, which imports it."""
+
+    @property
+    def label(self) -> str: ...
+
+    def poll(self) -> int | None: ...
+
+    def probe(self) -> str | None: ...
+
+    def describe_failure(self, what: str) -> str: ...
+
+
+class _Options(Protocol):
+    @property
+    def ready_timeout(self) -> float: ...
+
+
+class _Group(Protocol):
+    """One model's servers (`launch.Servers` is one)."""
+
+    start_delay: float
+
+    @property
+    def processes(self) -> Sequence[_Process]: ...
+
+    @property
+    def options(self) -> _Options: ...
+
+    def start(self) -> None: ...
+
+
+def wait_all(groups: Sequence[_Group], *, quiet: bool = False) -> None:
     """Block until every server of every group serves; LaunchError if one dies or times out.
 
     Groups (a fleet's models) may start later than others: a group's `start_delay` seconds
