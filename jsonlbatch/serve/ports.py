@@ -11,13 +11,22 @@ keeps its port (`Servers.check`).
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from typing import Protocol
 from urllib.parse import urlsplit
 
 from jsonlbatch.serve.backends import Command
 
-if TYPE_CHECKING:
-    from jsonlbatch.serve.launch import ServerProcess
+
+class ServerProcess(Protocol):
+    """What a move reads and changes of a launched server (`launch.ServerProcess` is one): a
+    protocol here, so this module does not import `launch`, which imports it."""
+
+    moves: int
+    url: str
+    command: Command
+
+    def log_tail(self) -> str: ...
+
 
 #: Moves per server: a port taken three times over says more than bad luck.
 MAX_MOVES = 3
