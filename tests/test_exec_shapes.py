@@ -84,3 +84,14 @@ def test_request_lines_with_a_mistake_get_no_shape_hint(tmp_path):
         tmp_path / "req.jsonl", tmp_path / "out.jsonl", "--url", "http://127.0.0.1:9/v1"
     )
     assert proc.returncode == 1 and "req.jsonl:2" in proc.stderr and "hint:" not in proc.stderr
+
+
+def test_an_empty_request_file_is_an_error_not_a_success(tmp_path):
+    """Issue 26: an empty request file exited 0 with "all 0 requests have a result"."""
+    for name, data in (("empty.jsonl", b""), ("blank.jsonl", b"\n\n")):
+        (tmp_path / name).write_bytes(data)
+        proc = exec_cli(tmp_path / name, tmp_path / "out.jsonl", "--url", "http://127.0.0.1:9/v1")
+        assert proc.returncode == 1, proc.stderr
+        assert f"{name} is empty: it has no request lines" in proc.stderr
+        assert not (tmp_path / "out.jsonl").exists()
+    assert cli("validate", str(tmp_path / "empty.jsonl")).returncode == 1

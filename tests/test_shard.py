@@ -25,7 +25,7 @@ def test_parse_shard() -> None:
 
 
 def test_every_id_is_in_exactly_one_shard_and_shards_are_balanced() -> None:
-    ids = [f"task-{i}|sample-{j}" for i in range(500) for j in range(4)]
+    ids = [f"task-{i}|{j}" for i in range(2000) for j in range(2)]  # balanced by task
     for n in (1, 2, 3, 8):
         owners = [[k for k in range(n) if in_shard(cid, k, n)] for cid in ids]
         assert all(len(o) == 1 for o in owners)
@@ -182,3 +182,14 @@ def test_merge_waits_for_no_exec_and_knows_a_part_under_another_name(tmp_path: P
         merge([p1, tmp_path / "alias.jsonl"], req, out)
     with pytest.raises(UsageError, match="is also an input"):
         merge([p1], req, tmp_path / "alias.jsonl")
+
+
+def test_a_tasks_samples_stay_on_one_shard() -> None:
+    """Issue 26: the split was by custom_id, so one task's samples went to different shards
+    (votes, pass@k and the prefix cache need them together)."""
+    for sep in ("|", "#", "__pass"):
+        for task in range(50):
+            owners = {shard_of(f"task-{task}{sep}{k}", 4) for k in range(8)}
+            assert len(owners) == 1, (sep, task, owners)
+    shards = {shard_of(f"task-{t}|0", 4) for t in range(50)}
+    assert shards == {0, 1, 2, 3}  # tasks still spread over every shard

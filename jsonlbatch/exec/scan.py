@@ -111,6 +111,7 @@ def scan_input(
     repeated: set[int] = set()  # keys of done ids the input names more than once
     seen = IdSet()  # every other id
     ids: list[str] = []  # hashed into `seen` in batches
+    number = 0
     for number, offset, raw in iter_lines_at(path):
         try:
             obj = orjson.loads(raw)
@@ -172,6 +173,8 @@ def scan_input(
             scan.retried += kept_failure and at < 0 and retry_failed
         scan.pending.append(offset)
     seen.update(ids)
+    if number == 0:  # "all 0 requests have a result" would read as success
+        raise InputError(f"{scan.path} is empty: it has no request lines; nothing was sent")
     if len(problems) < MAX_PROBLEMS:
         problems += find_duplicates(path, seen.colliding_hashes() | repeated, name=scan.path)
         problems.sort(key=lambda p: p.line or 0)

@@ -1,8 +1,8 @@
 """Scale-out past one machine: split a request file over N jobs, merge their outputs back.
 
-`--shard K/N` keeps the requests whose custom_id hashes to K (0-based, as SLURM array task ids
-are), so N jobs (array tasks, nodes) can each run `exec` on the same file without talking to
-each other; the split depends on the id only, never on line order or on the machine. `merge`
+`--shard K/N` keeps the requests whose group (the custom_id before its sample suffix, so a
+task's samples stay together) hashes to K (0-based, as SLURM array task ids are), so N jobs
+(array tasks, nodes) can each run `exec` on the same file without talking to each other; the split depends on the id only, never on line order or on the machine. `merge`
 joins the N outputs into one file in request order and refuses to pretend: every request id must
 have exactly one result.
 """
@@ -20,6 +20,7 @@ import orjson
 from jsonlbatch.errors import InputError, Problem, UsageError
 from jsonlbatch.jsonl import OutputLock, check_output, iter_lines, rewrite_atomically, same_file
 from jsonlbatch.records import check_response, is_failure
+from jsonlbatch.samples import split_id
 
 _SHOWN_PER_KIND = 5
 
@@ -37,9 +38,12 @@ def parse_shard(text: str) -> tuple[int, int]:
 
 
 def shard_of(custom_id: str, n: int) -> int:
-    """Which of `n` shards a request belongs to: a keyed-nothing hash, the same everywhere
-    (Python's `hash()` is salted per process and would split differently on every node)."""
-    digest = hashlib.blake2b(custom_id.encode("utf-8"), digest_size=8).digest()
+    """Which of `n` shards a request belongs to: a keyed-nothing hash of its group (the id up
+    to its last `|`, `#` or `__pass`, as post groups samples), the same everywhere (Python's
+    `hash()` is salted per process and would split differently on every node). By group, so
+    a task's samples stay on one shard: votes, pass@k and prefix caching need them together."""
+    group, _ = split_id(custom_id)
+    digest = hashlib.blake2b(group.encode("utf-8"), digest_size=8).digest()
     return int.from_bytes(digest, "big") % n
 
 
