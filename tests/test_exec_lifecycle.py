@@ -8,8 +8,9 @@ import socket
 import time
 import warnings
 
+import orjson
 import pytest
-from batchutil import exec_cli, read_results, start_cli, write_requests
+from batchutil import cli, exec_cli, read_results, start_cli, write_requests
 from conftest import free_port
 
 from jsonlbatch import aexecute, execute
@@ -126,3 +127,24 @@ async def test_execute_inside_a_running_loop_says_to_await_aexecute(tmp_path, mo
     assert not out.exists() and _lock_files(tmp_path) == []
     summary = await aexecute(requests, out, urls=[url], quiet=True)  # the advice works
     assert summary.succeeded == 3
+
+
+def test_a_resumed_serve_run_names_its_servers_by_index_not_by_port(tmp_path):
+    """Issue 26: each `exec --serve` run gets fresh ports, so `report --by endpoint` on a resumed
+    file listed the ephemeral port of every run."""
+    requests = tmp_path / "req.jsonl"
+    lines = write_requests(requests, 6)
+    part = tmp_path / "part.jsonl"
+    part.write_bytes(b"".join(requests.read_bytes().splitlines(keepends=True)[:3]))
+    out = tmp_path / "out.jsonl"
+    for source in (part, requests):  # two runs, two launches, two ports
+        done = exec_cli(source, out, "--serve", "mock", "--dp-size", "2", "--dp-mode", "replicas")
+        assert done.returncode == 0, done.stderr
+        assert "server 0" in done.stderr  # the summary's per-endpoint counts use the name
+    results = read_results(out)
+    assert set(results) == {x["custom_id"] for x in lines}
+    assert {r["metrics"]["endpoint"] for r in results.values()} <= {"server 0", "server 1"}
+    report = cli("report", str(out), "--by", "endpoint", "--format", "json")
+    assert report.returncode == 0, report.stderr
+    groups = orjson.loads(report.stdout)["runs"][0]["breakdown"]["endpoint"]
+    assert set(groups) <= {"server 0", "server 1"} and sum(g["lines"] for g in groups.values()) == 6

@@ -130,7 +130,9 @@ class Run:
             for url in spec.urls or self.urls:
                 if url not in endpoints:
                     endpoints[url] = parse_endpoint(url)
-                    endpoints[url].launched = url in self.keys
+                    if url in self.keys:  # launched for this run: its port changes every run,
+                        endpoints[url].launched = True  # so lines name it by its index
+                        endpoints[url].name = f"server {list(self.keys).index(url)}"
         if not self.scan.pending:
             self.recorder.prepare()
             self.recorder.close()
