@@ -7,7 +7,8 @@ from typing import Any
 import orjson
 import pytest
 
-from jsonlbatch.exec.streaming import StreamError, StreamReader, read_stream, stream_body
+from jsonlbatch.exec.bodies import read_stream
+from jsonlbatch.exec.streaming import StreamError, StreamReader, stream_body
 
 HEAD = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1700000000, "model": "m"}
 

@@ -20,8 +20,10 @@ import orjson
 
 from jsonlbatch.batchapi.objects import ACTIVE, TERMINAL
 from jsonlbatch.errors import AuthenticationError, ServerError
+from jsonlbatch.exec.bodies import read_body
 from jsonlbatch.exec.endpoints import Endpoint, auth_headers, describe_exception
 from jsonlbatch.exec.retry import Backoff, parse_retry_after
+from jsonlbatch.exec.streaming import StreamError
 from jsonlbatch.redact import redact
 from jsonlbatch.safe_names import is_plain_id
 
@@ -129,9 +131,11 @@ class BatchApi:
                     allow_redirects=False,
                     timeout=aiohttp.ClientTimeout(total=self.timeout, sock_connect=30),
                 ) as resp:
-                    raw = await resp.read()
                     status = resp.status
                     retry_after = parse_retry_after(resp.headers.get("Retry-After"))
+                    raw = await read_body(resp.content.iter_any(), declared=resp.content_length)
+            except StreamError as exc:  # an answer larger than any file or batch object
+                raise RemoteError(redact(f"{what}: {exc}")) from None
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
                 problem = describe_exception(exc) if isinstance(exc, Exception) else str(exc)
             else:
@@ -182,7 +186,7 @@ class BatchApi:
                     timeout=aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=300),
                 ) as resp:
                     if resp.status != 200:
-                        raw = await resp.read()
+                        raw = await resp.content.read(1 << 16)  # an error's message
                         if resp.status < 500 and resp.status != 429:
                             raise RemoteError(
                                 redact(f"{what}: HTTP {resp.status}: {_message(raw)}")

@@ -13,6 +13,7 @@ from jsonlbatch.cache.runcache import cache_dir_from
 from jsonlbatch.cli.batch_options import batch_api_options, pop_batch_kwargs, run_batch_api
 from jsonlbatch.cli.exec_watch import add_watch_options, pop_watch_kwargs, watching
 from jsonlbatch.cli.params import (
+    BYTES,
     COUNT,
     COUNT_OR_ZERO,
     SECONDS,
@@ -92,6 +93,22 @@ def parse_headers(values: tuple[str, ...]) -> dict[str, str]:
     show_default=True,
     metavar="SECONDS",
     help="Per-attempt timeout; long, for reasoning models and cold caches.",
+)
+@click.option(
+    "--max-response-bytes",
+    type=BYTES,
+    default="64MiB",
+    show_default=True,
+    help="Largest answer taken (decoded, streamed or not); a larger one is a "
+    "response_too_large failure, not retried.",
+)
+@click.option(
+    "--stream-stall-timeout",
+    type=SECONDS,
+    default=600.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="--stream: a stream that sends bytes but no output this long fails (stream_stalled).",
 )
 @click.option(
     "--max-retries",

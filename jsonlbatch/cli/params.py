@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import shlex
-from typing import Any
+from typing import Any, ClassVar
 
 import click
 
@@ -53,6 +53,29 @@ class ShellWords(click.ParamType):
         return value
 
 
+class ByteSize(click.ParamType):
+    """A size in bytes: `67108864`, `64MiB`, `500KB`, `1G` (K/M/G are powers of 1024 with or
+    without `iB`, of 1000 with `B` alone), at least 1 KiB and at most 1 TiB."""
+
+    name = "size"
+    _UNITS: ClassVar[dict[str, int]] = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "kib": 1 << 10, "mib": 1 << 20,
+              "gib": 1 << 30, "kb": 10**3, "mb": 10**6, "gb": 10**9}  # fmt: skip
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, int):
+            return value
+        text = str(value).strip().lower()
+        number = text.rstrip("kmgib")
+        unit = text[len(number) :]
+        try:
+            size = int(float(number) * self._UNITS[unit])
+        except (ValueError, KeyError, OverflowError):
+            self.fail(f"{value!r} is not a size such as 64MiB or 1048576.", param, ctx)
+        if not (1 << 10) <= size <= (1 << 40):
+            self.fail(f"{value!r} must be between 1KiB and 1TiB.", param, ctx)
+        return size
+
+
 class HttpUrl(click.ParamType):
     """An http(s) base URL that `jsonlbatch.exec.endpoints.parse_endpoint` accepts (a port in
     range, brackets that close, a host)."""
@@ -85,3 +108,5 @@ WEIGHT = Finite(min=0)
 MEMORY_MB = click.IntRange(min=1, max=1 << 30)
 COUNT = click.IntRange(min=1)
 COUNT_OR_ZERO = click.IntRange(min=0)
+#: Bytes, with a unit if wished (`64MiB`).
+BYTES = ByteSize()

@@ -23,8 +23,10 @@ import aiohttp
 import orjson
 
 from jsonlbatch.errors import AuthenticationError, ServerUnavailableError, UsageError
+from jsonlbatch.exec.bodies import read_body
 from jsonlbatch.exec.concurrency import ConcurrencyController, FixedConcurrency
 from jsonlbatch.exec.router import PrefixKey, Router
+from jsonlbatch.exec.streaming import StreamError
 from jsonlbatch.redact import redact, register_secret, secret_query_parameter
 
 #: An endpoint is set aside and probed after this many server-side failures in a row, lasting
@@ -279,7 +281,10 @@ class EndpointPool:
             timeout=aiohttp.ClientTimeout(total=timeout),
             allow_redirects=False,  # a redirect could carry our credentials elsewhere
         ) as resp:
-            raw = await resp.read()
+            try:  # a model list is small: a bigger answer is no usable one
+                raw = await read_body(resp.content.iter_any(), declared=resp.content_length)
+            except StreamError:
+                return resp.status, None
         try:
             return resp.status, orjson.loads(raw)
         except orjson.JSONDecodeError:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from jsonlbatch.cache.store import MODES as CACHE_MODES
 from jsonlbatch.cost import Price
 from jsonlbatch.errors import UsageError
+from jsonlbatch.exec.bodies import MAX_RESPONSE_BYTES, STREAM_STALL_S
 from jsonlbatch.exec.router import RouteOptions
 from jsonlbatch.exec.scan import CHANGED_POLICIES
 
@@ -26,6 +27,8 @@ class ExecOptions:
     api_key: str | None = field(default=None, repr=False)
     headers: Mapping[str, str] = field(default_factory=dict, repr=False)
     timeout: float = 1800.0  # per attempt; reasoning models and cold caches need long ones
+    max_response_bytes: int = MAX_RESPONSE_BYTES  # one answer, decoded (exec/bodies.py)
+    stream_stall_timeout: float = STREAM_STALL_S  # bytes but no output this long: a failure
     max_retries: int = 8
     ready_timeout: float = 1800.0  # how long a refusing or dead server is waited for
     retry_failed: bool = False
@@ -57,6 +60,10 @@ class ExecOptions:
             raise UsageError("--max-retries must be 0 or more")
         if self.timeout <= 0 or self.ready_timeout < 0:
             raise UsageError("--timeout must be positive and --ready-timeout not negative")
+        if self.max_response_bytes < 1024 or self.stream_stall_timeout <= 0:
+            raise UsageError(
+                "--max-response-bytes must be at least 1KiB and --stream-stall-timeout positive"
+            )
         if self.changed not in CHANGED_POLICIES:
             raise UsageError(f"--changed must be one of: {', '.join(CHANGED_POLICIES)}")
         if (self.rpm is not None and self.rpm <= 0) or (self.tpm is not None and self.tpm <= 0):

@@ -18,6 +18,7 @@ import orjson
 
 from jsonlbatch.answers import unusable_reason
 from jsonlbatch.errors import AuthenticationError
+from jsonlbatch.exec.bodies import TOO_LARGE, read_answer, read_body
 from jsonlbatch.exec.budget import BudgetReached, Meter, Ticket
 from jsonlbatch.exec.checks import Accept, Answer, AnswerCheck, AskAgain, refused
 from jsonlbatch.exec.concurrency import Outcome
@@ -27,13 +28,7 @@ from jsonlbatch.exec.options import ExecOptions
 from jsonlbatch.exec.pools import ModelPools
 from jsonlbatch.exec.results import http_result
 from jsonlbatch.exec.retry import Backoff, Verdict, parse_retry_after
-from jsonlbatch.exec.streaming import (
-    STREAM_URLS,
-    StreamError,
-    StreamReader,
-    read_answer,
-    stream_body,
-)
+from jsonlbatch.exec.streaming import STREAM_URLS, StreamError, StreamReader, stream_body
 from jsonlbatch.exec.summary import RunSummary
 from jsonlbatch.records import COMPLETIONS_URL, Request, Result
 from jsonlbatch.redact import redact
@@ -121,12 +116,16 @@ class Sender:
                     allow_redirects=False,  # a redirect could carry our credentials elsewhere
                 ) as resp:
                     status = resp.status
+                    limit = self.opts.max_response_bytes
                     if status == 200 and (streaming or resp.content_type == "text/event-stream"):
                         raw, streamed = await read_answer(
-                            resp.content.iter_any(), chat=req.url != COMPLETIONS_URL
+                            resp.content.iter_any(),
+                            chat=req.url != COMPLETIONS_URL,
+                            limit=limit,
+                            stall=self.opts.stream_stall_timeout,
                         )
                     else:
-                        raw = await resp.read()
+                        raw = await read_body(resp.content.iter_any(), limit, resp.content_length)
                     request_id = resp.headers.get("x-request-id")
                     if status == 429 or status >= 500:
                         retry_after = parse_retry_after(resp.headers.get("Retry-After"))
@@ -203,6 +202,8 @@ class Sender:
                     req.custom_id, None, error={"code": code, "message": redact(message)}
                 )
                 result.metrics = metrics
+                if code == TOO_LARGE:  # the same request would get the same answer
+                    return result
             if answer is not None:
                 if self.check is None:
                     return result

@@ -5,7 +5,8 @@ Streaming is for measuring (time to first token, inter-token gaps), not for chan
 would have got, so every downstream tool reads the same shape either way.
 
 `StreamReader.feed(bytes, now)` takes raw network reads (cut anywhere, even inside a line or a
-UTF-8 character) with the time they arrived; `read_stream` drives it from an aiohttp response.
+UTF-8 character) with the time they arrived; `bodies.read_stream` drives it from an aiohttp
+response, within the caps on what one answer may hold.
 Lines are split here rather than by aiohttp's `readline`, which is slower and raises
 `LineTooLong` on long lines (big tool-call arguments, long reasoning chunks).
 
@@ -17,8 +18,7 @@ that arrive in one network read share its time); TPOT is `(E2EL - TTFT) / (compl
 
 from __future__ import annotations
 
-import time
-from collections.abc import AsyncIterable, Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -41,10 +41,11 @@ _SNIPPET = 200  # characters of a bad event quoted in an error message
 
 
 class StreamError(JsonlbatchError):
-    """A stream that broke after its 200 (error event, bad event, cut short): worth a retry.
+    """An answer that broke after its status line: worth a retry, unless it is too large.
 
     `code` is the response line's `error.code`: `stream_error` when the server said something
-    was wrong, `connection_error` when the stream just stopped.
+    was wrong, `connection_error` when the stream just stopped, `response_too_large` and
+    `stream_stalled` when a cap in `bodies.py` stopped it.
     """
 
     def __init__(self, code: str, message: str) -> None:
@@ -336,60 +337,6 @@ class StreamReader:
             out["itl_max_s"] = round(gaps[-1], 6)
         out["chunks"] = self.chunks
         return out
-
-
-async def read_stream(
-    reads: AsyncIterable[bytes],
-    *,
-    chat: bool = True,
-    clock: Callable[[], float] = time.perf_counter,
-) -> StreamReader:
-    """Read a whole SSE answer, e.g. `await read_stream(resp.content.iter_any())`."""
-    _, reader = await read_answer(reads, chat=chat, clock=clock, sniff=False)
-    assert reader is not None
-    return reader
-
-
-async def read_answer(
-    reads: AsyncIterable[bytes],
-    *,
-    chat: bool = True,
-    clock: Callable[[], float] = time.perf_counter,
-    sniff: bool = True,
-) -> tuple[bytes, StreamReader | None]:
-    """Read the answer to a streamed request: (raw body, None) when it is plain JSON, else
-    (b"", the `StreamReader` of its events).
-
-    Decided by the content, not the Content-Type header, which servers and proxies get wrong
-    both ways: a body whose first byte (after blanks) opens a JSON value is plain JSON
-    (`sniff=False` reads it as SSE whatever it holds). `[DONE]` ends the answer: nothing after it
-    is waited for, so a server that keeps the connection open does not hold the request until
-    its timeout. (aiohttp reuses the connection when the body's end came with `[DONE]`, as it
-    does from vLLM and SGLang, and closes it otherwise.)
-    """
-    it = aiter(reads)
-    head = b""
-    try:
-        while not head.strip():
-            head += await anext(it)
-    except StopAsyncIteration:
-        pass
-    if sniff and head.lstrip()[:1] in (b"{", b"["):
-        parts = [head]
-        async for data in it:
-            parts.append(data)
-        return b"".join(parts), None
-    reader = StreamReader(chat=chat)
-    if head:
-        reader.feed(head, clock())
-    while not reader.done:
-        try:
-            data = await anext(it)
-        except StopAsyncIteration:
-            break
-        reader.feed(data, clock())
-    reader.close(clock())
-    return b"", reader
 
 
 def _error_text(chunk: dict[str, Any]) -> str:
