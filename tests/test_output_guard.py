@@ -83,3 +83,11 @@ def test_an_output_a_running_exec_holds_is_refused(tmp_path, mock_server, respon
     assert out.stat().st_ino == inode  # not replaced under the running exec
     proc.kill()
     proc.wait()
+
+
+def test_serve_fleet_refuses_an_endpoints_file_that_is_the_fleet_file(tmp_path):
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text("models: []\n")
+    done = cli("serve", "--fleet", str(fleet), "--endpoints-out", str(fleet))
+    assert done.returncode == 2 and "is also an input" in done.stderr, done.stderr
+    assert fleet.read_text() == "models: []\n"

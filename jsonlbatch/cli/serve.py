@@ -187,8 +187,11 @@ def _serve_fleet(
     kwargs: dict[str, Any],
 ) -> None:
     from jsonlbatch.exec.modelmap import write_endpoints
+    from jsonlbatch.jsonl import check_output
     from jsonlbatch.serve.fleetrun import serving_fleet
 
+    if endpoints_out:  # before any server starts: the fleet file is never written over
+        check_output(endpoints_out, [path])
     plan = fleet_plan(path, kwargs, node=node, advertise=advertise, quiet=quiet)
     with serving_fleet(plan.pop("fleet"), **plan) as servers:
         try:
