@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import urllib.parse
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
@@ -43,6 +44,15 @@ class RemoteError(ServerError):
     """The Batch API refused a call (not a passing failure)."""
 
 
+class QuotaExceeded(RemoteError):
+    """The provider's queue is full (an enqueued-token limit, a quota): a reason to wait for
+    earlier batches to end and submit then, never to fail the run."""
+
+
+#: How a provider's 429 says that its batch queue or quota is full, not that calls come fast.
+_QUOTA = re.compile(r"queue|quota|exhausted|enqueued|token_limit", re.IGNORECASE)
+
+
 class BatchProvider(Protocol):
     """What `Submitter` and `manage` need of a provider's batch API: the provider adapter seam.
 
@@ -61,7 +71,7 @@ class BatchProvider(Protocol):
     async def retrieve(self, batch_id: str) -> dict[str, Any]: ...
     async def cancel(self, batch_id: str) -> dict[str, Any]: ...
     async def find_batch(
-        self, metadata: Mapping[str, str], since: float
+        self, metadata: Mapping[str, str], since: float, count: int | None = None
     ) -> dict[str, Any] | None: ...
 
 
@@ -101,17 +111,30 @@ class BatchApi:
         query: Mapping[str, str] | None = None,
         json: Any = None,
         upload: tuple[Path, str] | None = None,
+        url: str | None = None,
+        body: bytes | Path | None = None,
+        headers: Mapping[str, str] | None = None,
+        replies: dict[str, str] | None = None,
+        quota: bool = False,
     ) -> Any:
+        """One API call, tried again for passing failures. `url` replaces the base + `path`
+        address; `body` sends bytes (or a file's content) with `headers`; `replies` receives
+        the answer's headers; with `quota`, a 429 that speaks of a queue or quota raises
+        `QuotaExceeded` at once instead of being tried again."""
         what = f"{method} {self.endpoint.name}{path}"
         attempt = 0
         while True:
             attempt += 1
             retry_after = None
-            headers = dict(self.headers)
+            sent = {**self.headers, **(headers or {})}
             data: Any = None
             if json is not None:
-                headers["Content-Type"] = "application/json"
+                sent["Content-Type"] = "application/json"
                 data = orjson.dumps(json)
+            elif isinstance(body, Path):
+                data = body.open("rb")
+            elif body is not None:
+                data = body
             try:
                 if upload is not None:
                     form = aiohttp.FormData()
@@ -124,15 +147,17 @@ class BatchApi:
                     data = form
                 async with self.session.request(
                     method,
-                    self._url(path, query),
+                    url or self._url(path, query),
                     data=data,
-                    headers=headers,
+                    headers=sent,
                     proxy=self.endpoint.proxy,
                     allow_redirects=False,
                     timeout=aiohttp.ClientTimeout(total=self.timeout, sock_connect=30),
                 ) as resp:
                     status = resp.status
                     retry_after = parse_retry_after(resp.headers.get("Retry-After"))
+                    if replies is not None:
+                        replies.update({k.lower(): v for k, v in resp.headers.items()})
                     raw = await read_body(resp.content.iter_any(), declared=resp.content_length)
             except StreamError as exc:  # an answer larger than any file or batch object
                 raise RemoteError(redact(f"{what}: {exc}")) from None
@@ -147,8 +172,10 @@ class BatchApi:
                 elif status in (401, 403):
                     raise AuthenticationError(
                         f"{what}: the Batch API rejected the credentials (HTTP {status}); check "
-                        "--api-key or OPENAI_API_KEY"
+                        "--api-key (or the provider's key variable)"
                     )
+                elif quota and status == 429 and _QUOTA.search(_message(raw)):
+                    raise QuotaExceeded(redact(f"{what}: {_message(raw)}"))
                 elif status == 429 or status >= 500 or status == 408:
                     problem = f"HTTP {status}: {_message(raw)}"
                 else:
@@ -173,13 +200,16 @@ class BatchApi:
 
     async def download(self, file_id: str, dest: Path) -> None:
         """A file's content to `dest` (streamed; complete or absent, never half there)."""
-        path = f"/v1/files/{_quoted(file_id)}/content"
+        await self._fetch(f"/v1/files/{_quoted(file_id)}/content", dest)
+
+    async def _fetch(self, path: str, dest: Path, url: str | None = None) -> None:
+        """GET `path` (or `url`) into `dest`, streamed, complete or absent."""
         what = f"GET {self.endpoint.name}{path}"
         tmp = dest.with_suffix(".part")
         for attempt in range(1, self.max_retries + 2):
             try:
                 async with self.session.get(
-                    self._url(path),
+                    url or self._url(path),
                     headers=self.headers,
                     proxy=self.endpoint.proxy,
                     allow_redirects=False,
@@ -260,9 +290,12 @@ class BatchApi:
             )
         return obj
 
-    async def find_batch(self, metadata: Mapping[str, str], since: float) -> dict[str, Any] | None:
+    async def find_batch(
+        self, metadata: Mapping[str, str], since: float, count: int | None = None
+    ) -> dict[str, Any] | None:
         """The batch carrying `metadata`, created after `since` (newest first, so the search
-        stops at the first older one)."""
+        stops at the first older one). `count` (the part's requests) is for providers that
+        keep no metadata."""
         async for obj in self._pages("/v1/batches", {"limit": "100"}):
             if not isinstance(obj, dict):
                 continue

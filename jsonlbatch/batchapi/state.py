@@ -40,6 +40,8 @@ class Part:
     completed: int = 0
     failed: int = 0
     merged: bool = False
+    #: the provider's queue refused the part: it is created once earlier batches end
+    waiting: bool = False
 
     @property
     def filename(self) -> str:
@@ -55,6 +57,7 @@ class State:
     path: Path
     url: str = ""
     requests: str = ""
+    provider: str = ""  # openai, anthropic or gemini: the one the parts went to
     parts: list[Part] = field(default_factory=list)
 
     @classmethod
@@ -68,6 +71,7 @@ class State:
             data = orjson.loads(path.read_bytes())
             state.url = data.get("url", "")
             state.requests = data.get("requests", "")
+            state.provider = data.get("provider", "")
             state.parts = [Part(**p) for p in data["parts"]]
         except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
             raise OutputError(
@@ -90,6 +94,7 @@ class State:
             "version": VERSION,
             "url": self.url,
             "requests": self.requests,
+            "provider": self.provider,
             "parts": [asdict(p) for p in self.parts],
         }
         rewrite_atomically(self.path, [orjson.dumps(data, option=orjson.OPT_INDENT_2) + b"\n"])

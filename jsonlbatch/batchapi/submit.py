@@ -33,7 +33,9 @@ import orjson
 from tqdm import tqdm
 
 from jsonlbatch.batchapi.objects import MISSING_CODES, TERMINAL, failure_line, new_id
-from jsonlbatch.batchapi.remote import BatchApi, BatchProvider, api_path
+from jsonlbatch.batchapi.parts import check_lines, marks_path, read_marks, write_parts
+from jsonlbatch.batchapi.providers import PROVIDERS, choose, open_api
+from jsonlbatch.batchapi.remote import BatchProvider, QuotaExceeded, api_path
 from jsonlbatch.batchapi.state import Part, State
 from jsonlbatch.errors import Interrupted, UsageError
 from jsonlbatch.exec.endpoints import parse_endpoint
@@ -44,16 +46,15 @@ from jsonlbatch.jsonl import (
     AppendWriter,
     filter_lines,
     iter_lines,
-    read_lines_at,
     repair_tail,
     rewrite_atomically,
 )
-from jsonlbatch.records import fingerprint, is_failure
+from jsonlbatch.records import is_failure
 from jsonlbatch.safe_names import safe_name
 
-#: The OpenAI Batch API's limits per input file.
-MAX_REQUESTS = 50_000
-MAX_BYTES = 200 * 1000 * 1000
+#: The OpenAI Batch API's limits per input file (each provider's are in providers.py).
+MAX_REQUESTS = PROVIDERS["openai"].max_requests
+MAX_BYTES = PROVIDERS["openai"].max_bytes
 
 
 @dataclass
@@ -66,8 +67,9 @@ class SubmitOptions:
     model: str | None = None  # override every body's model (Azure: the deployment name)
     completion_window: str = "24h"
     metadata: Mapping[str, str] = field(default_factory=dict)
-    max_requests: int = MAX_REQUESTS
-    max_bytes: int = MAX_BYTES
+    max_requests: int | None = None  # None: the provider's limit
+    max_bytes: int | None = None
+    provider: str | None = None  # openai, anthropic, gemini; None: from the URL and the lines
     poll_interval: float = 10.0  # first wait between looks; grows 1.5x while nothing changes
     poll_max: float = 120.0
     retry_failed: bool = False
@@ -75,7 +77,9 @@ class SubmitOptions:
     quiet: bool = False
 
     def __post_init__(self) -> None:
-        if self.max_requests < 1 or self.max_bytes < 1:
+        if (self.max_requests is not None and self.max_requests < 1) or (
+            self.max_bytes is not None and self.max_bytes < 1
+        ):
             raise UsageError("--batch-max-requests and --batch-max-bytes must be positive")
         if self.poll_interval <= 0:
             raise UsageError("--poll-interval must be positive")
@@ -139,8 +143,19 @@ class Submitter:
             scan = self.job.prepare()
             try:
                 self._take_scan(scan)
+                self.provider = choose(
+                    self.options.provider or self.state.provider or None,
+                    self.options.url,
+                    scan.urls,
+                )
+                if self.state.provider and self.state.provider != self.provider.name:
+                    raise UsageError(
+                        f"{self.output}'s batches went to {self.state.provider}; this run would "
+                        f"use {self.provider.name}: finish those first (or move the state away)"
+                    )
                 async with aiohttp.ClientSession(trust_env=False) as session:
-                    api = BatchApi(
+                    api = open_api(
+                        self.provider,
                         self.endpoint,
                         session,
                         api_key=self.options.api_key,
@@ -210,54 +225,29 @@ class Submitter:
             )
             self.job._lock.hold_output()  # as exec does: the lock on the replaced file went with it
             self.note(f"retrying {scan.retried} failed requests")
+        check_lines(self.job.requests, scan.pending, self.provider)
         folder = self.state.folder
         folder.mkdir(parents=True, exist_ok=True)
-        tag = new_id("")[:12]
-        rewrite = self._line_rewriter()
         opts = self.options
-        open_parts: dict[tuple[str, str], tuple[Part, Any, Any]] = {}
-        parts: list[Part] = []
-        try:
-            for raw in read_lines_at(self.job.requests, scan.pending):
-                obj = orjson.loads(raw)
-                key = (obj["url"], opts.model or obj["body"].get("model") or "")
-                # as exec marks its lines: the request as the file asks it, before any rewrite
-                mark = fingerprint(raw, obj["url"], obj["body"])
-                line = rewrite(obj) if rewrite else raw.rstrip(b"\r\n") + b"\n"
-                current = open_parts.get(key)
-                if current is not None and (
-                    current[0].count >= opts.max_requests
-                    or current[0].bytes + len(line) > opts.max_bytes
-                ):
-                    current[1].close()
-                    current[2].close()
-                    current = None
-                if current is None:
-                    index = len(parts)
-                    part = Part(tag, index, f"part-{tag}-{index:04d}.jsonl", obj["url"], 0, 0)
-                    current = (
-                        part,
-                        open(folder / part.path, "wb"),  # noqa: SIM115
-                        open(folder / _marks(part), "wb"),  # noqa: SIM115
-                    )
-                    open_parts[key] = current
-                    parts.append(part)
-                current[1].write(line)
-                current[2].write(
-                    orjson.dumps({"custom_id": obj["custom_id"], "fingerprint": mark}) + b"\n"
-                )
-                current[0].count += 1
-                current[0].bytes += len(line)
-        finally:
-            for _, lines, marks in open_parts.values():
-                lines.close()
-                marks.close()
+        parts = write_parts(
+            self.job.requests,
+            scan.pending,
+            folder,
+            new_id("")[:12],
+            self.provider,
+            max_requests=opts.max_requests or self.provider.max_requests,
+            max_bytes=opts.max_bytes or self.provider.max_bytes,
+            model=opts.model,
+            rewrite=self._line_rewriter(),
+        )
         self.state.url = self.endpoint.name
+        self.state.provider = self.provider.name
         self.state.requests = os.path.abspath(self.job.requests)
         self.state.parts += parts
         self.state.save()
         self.note(
-            f"split {len(scan.pending)} requests into {len(parts)} part(s) for {self.endpoint.name}"
+            f"split {len(scan.pending)} requests into {len(parts)} part(s) for the "
+            f"{self.provider.name} batch API at {self.endpoint.name}"
         )
 
     def _line_rewriter(self) -> Callable[[dict[str, Any]], bytes] | None:
@@ -280,11 +270,32 @@ class Submitter:
     # -- uploading, creating, watching ---------------------------------------------------------
 
     async def _drive(self, api: BatchProvider) -> None:
+        await self._start_parts(api)
+        await self._watch(api)
+
+    async def _start_parts(self, api: BatchProvider) -> bool:
+        """Start every part without a batch, in order, until the provider's queue refuses
+        one: that one and the rest wait for earlier batches to end. True if any started."""
+        started = False
         for part in self.state.open_parts:
             if self.stopping.is_set():
-                return
-            await self._start(api, part)
-        await self._watch(api)
+                break
+            if part.batch_id is not None:
+                continue
+            try:
+                await self._start(api, part)
+            except QuotaExceeded as exc:
+                waiting = [p for p in self.state.open_parts if p.batch_id is None]
+                for p in waiting:
+                    p.waiting, p.status = True, "waiting for quota"
+                self.state.save()
+                self.note(f"{len(waiting)} part(s) wait for the provider's queue: {exc}")
+                break
+            part.waiting = False
+            self.summary.batches.append(part.batch_id or "")
+            started = True
+        self.state.save()
+        return started
 
     async def _start(self, api: BatchProvider, part: Part) -> None:
         """Upload and create, each at most once per part, whatever crashes in between."""
@@ -303,14 +314,20 @@ class Submitter:
         if part.batch_id is None:
             found = None
             if part.creating_since is not None:  # a crash around an earlier create
-                found = await api.find_batch(part.metadata, part.creating_since - 600)
+                found = await api.find_batch(
+                    part.metadata, part.creating_since - 600, count=part.count
+                )
             if found is None:
                 part.creating_since = time.time()
                 self.state.save()
                 metadata = {**self.options.metadata, **part.metadata}
-                found = await api.create_batch(
-                    part.file_id or "", part.endpoint, self.options.completion_window, metadata
-                )
+                try:
+                    found = await api.create_batch(
+                        part.file_id or "", part.endpoint, self.options.completion_window, metadata
+                    )
+                except QuotaExceeded:
+                    part.creating_since = None  # refused: nothing was made to look for
+                    raise
                 self.note(f"created {found['id']} for part {part.index} ({part.count} requests)")
             else:
                 self.note(f"found {found['id']} for part {part.index}: not creating it again")
@@ -321,18 +338,22 @@ class Submitter:
     async def _watch(self, api: BatchProvider) -> None:
         interval = self.options.poll_interval
         for part in self.state.open_parts:
-            if part.batch_id:
+            if part.batch_id and part.batch_id not in self.summary.batches:
                 self.summary.batches.append(part.batch_id)
-        while not self.stopping.is_set():
-            watched = [p for p in self.state.open_parts if p.batch_id]
-            if not watched:
-                return
+        while not self.stopping.is_set() and self.state.open_parts:
             changed = False
-            for part in watched:
+            for part in [p for p in self.state.open_parts if p.batch_id]:
                 batch = await api.retrieve(part.batch_id or "")
                 changed |= self._update(part, batch)
-                if batch.get("status") in TERMINAL:
+                if _refused_for_quota(batch):
+                    self._requeue(part)
+                    changed = True
+                elif batch.get("status") in TERMINAL:
                     await self._merge(api, part, batch)
+            waiting = [p for p in self.state.open_parts if p.waiting]
+            running = [p for p in self.state.open_parts if p.batch_id]
+            if waiting and (changed or not running):  # a batch ended: room in the queue?
+                changed |= await self._start_parts(api)
             self._show()
             if not self.state.open_parts:
                 return
@@ -343,6 +364,16 @@ class Submitter:
             )
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.stopping.wait(), timeout=interval)
+
+    def _requeue(self, part: Part) -> None:
+        """OpenAI makes a batch beyond its enqueued-token limit and fails it at once, with
+        nothing run: the part waits and gets a new batch once earlier ones end."""
+        self.note(f"{part.batch_id} (part {part.index}): the provider's queue is full; waiting")
+        if part.batch_id in self.summary.batches:
+            self.summary.batches.remove(part.batch_id)
+        part.batch_id, part.creating_since, part.status = None, None, "waiting for quota"
+        part.waiting = True
+        self.state.save()
 
     def _update(self, part: Part, batch: dict[str, Any]) -> bool:
         counts = batch.get("request_counts") or {}
@@ -371,7 +402,10 @@ class Submitter:
         self.bar.update(done - self.bar.n)
         failed = sum(p.failed for p in parts)
         running = sum(1 for p in parts if not p.merged)
-        self.bar.set_postfix_str(f"{running} running, {failed} failed", refresh=True)
+        waiting = sum(1 for p in self.state.open_parts if p.waiting)
+        self.bar.set_postfix_str(
+            f"{running} running, {waiting} waiting for quota, {failed} failed", refresh=True
+        )
 
     # -- merging -------------------------------------------------------------------------------
 
@@ -386,10 +420,7 @@ class Submitter:
                 dest = folder / f"{safe_name(part.batch_id)}.{key[:-8]}.jsonl"
                 await api.download(file_id, dest)
                 downloads.append(dest)
-        marks = {
-            m["custom_id"]: m["fingerprint"]
-            for m in (orjson.loads(raw) for _, raw in iter_lines(folder / _marks(part)))
-        }
+        marks = read_marks(folder, part)  # id as sent -> (custom_id, fingerprint)
         status = batch.get("status") or "failed"
         code, message = MISSING_CODES.get(status, MISSING_CODES["failed"])
         errors = (batch.get("errors") or {}).get("data") or []
@@ -407,10 +438,10 @@ class Submitter:
                 writer.write(b"".join(line for line, _ in chunk))
                 written += len(chunk)
                 failed += sum(bad for _, bad in chunk)
-            missing = [cid for cid in left if not self._present(cid)]
+            missing = [(cid, mark) for cid, mark in left.values() if not self._present(cid)]
             for chunk in _chunks(
-                (failure_line(c, code, message, batch_id=part.batch_id, fingerprint=left[c]), True)
-                for c in missing
+                (failure_line(c, code, message, batch_id=part.batch_id, fingerprint=m), True)
+                for c, m in missing
             ):
                 writer.write(b"".join(line for line, _ in chunk))
                 written += len(chunk)
@@ -419,28 +450,29 @@ class Submitter:
         self.state.save()
         self.summary.merged += written
         self.summary.failed += failed
-        for path in (*downloads, folder / part.path, folder / _marks(part)):
+        for path in (*downloads, folder / part.path, folder / marks_path(part)):
             path.unlink(missing_ok=True)
         if not self.state.open_parts:
             shutil.rmtree(folder, ignore_errors=True)
         self.note(f"{part.batch_id}: {status}; {written} lines added to {self.output}")
 
     def _merged_lines(
-        self, downloads: list[Path], left: dict[str, str], batch_id: str
+        self, downloads: list[Path], left: dict[str, tuple[str, str]], batch_id: str
     ) -> Iterator[tuple[bytes, bool]]:
-        """The downloaded lines in jsonlbatch's response format, each id once, with the
-        request's fingerprint last in `metrics` as exec writes it; taken ids leave `left`
-        (what stays there got no line)."""
+        """The downloaded lines in jsonlbatch's response format, each id once (the custom_id
+        of the request file, whatever id the provider was sent), with the request's
+        fingerprint last in `metrics` as exec writes it; taken ids leave `left` (what stays
+        there got no line)."""
         for path in downloads:
             for _, raw in iter_lines(path):
                 try:
                     obj = orjson.loads(raw)
                 except orjson.JSONDecodeError:
                     continue
-                cid = obj.get("custom_id") if isinstance(obj, dict) else None
-                if cid not in left:
+                sent = obj.get("custom_id") if isinstance(obj, dict) else None
+                if sent not in left:
                     continue  # not ours, or seen already
-                mark = left.pop(cid)
+                cid, mark = left.pop(sent)
                 if self._present(cid):
                     continue
                 metrics = dict(obj["metrics"]) if isinstance(obj.get("metrics"), dict) else {}
@@ -470,9 +502,15 @@ class Submitter:
         self.stopping.set()
 
 
-def _marks(part: Part) -> str:
-    """The file beside a part's lines listing each request's custom_id and fingerprint."""
-    return part.path.removesuffix(".jsonl") + ".marks.jsonl"
+def _refused_for_quota(batch: dict[str, Any]) -> bool:
+    """A batch that failed at once because the provider's queue was full (OpenAI's
+    `token_limit_exceeded`), with no request run."""
+    if batch.get("status") != "failed":
+        return False
+    errors = (batch.get("errors") or {}).get("data") or []
+    counts = batch.get("request_counts") or {}
+    quota = any(isinstance(e, dict) and e.get("code") == "token_limit_exceeded" for e in errors)
+    return quota and not counts.get("completed")
 
 
 def _chunks(

@@ -20,8 +20,14 @@ _OPTIONS = [
     click.option(
         "--batch-api",
         is_flag=True,
-        help="Send through the URL's OpenAI (or Azure OpenAI) Batch API at half the price: "
-        "upload, create batches, watch, merge. Re-running resumes the same batches.",
+        help="Send through the URL's batch API at half the price (OpenAI, Azure, Anthropic "
+        "Message Batches, Gemini batch mode): submit, watch, merge. Re-running resumes.",
+    ),
+    click.option(
+        "--batch-provider",
+        type=click.Choice(["openai", "anthropic", "gemini"]),
+        help="--batch-api: whose batch API (default: from the URL's host, else /v1/messages "
+        "lines go to Anthropic and the rest to OpenAI's).",
     ),
     click.option(
         "--completion-window",
@@ -39,16 +45,14 @@ _OPTIONS = [
     click.option(
         "--batch-max-requests",
         type=click.IntRange(min=1),
-        default=50_000,
-        show_default=True,
-        help="--batch-api: requests per batch at most.",
+        help="--batch-api: requests per batch at most (default: the provider's, e.g. "
+        "50,000 OpenAI, 100,000 Anthropic).",
     ),
     click.option(
         "--batch-max-bytes",
         type=click.IntRange(min=1),
-        default=200_000_000,
-        show_default=True,
-        help="--batch-api: bytes per uploaded file at most.",
+        help="--batch-api: bytes per batch at most (default: the provider's, e.g. 200 MB "
+        "OpenAI, 256 MB Anthropic).",
     ),
     click.option(
         "--poll-interval",
@@ -73,6 +77,7 @@ def _window(value: str) -> str:
 
 _NAMES = (
     "batch_api",
+    "batch_provider",
     "completion_window",
     "batch_metadata",
     "batch_max_requests",
@@ -126,6 +131,7 @@ def run_batch_api(
         metadata=metadata,
         max_requests=batch["batch_max_requests"],
         max_bytes=batch["batch_max_bytes"],
+        provider=batch["batch_provider"],
         poll_interval=batch["poll_interval"],
         retry_failed=kwargs["retry_failed"],
         max_retries=kwargs["max_retries"],
