@@ -38,6 +38,12 @@ def count_problems(n: int) -> str:
     return f"{n}{'+' if n >= MAX_PROBLEMS else ''}"
 
 
+def problems_text(problems: Sequence[Problem]) -> str:
+    """ "3 problems", "1 problem", "1000+ problems": for a one-line message."""
+    n = len(problems)
+    return f"{count_problems(n)} problem{'s' if n != 1 else ''}"
+
+
 class JsonlbatchError(Exception):
     """Base class of every error jsonlbatch raises on purpose. Its text is masked (`redact`):
     messages quote servers, URLs and input lines, and a library user may log them as they are."""

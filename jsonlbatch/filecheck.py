@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from jsonlbatch.errors import InputError, JsonlbatchError, Problem
+from jsonlbatch.errors import InputError, JsonlbatchError, Problem, problems_text
 
 # The kinds of value a key may take; "path" is a file that must exist (relative to the file).
 NUM, INT, STR, BOOL, PATH = "number", "integer", "string", "boolean", "path"
@@ -160,7 +160,7 @@ class FileChecker:
     def raise_problems(self, what: str) -> None:
         """One InputError listing every problem found, if any."""
         if self.problems:
-            raise InputError(f"bad {what} ({len(self.problems)} problems)", self.problems)
+            raise InputError(f"bad {what} ({problems_text(self.problems)})", self.problems)
 
     def keys(
         self,

@@ -122,7 +122,11 @@ def check_request(obj: Any, *, require_model: bool = True) -> list[tuple[str, st
     model = body.get("model")
     if model is None:
         if require_model and url != MODERATIONS_URL:  # moderations has a default model
-            out.append(("body.model", "missing (give it here, or run exec with --model)"))
+            out.append((
+                "body.model",
+                'missing: the request names no model; add "model" to its body (jsonlbatch '
+                "gen --model NAME writes it) or run exec with --model NAME",
+            ))  # fmt: skip
     elif not isinstance(model, str) or not model:
         out.append(("body.model", "must be a non-empty string"))
     for name in _POSITIVE:  # servers refuse 0 (vLLM: "n must be at least 1")

@@ -48,7 +48,8 @@ def test_whole_run_in_parts_then_nothing_to_do(tmp_path, mock_server):
     assert again.returncode == 0 and "nothing to submit" in again.stderr
     assert len(server.client().batches.list().data) == 3
     shown = cli("batches", "status", str(out))  # the state beside OUT says where to ask
-    assert shown.returncode == 0 and shown.stdout.count("merged into OUT") == 3, shown.stdout
+    # issue 26: the placeholder "merged into OUT" was printed as it was
+    assert shown.returncode == 0 and shown.stdout.count(f"merged into {out}\n") == 3, shown.stdout
 
 
 def _started_watching(tmp_path, mock_server, count: int):

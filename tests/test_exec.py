@@ -218,7 +218,9 @@ def test_validate_refuses_n_0_and_hints_only_at_options_that_exist(tmp_path):
     assert proc.returncode == 1
     assert f"{req}:1: body.n: must be a number of at least 1, got 0" in proc.stdout
     assert f"{req}:1: body.max_tokens: must be a number of at least 1, got 0" in proc.stdout
-    assert "body.model: missing (give it here, or run exec with --model)" in proc.stdout
+    # issue 26: "missing (give it here, ...)" did not say what to give or where
+    assert 'body.model: missing: the request names no model; add "model" to its body' in proc.stdout
+    assert "or run exec with --model NAME" in proc.stdout
 
 
 def test_wrong_model_fails_up_front_listing_served_names(tmp_path, mock_server):

@@ -31,6 +31,9 @@ def test_the_example_runs_its_judge_loop_and_reruns_nothing(tmp_path):
     example = copy_on_a_free_port(tmp_path)
     first = cli("run", str(example), "--runs", str(runs), timeout=180)
     assert first.returncode == 0, first.stderr
+    # issue 26: a step's result was printed as a Python dict, and "asking 1 items again"
+    assert "[a] post.votes: 5 groups, 5 samples, 5 scored, maj@1 " in first.stderr
+    assert "{'" not in first.stderr and "asking 1 item again" in first.stderr
     root = runs / "exp001-baseline"
     summary = {
         name: orjson.loads((root / name / "judge" / "judge-summary.json").read_bytes())

@@ -285,3 +285,31 @@ def test_alias_bombs_recursive_aliases_and_deep_rules_are_refused_with_the_line(
 
     with pytest.raises(UsageError, match="nested more than 32 deep"):
         PassRule("not " * 400 + "score >= 6", ["score"])
+
+
+def test_a_typo_in_defaults_serve_is_reported_once_at_its_own_line(tmp_path):
+    """Issue 26: a typo in `defaults.serve` was reported at every condition's line, once each."""
+    (tmp_path / "prompt.j2").write_text("{{ q }}")
+    (tmp_path / "tasks.jsonl").write_text('{"q": "x"}\n')
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "experiment: {id: e1}\n"
+        "data: {file: tasks.jsonl}\n"
+        "prompt: {template: prompt.j2}\n"
+        "defaults:\n"
+        "  model: m\n"
+        "  serve:\n"
+        "    {backend: mock, prot: 8000}\n"
+        "conditions:\n"
+        "  a: {temperature: 0.1}\n"
+        "  b: {temperature: 0.2, serve: {backend: mokc}}\n"
+    )
+    with pytest.raises(InputError) as err:
+        load_experiment(str(bad))
+    found = sorted((p.line, p.field) for p in err.value.problems)
+    assert found == [(7, "defaults.serve.prot"), (10, "conditions.b.serve")], found
+    proc = cli("run", "--check", str(bad))
+    assert proc.returncode == 1 and "(2 problems)" in proc.stderr
+    (tmp_path / "one.yaml").write_text(bad.read_text().replace("mokc", "mock"))
+    one = cli("run", "--check", str(tmp_path / "one.yaml"))
+    assert "(1 problem)" in one.stderr and "1 problems" not in one.stderr

@@ -355,3 +355,20 @@ def test_writers_to_one_folder_use_their_own_temporary_files(
         raise RuntimeError("midway")
     assert read_jsonl(a) == [{"a": i} for i in range(3)]  # the previous output is kept
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl", "b.jsonl"]
+
+
+def test_patches_without_a_source_says_repo_is_optional(tmp_path: Path) -> None:
+    """Issue 26: the message said --repo is needed ("--repo-root (with --repo)"); it has a
+    default."""
+    responses = write_jsonl(tmp_path / "r.jsonl", [chat_line("i1|0", "no diff here")])
+    proc = post("patches", responses, "-o", tmp_path / "p.jsonl")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "--repo, optional," in proc.stderr and "--files-json" in proc.stderr
+    assert not (tmp_path / "p.jsonl").exists()
+
+
+def test_a_malformed_response_file_counts_one_problem_as_one(tmp_path: Path) -> None:
+    bad = tmp_path / "r.jsonl"
+    bad.write_bytes(orjson.dumps(chat_line("i1|0", "x")) + b"\n{oops\n")
+    proc = post("votes", bad, "-o", tmp_path / "v.jsonl")
+    assert proc.returncode == 1 and "(1 problem)" in proc.stderr, proc.stderr

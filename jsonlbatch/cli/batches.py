@@ -44,7 +44,7 @@ def _show(output: str, url: str | None, api_key: str | None, cancel: bool) -> No
         register_secret(api_key)
     rows = run_coroutine(batches_of(output, url=url, api_key=api_key, cancel=cancel))
     for row in rows:
-        merged = "merged into OUT" if row["merged"] else "not merged yet"
+        merged = f"merged into {output}" if row["merged"] else "not merged yet"
         click.echo(
             f"part {row['part']}: {row['batch_id'] or '(not created)'} {row['status'] or '-'}: "
             f"{row['completed']} completed, {row['failed']} failed of {row['requests']}; {merged}"

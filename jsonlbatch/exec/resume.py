@@ -18,7 +18,7 @@ from itertools import repeat
 
 import orjson
 
-from jsonlbatch.errors import MAX_PROBLEMS, OutputError, Problem, count_problems
+from jsonlbatch.errors import MAX_PROBLEMS, OutputError, Problem, count_problems, problems_text
 from jsonlbatch.idset import IdSet, id_key
 from jsonlbatch.jsonl import BOM, iter_lines
 from jsonlbatch.records import check_response, is_failure
@@ -305,9 +305,3 @@ def find_duplicates(
         else:
             first_line[cid] = number
     return problems
-
-
-def problems_text(problems: list[Problem]) -> str:
-    """ "3 problems", "1 problem", "more than 100 problems": for a one-line message."""
-    n = len(problems)
-    return f"{count_problems(n)} problem{'s' if n != 1 else ''}"

@@ -17,7 +17,7 @@ from zlib import crc32
 
 import orjson
 
-from jsonlbatch.errors import MAX_PROBLEMS, InputError, Problem
+from jsonlbatch.errors import MAX_PROBLEMS, InputError, Problem, problems_text
 
 # the output pass, re-exported: callers ask `scan` for both passes
 from jsonlbatch.exec.resume import (  # the output pass: callers ask `scan` for both passes
@@ -28,7 +28,6 @@ from jsonlbatch.exec.resume import (  # the output pass: callers ask `scan` for 
     check_output_file,
     find_duplicates,
     line_custom_id,
-    problems_text,
     scan_output,
 )
 from jsonlbatch.exec.shape import hint

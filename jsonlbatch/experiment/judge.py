@@ -42,6 +42,7 @@ from jsonlbatch.jsonl import iter_lines_at
 from jsonlbatch.post.extract import extract_answer, get_extractor
 from jsonlbatch.post.outputs import JsonlWriter
 from jsonlbatch.samples import Sample, samples_of
+from jsonlbatch.stats import plural
 
 DEFAULT_RETRY = (
     "A reviewer scored your answer {{ score }}.\n\nTheir feedback:\n{{ feedback }}\n\n"
@@ -176,7 +177,7 @@ def run_judge(
                 summary.requests_written += _write_retries(
                     answers_req, [c for c in items if c in open_ids], history, originals, config, r
                 )
-                say(f"round {r}: asking {len(open_ids)} items again")
+                say(f"round {r}: asking {plural(len(open_ids), 'item')} again")
                 run_exec(answers_req, answers_resp, urls)
             verdicts = _judge_round(
                 here, r, answers_req, answers_resp, open_ids, config, join, on,

@@ -17,6 +17,7 @@ from jsonlbatch.post.files import MANIFEST, Limits, extract_files
 from jsonlbatch.post.patches import instance_sources, run_patches
 from jsonlbatch.post.sandbox import RunLimits
 from jsonlbatch.post.votes import run_votes
+from jsonlbatch.stats import plural
 
 _MB = 1 << 20
 
@@ -99,6 +100,24 @@ PARTS: dict[str, Part] = {
     "files": Part("files", (), _files),
     "patches": Part("predictions.jsonl", ("files_json",), _patches),
 }
+
+
+_SINGULAR = {"groups": "group", "samples": "sample", "runs": "run", "instances": "instance",
+             "predictions": "prediction", "rows": "row"}  # fmt: skip
+
+
+def describe(summary: Mapping[str, Any]) -> str:
+    """A part's summary as a line for people (`5 groups, 5 samples, maj@1 0.800, ...`), not
+    the dict it is kept as in `steps.json`."""
+    parts = []
+    for key, value in summary.items():
+        if isinstance(value, int) and not isinstance(value, bool):
+            one = _SINGULAR.get(key)
+            parts.append(plural(value, one, key) if one else f"{value:,} {key}")
+        elif key == "accuracy" and isinstance(value, list):
+            for a in value:
+                parts.append(f"maj@{a['k']} {a['maj']:.3f}, pass@{a['k']} {a['pass']:.3f}")
+    return ", ".join(parts)
 
 
 def input_files(part: Part, settings: Mapping[str, Any]) -> list[str | None]:

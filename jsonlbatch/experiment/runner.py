@@ -30,7 +30,13 @@ from jsonlbatch.errors import UsageError
 from jsonlbatch.exec import execute
 from jsonlbatch.experiment.compare import write_comparison
 from jsonlbatch.experiment.judge import JudgeConfig, run_judge
-from jsonlbatch.experiment.posting import PARTS, export_inputs, export_results, input_files
+from jsonlbatch.experiment.posting import (
+    PARTS,
+    describe,
+    export_inputs,
+    export_results,
+    input_files,
+)
 from jsonlbatch.experiment.spec import Condition, Experiment, Step, load_experiment
 from jsonlbatch.experiment.state import StepState, step_hash
 from jsonlbatch.extras import require
@@ -389,6 +395,6 @@ class _ConditionRun:
                     continue
                 summary = part.run(source, out, settings)
                 self.state.finish(name, digest, summary)
-                self.say(f"{name}: {summary}")
+                self.say(f"{name}: {describe(summary)}")
                 outcomes.append(Outcome(self.cond.name, name, "ran"))
         return outcomes

@@ -229,6 +229,8 @@ class _Checker(FileChecker):
 
     def conditions(self, top: dict[str, Any]) -> list[Condition]:
         defaults = self.keys(top.get("defaults"), ("defaults",), _CONDITION)
+        if defaults.get("serve") is not None:  # checked once, at its own line
+            self.serve(defaults["serve"], ("defaults", "serve"))
         raw = top.get("conditions")
         if not isinstance(raw, dict) or not raw:
             if "conditions" in top:
@@ -239,13 +241,14 @@ class _Checker(FileChecker):
             at = ("conditions", name)
             if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
                 self.problem(at, "a condition name is a folder name: letters, digits, . _ -")
-            merged = {**defaults, **self.keys(settings, at, _CONDITION)}
+            own = self.keys(settings, at, _CONDITION)
+            merged = {**defaults, **own}
             if not merged.get("model"):
                 self.problem(at, "missing 'model' (here or in defaults)")
             if not merged.get("url") and not merged.get("serve"):
                 self.problem(at, "give 'url' (a running server) or 'serve' (one to launch)")
-            if merged.get("serve") is not None:
-                self.serve(merged["serve"], (*at, "serve"))
+            if own.get("serve") is not None:
+                self.serve(own["serve"], (*at, "serve"))
             if merged.get("system") is not None:
                 from jsonlbatch.gen.templates import RowTemplate
 

@@ -153,7 +153,10 @@ def instance_sources(
     `{instance_id: {path: content}}` for all instances.
     """
     if (repo_root is None) == (files_json is None):
-        raise UsageError("give either --repo-root (with --repo) or --files-json")
+        raise UsageError(
+            "give either --repo-root (the folder of checkouts; --repo, optional, says where "
+            "each instance's checkout is under it) or --files-json"
+        )
     if repo_root is not None:
         root = os.path.realpath(repo_root)
         if not os.path.isdir(root):

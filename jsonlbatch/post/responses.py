@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from jsonlbatch.errors import InputError, Problem, UsageError
+from jsonlbatch.errors import InputError, Problem, UsageError, problems_text
 from jsonlbatch.jsonl import iter_lines, iter_lines_at, read_lines_at
 from jsonlbatch.post.summary import TORN, Unused
 from jsonlbatch.records import check_response
@@ -227,7 +227,7 @@ def _scan(paths: Sequence[str], key: KeyFunc | None, unused: Unused | None) -> _
             k = key(item["custom_id"])
             scan.sizes[k] = scan.sizes.get(k, 0) + 1
     if problems:
-        raise InputError(f"malformed response file ({len(problems)} problems)", problems)
+        raise InputError(f"malformed response file ({problems_text(problems)})", problems)
     return scan
 
 
