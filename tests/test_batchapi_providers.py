@@ -227,3 +227,36 @@ def test_an_expired_part_then_retry_failed_submits_only_those(
         assert set(read_results(out)) == {x["custom_id"] for x in lines}
     finally:
         server.kill()
+
+
+def test_batches_status_and_cancel_speak_anthropic(tmp_path: Path, mock_server: Any) -> None:
+    from batchutil import cli
+
+    server = BatchServer(tmp_path / "state", mock_server(latency=0.5, served_models=(CLAUDE,)),
+                         "--batch-concurrency", "1").start()  # fmt: skip
+    try:
+        requests, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+        _messages_lines(requests, 20)
+        run = start_exec(requests, out, "--url", server.url, *FAST)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not _anthropic_batches(server):
+            time.sleep(0.05)
+        run.send_signal(signal.SIGINT)  # stops the watching, not the batch
+        assert run.wait(60) == 130
+        shown = cli("batches", "status", str(out))
+        assert shown.returncode == 0 and "msgbatch_" in shown.stdout, shown.stderr
+        cancelled = cli("batches", "cancel", str(out))
+        assert cancelled.returncode == 0, cancelled.stderr
+        deadline = time.monotonic() + 60
+        while (
+            time.monotonic() < deadline
+            and _anthropic_batches(server)[0]["processing_status"] != "ended"
+        ):
+            time.sleep(0.1)
+        assert "cancelled" in cli("batches", "status", str(out)).stdout
+        done = exec_cli(requests, out, "--url", server.url, *FAST)  # collects what ran
+        assert done.returncode == 3
+        codes = {(x.get("error") or {}).get("code") for x in read_results(out).values()}
+        assert "batch_cancelled" in codes and len(read_results(out)) == 20
+    finally:
+        server.kill()

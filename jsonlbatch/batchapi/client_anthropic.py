@@ -95,13 +95,15 @@ class AnthropicBatchApi(BatchApi):
         counts = obj.get("request_counts") if isinstance(obj.get("request_counts"), dict) else {}
         number = {k: v if isinstance(v, int) else 0 for k, v in counts.items()}
         failed = number.get("errored", 0) + number.get("canceled", 0) + number.get("expired", 0)
+        if status == "completed" and obj.get("cancel_initiated_at"):
+            status = "cancelled"  # ended after a cancel: what ran is in its results all the same
         return {
             "id": obj["id"],
             "object": "batch",
             "status": status,
             "request_counts": {"total": sum(number.values()), "completed": number.get("succeeded", 0),
                                "failed": failed},
-            "output_file_id": f"results-{obj['id']}" if status == "completed" else None,
+            "output_file_id": f"results-{obj['id']}" if obj.get("processing_status") == "ended" else None,
             "error_file_id": None,
             "created_at": _epoch(obj.get("created_at")),
             "metadata": {},

@@ -9,7 +9,7 @@ from typing import Any
 import aiohttp
 
 from jsonlbatch.batchapi.objects import TERMINAL
-from jsonlbatch.batchapi.remote import BatchApi
+from jsonlbatch.batchapi.providers import PROVIDERS, open_api
 from jsonlbatch.batchapi.state import State
 from jsonlbatch.errors import UsageError
 from jsonlbatch.exec.endpoints import parse_endpoint
@@ -35,7 +35,8 @@ async def batches_of(
     endpoint = parse_endpoint(url)
     rows = []
     async with aiohttp.ClientSession(trust_env=False) as session:
-        api = BatchApi(endpoint, session, api_key=api_key, headers=headers, max_retries=2)
+        provider = PROVIDERS[state.provider or "openai"]  # states before providers: OpenAI's
+        api = open_api(provider, endpoint, session, api_key=api_key, headers=headers, max_retries=2)
         for part in state.parts:
             row: dict[str, Any] = {
                 "part": part.index,
