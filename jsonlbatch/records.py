@@ -275,15 +275,19 @@ class Result:
                 "request_id": self.request_id,
                 "body": self.body,
             }
-        line = orjson.dumps(
-            {
-                "id": "batch_req_" + os.urandom(12).hex(),
-                "custom_id": self.custom_id,
-                "response": response,
-                "error": self.error,
-                "metrics": self.metrics,
-            }
-        )
+        line_id = "batch_req_" + os.urandom(12).hex()
+        if (
+            self.error is not None
+            and self.status_code is not None
+            and 200 <= self.status_code < 300
+        ):
+            # A 2xx answer that still failed (it broke its schema): `error` goes before
+            # `response`, so a resume's fast read of the status never takes it for a success.
+            line = orjson.dumps({"id": line_id, "custom_id": self.custom_id, "error": self.error,
+                                 "response": response, "metrics": self.metrics})  # fmt: skip
+        else:
+            line = orjson.dumps({"id": line_id, "custom_id": self.custom_id, "response": response,
+                                 "error": self.error, "metrics": self.metrics})  # fmt: skip
         # `+ b"\n"` copies into an exact-size object: orjson's own buffer (OPT_APPEND_NEWLINE)
         # stays over-allocated, and lines held for one write then cost ~4 KB each in RSS.
         return redact_line(line + b"\n", thorough=not self.ok)

@@ -7,6 +7,7 @@ import click
 from jsonlbatch.cli.params import Finite, NonEmpty
 from jsonlbatch.errors import UsageError
 from jsonlbatch.gen.responses import looks_like_responses, response_rows
+from jsonlbatch.gen.schemas import load_schema
 from jsonlbatch.gen.sources import FORMATS, iter_rows, select
 from jsonlbatch.gen.templates import Prompt, RowTemplate, compile_condition
 from jsonlbatch.gen.writer import (
@@ -140,6 +141,24 @@ from jsonlbatch.stats import plural
     help="Cap on thinking tokens (thinking_token_budget, chat_template_kwargs.thinking_budget).",
 )
 @click.option(
+    "--schema",
+    "schema_spec",
+    metavar="FILE.json|module:Model",
+    help="The answer's JSON Schema (a file, or a Pydantic model), written as the endpoint's "
+    "response_format; exec checks every answer against it.",
+)
+@click.option(
+    "--schema-field",
+    metavar="FIELD",
+    help="A data column holding each row's schema (an object or a JSON string; empty: --schema).",
+)
+@click.option(
+    "--schema-name",
+    default="answer",
+    show_default=True,
+    help="The schema's name in the request ([a-zA-Z0-9_-], at most 64).",
+)
+@click.option(
     "-o", "--output", required=True, type=click.Path(dir_okay=False), help="Request JSONL to write."
 )
 @click.option("--force", is_flag=True, help="Replace the output file if it exists.")
@@ -179,6 +198,9 @@ def gen(
     no_think_suffix: bool,
     suffix: str | None,
     think_budget: int | None,
+    schema_spec: str | None,
+    schema_field: str | None,
+    schema_name: str,
     output: str,
     force: bool,
 ) -> None:
@@ -244,9 +266,11 @@ def gen(
         think_budget=think_budget,
         body=body,
         suffix=suffix,
-        inputs=(data, responses, requests_file, join, template, messages, body_file),
+        inputs=(data, responses, requests_file, join, template, messages, body_file, schema_spec),
+        schema=load_schema(schema_spec) if schema_spec else None,
+        schema_name=schema_name,
     ) as writer:
-        write_requests(rows, writer, prompt, custom_id=custom_id)
+        write_requests(rows, writer, prompt, custom_id=custom_id, schema_field=schema_field)
     s = writer.summary
     per = f" ({plural(s.prompts, 'row')} x {plural(samples, 'sample')})" if samples else ""
     click.echo(

@@ -223,8 +223,9 @@ def _only_failed(keys: array, ok: IdSet) -> IdSet:
 
 # How `Result.to_line` starts a line: `{"id":"batch_req_<24 hex>","custom_id":"<id>",...`. The
 # id and status of such a line are read from their fixed places without decoding the server's
-# body (jsonlbatch writes a 2xx status only with `error` null, and `response: null` only with
-# an error): a million-line resume starts seconds sooner. Other lines (other tools' files, ids with escapes, `response: null`) are
+# body (jsonlbatch writes a 2xx status first only with `error` null: a 2xx answer that failed,
+# one that broke its schema, has `error` before `response`; and `response: null` only with an
+# error): a million-line resume starts seconds sooner. Other lines (other tools' files, ids with escapes, `response: null`) are
 # decoded in full.
 _OWN_LINE = re.compile(
     rb'\{"id":"batch_req_[0-9a-f]{24}","custom_id":"([^"\\\n]+)","response":'

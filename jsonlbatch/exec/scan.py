@@ -17,6 +17,7 @@ from zlib import crc32
 
 import orjson
 
+from jsonlbatch.contract import check_declared
 from jsonlbatch.errors import MAX_PROBLEMS, InputError, Problem, problems_text
 
 # the output pass, re-exported: callers ask `scan` for both passes
@@ -149,7 +150,9 @@ def scan_input(
                 continue
             if at >= 0:
                 done_met[at] = 1
-        found = check_request(obj, require_model=require_model)
+        found = check_request(obj, require_model=require_model) or check_declared(
+            obj.get("url"), obj.get("body")
+        )
         if found:
             problems += [Problem(scan.path, number, f, m) for f, m in found]
             if len(problems) >= MAX_PROBLEMS:

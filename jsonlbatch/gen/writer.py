@@ -22,8 +22,10 @@ from typing import IO, Any
 
 import orjson
 
+from jsonlbatch.contract import DEFAULT_NAME, SchemaError, check_declared, with_schema
 from jsonlbatch.errors import InputError, OutputError, UsageError
 from jsonlbatch.filecheck import read_json
+from jsonlbatch.gen.schemas import SchemaLike, as_schema, checked_schema, row_schema, strict_ok
 from jsonlbatch.gen.sources import Row
 from jsonlbatch.gen.templates import Prompt, RowTemplate
 from jsonlbatch.jsonl import check_output
@@ -137,6 +139,9 @@ class RequestWriter:
     `no_think` / `think_budget` set the chat-template and server switches of reasoning models;
     `no_think_suffix` appends `/no_think` to the last user message for servers that take no
     `chat_template_kwargs`; `suffix` appends any text there (e.g. an experiment condition's).
+    `schema` (a JSON Schema or a Pydantic model) is declared as the answer's contract in the
+    endpoint's form (`contract.with_schema`; `strict` when the schema allows it); `add` takes
+    one per prompt too.
 
     Use it as a context manager: the file replaces `path` when the block ends without an
     exception; otherwise nothing is written.
@@ -158,6 +163,8 @@ class RequestWriter:
         body: Mapping[str, Any] | None = None,
         suffix: str | None = None,
         inputs: Sequence[str | None] = (),
+        schema: SchemaLike | None = None,
+        schema_name: str = DEFAULT_NAME,
         **body_defaults: Any,
     ) -> None:
         if url not in PROMPT_FIELDS:
@@ -193,6 +200,13 @@ class RequestWriter:
                     "chat_template_kwargs": {"thinking_budget": think_budget},
                 },
             )
+        self.schema_name = schema_name
+        self.schema = None if schema is None else checked_schema(as_schema(schema), "schema")
+        if self.schema is not None:
+            try:
+                with_schema(url, {}, self.schema, name=schema_name)
+            except SchemaError as exc:
+                raise UsageError(f"schema: {exc}") from None
         self.path = os.fspath(path)
         check_output(self.path, inputs)  # the files the rows come from are never written over
         self.url = url
@@ -209,13 +223,19 @@ class RequestWriter:
     # -- writing ---------------------------------------------------------------------------
 
     def add(
-        self, custom_id: str, messages_or_prompt: str | list[Any], **body_overrides: Any
+        self,
+        custom_id: str,
+        messages_or_prompt: str | list[Any],
+        *,
+        schema: SchemaLike | None = None,
+        **body_overrides: Any,
     ) -> list[str]:
         """Write the request(s) for one prompt; return their custom_ids.
 
         A string is the user message (chat) or the prompt/input; a list is the chat messages
         (or a list prompt/input for the other endpoints). `None` in the overrides removes
-        a default."""
+        a default. `schema` replaces the writer's schema for this prompt (a JSON Schema, a
+        JSON string of one, or a Pydantic model)."""
         if self._file is None:
             raise OutputError(f"{self.path}: the writer is closed")
         if not isinstance(custom_id, str) or not custom_id:
@@ -225,6 +245,7 @@ class RequestWriter:
         body.update(payload)
         if self.url == RESPONSES_URL and "max_tokens" in body:  # the Responses API's name
             body["max_output_tokens"] = body.pop("max_tokens")
+        body = self._with_schema(custom_id, body, schema)
         requests = self._expand(custom_id, body)
         ids = [cid for cid, _ in requests]
         for cid in ids:
@@ -236,6 +257,7 @@ class RequestWriter:
         # check looks at: checking the first request checks them all.
         first_id, first_body = requests[0]
         problems = check_request({"custom_id": first_id, "url": self.url, "body": first_body})
+        problems = problems or check_declared(self.url, first_body)
         if problems:
             raise RequestError(first_id, problems)
         lines = []
@@ -250,6 +272,21 @@ class RequestWriter:
         self._requests += len(lines)
         self._chars += _text_chars(payload) * len(lines)
         return ids
+
+    def _with_schema(
+        self, custom_id: str, body: dict[str, Any], schema: SchemaLike | None
+    ) -> dict[str, Any]:
+        try:
+            if schema is not None:
+                schema = row_schema(as_schema(schema) if isinstance(schema, type) else schema)
+            schema = schema if schema is not None else self.schema
+            if schema is None:
+                return body
+            return with_schema(
+                self.url, body, schema, name=self.schema_name, strict=strict_ok(schema)
+            )
+        except SchemaError as exc:
+            raise RequestError(custom_id, [(exc.field or "schema", str(exc))]) from None
 
     def _payload(self, custom_id: str, prompt: str | list[Any]) -> dict[str, Any]:
         field = PROMPT_FIELDS[self.url]
@@ -349,19 +386,32 @@ def write_requests(
     prompt: Prompt,
     *,
     custom_id: RowTemplate | None = None,
+    schema_field: str | None = None,
 ) -> None:
     """One prompt per row into `writer`; errors name the row. The id is the rendered
-    `custom_id` template, else the row's natural key (a response's id), else its index."""
+    `custom_id` template, else the row's natural key (a response's id), else its index.
+    `schema_field` names the column holding each row's answer schema (an empty cell: the
+    writer's schema, if any)."""
     check_prompt(prompt, writer.url)  # a usage error up front, not one per row
     first = writer.summary.prompts
     row_of_prompt = array("q")  # 8 bytes a row: names the earlier row of a repeated id
     for row in rows:
         cid = row_custom_id(row, custom_id)
         content = prompt.build(row)
+        schema = None
+        if schema_field is not None:
+            if schema_field not in row.data:
+                raise InputError(
+                    "no schema column",
+                    [row.problem(schema_field, f"has no field {schema_field!r} (--schema-field)")],
+                )
+            schema = row.data[schema_field] if row.data[schema_field] not in ("", None) else None
         try:
-            writer.add(cid, content)
+            writer.add(cid, content, schema=schema)
         except RequestError as exc:
             fields = exc.fields
+            if schema_field is not None:  # a row's schema: name its column
+                fields = [(schema_field if f == "schema" else f, m) for f, m in fields]
             if exc.repeats is not None and exc.repeats >= first:
                 earlier = row_of_prompt[exc.repeats - first]
                 fields = [("custom_id", f"{exc.custom_id!r} repeats the id of row {earlier}")]

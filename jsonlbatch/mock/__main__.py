@@ -42,6 +42,9 @@ _OPTIONS: tuple[tuple[str, str, type, str, str], ...] = (
      "keep the last N request bodies received, for GET /mock/bodies"),
     ("--stream-error-rate", "stream_error_rate", float, "F",
      "share of streams cut by an error event halfway"),
+    ("--break-json", "break_json", float, "F",
+     "share of answers to schema requests broken (fences, prose, a missing field, a wrong "
+     "type, cut short, trailing text), drawn per request and seed"),
     ("--api-key", "api_key", str, "KEY",
      f"require this key on /v1/* (default: ${MOCK_API_KEY_ENV}, else none)"),
     ("--max-model-len", "max_model_len", int, "N",

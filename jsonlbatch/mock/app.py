@@ -30,7 +30,14 @@ from jsonlbatch.records import check_messages
 #: Where the mock server (`python -m jsonlbatch.mock`) reads its API key.
 MOCK_API_KEY_ENV = "JSONLBATCH_MOCK_API_KEY"
 
-_RATES = ("fail_rate", "rate_limit_rate", "drop_rate", "hang_rate", "stream_error_rate")
+_RATES = (
+    "fail_rate",
+    "rate_limit_rate",
+    "drop_rate",
+    "hang_rate",
+    "stream_error_rate",
+    "break_json",
+)
 _DURATIONS = ("latency", "latency_jitter", "warmup")
 _UNAUTHORIZED = orjson.dumps({"error": "Unauthorized"})
 _DROP, _HANG, _LIMIT, _FAIL = "drop", "hang", 429, 500
@@ -54,6 +61,7 @@ class MockConfig:
     drop_rate: float = 0.0
     hang_rate: float = 0.0  # share never answered: held until the client gives up
     stream_error_rate: float = 0.0
+    break_json: float = 0.0  # share of schema answers broken (content.json_answer), by request
     api_key: str | None = None
     max_model_len: int | None = None
     warmup: float = 0.0
@@ -386,7 +394,13 @@ class _Mock:
         """A chat or completions answer of `count` choices, whole or streamed."""
         limit = self.config.default_max_tokens
         replies = [
-            content.compose(body, i, default_max_tokens=limit, reasoning=reasoning)
+            content.compose(
+                body,
+                i,
+                default_max_tokens=limit,
+                reasoning=reasoning,
+                break_json=self.config.break_json,
+            )
             for i in range(count)
         ]
         if body.get("stream"):

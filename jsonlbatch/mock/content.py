@@ -26,6 +26,9 @@ from typing import Any
 
 import orjson
 
+from jsonlbatch.contract import SchemaError, declared_schema
+from jsonlbatch.records import CHAT_URL
+
 #: Completion length in words when a request sets no token budget (`MockConfig` default).
 DEFAULT_MAX_TOKENS = 16
 #: Embedding size when a request does not ask for `dimensions`.
@@ -84,12 +87,15 @@ def compose(
     *,
     default_max_tokens: int = DEFAULT_MAX_TOKENS,
     reasoning: bool = False,
+    break_json: float = 0.0,
 ) -> Reply:
     """The reply for choice `index` of a chat or completions request.
 
     A reply's natural length is `default_max_tokens` words; with `reasoning` the first half of
     them are reasoning. A smaller token budget cuts reasoning first, then content, exactly as a
     thinking model runs out of budget (finish_reason "length"). A forced tool call is never cut.
+    A request that declares a JSON schema gets a JSON answer that holds it (`json_answer`), as
+    long as it is, broken at the rate `break_json`.
     """
     seed = _choice_seed(body, index)
     natural = default_max_tokens
@@ -100,9 +106,70 @@ def compose(
     tool = _forced_tool(body)
     if tool is not None:
         return Reply(reasoning_pieces, [], _tool_call(tool, seed), "tool_calls")
+    schema = _schema(body)
+    if schema is not None:
+        pieces = _PIECE.findall(json_answer(schema, body, index, break_json))
+        room = len(pieces) if budget is None else max(0, budget - thinking)
+        finish = "length" if room < len(pieces) else "stop"
+        return Reply(reasoning_pieces, pieces[:room], None, finish)
     content = _words(seed + b"c", total - thinking, "mock-")
     finish = "length" if budget is not None and budget < natural else "stop"
     return Reply(reasoning_pieces, content, None, finish)
+
+
+# -- answers under a JSON schema --------------------------------------------------------------
+
+#: How `json_answer` breaks an answer, in turn: the first two only wrap valid JSON (the
+#: stripping rules of `jsonlbatch.contract` recover it), the others break the contract.
+BREAKS = ("fence", "prose", "missing", "wrong-type", "truncated", "trailing")
+_FORMATS = {"date-time": "2026-01-01T00:00:00Z", "date": "2026-01-01", "time": "12:00:00Z",
+            "email": "mock@example.com", "uri": "https://example.com/mock",
+            "uuid": "00000000-0000-4000-8000-000000000000", "ipv4": "127.0.0.1",
+            "hostname": "example.com", "duration": "P1D", "ipv6": "::1"}  # fmt: skip
+
+
+def _schema(body: dict[str, Any]) -> dict[str, Any] | None:
+    try:
+        found = declared_schema(CHAT_URL, body)
+    except SchemaError:
+        return None
+    return found.schema if found is not None else None
+
+
+def json_answer(
+    schema: dict[str, Any], body: dict[str, Any], index: int = 0, break_json: float = 0.0
+) -> str:
+    """The mock's answer to a request declaring `schema`: JSON that holds it, its values drawn
+    from the request's meaning and its `seed` (so a re-ask with a new seed draws anew). With
+    `break_json`, that share of answers (drawn the same way) is broken in one of `BREAKS`.
+    """
+    meaning = _digest(["json", body.get("model"), body.get("messages", body.get("prompt")),
+                       index, body.get("seed")])  # fmt: skip
+    values = iter(b for block in _stream(meaning + b"v", 256) for b in block)
+    value = _fill(schema, values, schema)
+    text = json.dumps(value)
+    draw = int.from_bytes(hashlib.blake2b(meaning + b"break", digest_size=8).digest(), "big")
+    if break_json <= 0 or draw / 2**64 >= break_json:
+        return text
+    return _broken(BREAKS[meaning[0] % len(BREAKS)], value, text, schema)
+
+
+def _broken(kind: str, value: Any, text: str, schema: dict[str, Any]) -> str:
+    if kind == "fence":
+        return f"```json\n{text}\n```"
+    if kind == "prose":
+        return f"Here is the JSON you asked for:\n{text}"
+    if kind == "trailing":
+        return f"{text}\n\nI hope this helps!"
+    if isinstance(value, dict) and value:
+        required = [k for k in schema.get("required") or () if k in value]
+        if kind == "missing" and required:
+            return json.dumps({k: v for k, v in value.items() if k != required[0]})
+        if kind in ("missing", "wrong-type"):
+            first = required[0] if required else next(iter(value))
+            wrong = 12345 if isinstance(value[first], str) else "not-a-number"
+            return json.dumps({**value, first: wrong})
+    return text[: max(1, len(text) // 2)]  # truncated
 
 
 def reply_text(
@@ -305,21 +372,43 @@ def _tool_call(function: dict[str, Any], seed: bytes) -> ToolCall:
     return ToolCall(call_id, str(function.get("name")), arguments, _PIECE.findall(arguments))
 
 
-def _fill(schema: Any, values: Iterator[int]) -> Any:
-    """A deterministic value matching a (simple) JSON schema; properties in sorted order so the
-    tool's key order does not matter."""
-    if not isinstance(schema, dict):
+def _fill(schema: Any, values: Iterator[int], root: Any = None, depth: int = 0) -> Any:
+    """A deterministic value matching a JSON schema (types, enum, const, local `$ref`, unions,
+    common formats; not patterns or lengths); properties in sorted order so the tool's key order
+    does not matter."""
+    if not isinstance(schema, dict) or depth > 8:
         return _VOCAB[next(values, 0) & 63]
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/") and isinstance(root, dict):
+        target: Any = root
+        for part in ref[2:].split("/"):
+            target = target.get(part) if isinstance(target, dict) else None
+        return _fill(target, values, root, depth + 1)
+    if "const" in schema:
+        return schema["const"]
     if isinstance(schema.get("enum"), list) and schema["enum"]:
         return schema["enum"][next(values, 0) % len(schema["enum"])]
+    for union in ("anyOf", "oneOf"):
+        options = schema.get(union)
+        if isinstance(options, list) and options:  # the first option that is not null
+            pick = next((o for o in options if not (isinstance(o, dict)
+                                                    and o.get("type") == "null")), options[0])  # fmt: skip
+            return _fill(pick, values, root, depth + 1)
     kind = schema.get("type", "object" if "properties" in schema else "string")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "null")
     if kind == "object":
         props = schema.get("properties")
         if not isinstance(props, dict):
             return {}
-        return {name: _fill(props[name], values) for name in sorted(props)}
+        return {name: _fill(props[name], values, root, depth + 1) for name in sorted(props)}
     if kind == "array":
-        return [_fill(schema.get("items"), values)]
+        count = (
+            max(1, schema.get("minItems") or 1) if isinstance(schema.get("minItems"), int) else 1
+        )
+        return [_fill(schema.get("items"), values, root, depth + 1) for _ in range(count)]
+    if kind == "string" and schema.get("format") in _FORMATS:
+        return _FORMATS[schema["format"]]
     if kind == "integer":
         return next(values, 0)
     if kind == "number":

@@ -11,6 +11,7 @@ providers' documentation: a Responses answer's text is in `output[].content[]` o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from typing import Any, Protocol
@@ -18,8 +19,9 @@ from typing import Any, Protocol
 import orjson
 from aiohttp import web
 
+from jsonlbatch.contract import SchemaError, declared_schema, with_schema
 from jsonlbatch.mock import content
-from jsonlbatch.records import check_messages
+from jsonlbatch.records import CHAT_URL, MESSAGES_URL, RESPONSES_URL, check_messages
 
 
 class _Mock(Protocol):
@@ -64,6 +66,14 @@ def as_chat(body: dict[str, Any]) -> dict[str, Any]:
             if isinstance(item, dict) and isinstance(item.get("role"), str):
                 messages.append({"role": item["role"], "content": _text_of(item.get("content"))})
     chat: dict[str, Any] = {"model": body.get("model"), "messages": messages}
+    for url in (RESPONSES_URL, MESSAGES_URL):  # a declared schema, in the chat form
+        with contextlib.suppress(SchemaError):
+            found = declared_schema(url, body)
+            if found is not None:
+                chat = with_schema(CHAT_URL, chat, found.schema)
+                break
+    if body.get("seed") is not None:
+        chat["seed"] = body["seed"]
     budget = body.get("max_output_tokens", body.get("max_tokens"))
     if budget is not None:
         chat["max_tokens"] = budget
@@ -126,7 +136,12 @@ async def _wait(mock: _Mock, reply: content.Reply | None) -> None:
 
 def _reply(mock: _Mock, body: dict[str, Any]) -> tuple[content.Reply, int]:
     chat = as_chat(body)
-    reply = content.compose(chat, 0, default_max_tokens=mock.config.default_max_tokens)
+    reply = content.compose(
+        chat,
+        0,
+        default_max_tokens=mock.config.default_max_tokens,
+        break_json=mock.config.break_json,
+    )
     return reply, content.prompt_tokens(chat)
 
 

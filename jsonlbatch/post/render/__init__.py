@@ -11,7 +11,7 @@ Specs are untrusted model output: each is validated against the schema and count
 `RenderLimits` before anything is drawn, and a file is rendered to memory first, so a bad spec is
 refused with its reason and never leaves a half-written file.
 
-The office libraries (openpyxl, python-docx, python-pptx, fpdf2) and jsonschema are the optional
+The office libraries (openpyxl, python-docx, python-pptx, fpdf2) are the optional
 `render` extra.
 """
 

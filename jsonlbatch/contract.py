@@ -1,0 +1,475 @@
+"""The answer contract: a JSON Schema per request, checked on each answer's arrival.
+
+A request declares the shape of its answer in the form its endpoint expects (this module reads
+and writes all of them, so gen, exec, the mock and the readers agree):
+
+- chat and completions (OpenAI, vLLM, SGLang): ``response_format`` of type ``json_schema``
+  (``json_schema.schema``), or ``json_object`` (any object); vLLM's ``structured_outputs.json``
+  and its removed ``guided_json`` (ignored by vLLM 0.32, which then answers unconstrained: all the
+  more reason to check);
+- the Responses API: ``text.format`` of type ``json_schema`` (``schema``) or ``json_object``;
+- Anthropic's Messages API: ``output_config.format`` of type ``json_schema``; and the older tool
+  form, one tool forced by ``tool_choice`` whose ``input_schema`` is the schema (the answer is the
+  tool call's input).
+
+An answer's text is read by the rules in `strip_json` (documented in docs/exec.md): a reasoning
+block, code fences and leading prose are what models wrap JSON in and are taken off; text after
+a complete JSON value means the model broke the contract, and the answer is invalid.
+
+Validators are compiled once per distinct schema (`compile_schema`, keyed by the schema's
+canonical JSON), so checking costs one dictionary lookup plus the validation itself.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from jsonlbatch.records import CHAT_URL, COMPLETIONS_URL, MESSAGES_URL, RESPONSES_URL
+from jsonlbatch.samples import hosted_choices, split_think
+
+#: The endpoints a schema can be declared for.
+SCHEMA_URLS = (CHAT_URL, COMPLETIONS_URL, RESPONSES_URL, MESSAGES_URL)
+#: The `name` written into forms that need one (OpenAI: [a-zA-Z0-9_-], at most 64 characters).
+DEFAULT_NAME = "answer"
+#: Stands for "any JSON object" (`json_object` response formats).
+ANY_OBJECT: dict[str, Any] = {"type": "object"}
+
+_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[ \t]*\r?\n(.*?)```", re.DOTALL)
+_MAX_STARTS = 32  # candidate starts of a JSON value after leading prose
+
+
+class SchemaError(ValueError):
+    """A schema that cannot be used: `field` names where it sits in the request body."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+@dataclass(frozen=True, slots=True)
+class Declared:
+    """A schema found in a request body: where it was (`field`, for messages) and its form."""
+
+    schema: dict[str, Any]
+    field: str
+    tool: str | None = None  # the forced tool's name (Anthropic's tool form)
+
+
+# -- reading and writing the declaration ---------------------------------------------------------
+
+
+def declared_schema(url: str, body: Any) -> Declared | None:
+    """The schema a request body declares for its answer, in whichever form, or None.
+
+    Raises `SchemaError` for a declaration that is malformed (a schema that is not an object).
+    """
+    if not isinstance(body, dict):
+        return None
+    if url == RESPONSES_URL:
+        text = body.get("text")
+        fmt = text.get("format") if isinstance(text, dict) else None
+        return _from_format(fmt, "body.text.format", "schema")
+    if url == MESSAGES_URL:
+        config = body.get("output_config")
+        fmt = config.get("format") if isinstance(config, dict) else None
+        found = _from_format(fmt, "body.output_config.format", "schema")
+        return found if found is not None else _forced_tool(body)
+    if url not in (CHAT_URL, COMPLETIONS_URL):
+        return None
+    found = _from_format(body.get("response_format"), "body.response_format", "json_schema")
+    if found is not None:
+        return found
+    outputs = body.get("structured_outputs")
+    if isinstance(outputs, dict) and outputs.get("json") is not None:
+        return Declared(_schema_value(outputs["json"], "body.structured_outputs.json"),
+                        "body.structured_outputs.json")  # fmt: skip
+    if body.get("guided_json") is not None:
+        return Declared(_schema_value(body["guided_json"], "body.guided_json"), "body.guided_json")
+    return None
+
+
+#: Body fields that may declare the answer's schema: a body without any needs no look.
+_SCHEMA_KEYS = frozenset(
+    {"response_format", "text", "output_config", "structured_outputs", "guided_json", "tools"}
+)
+
+
+def check_declared(url: Any, body: Any) -> list[tuple[str, str]]:
+    """Problems with the schema a request declares, as (field, message) pairs: it must be a
+    valid JSON Schema, since exec checks every answer against it (compiled once per distinct
+    schema). exec's input scan (so `validate` too) and gen's writer call it beside
+    `records.check_request`, so a bad schema stops them before anything is sent or written."""
+    if not isinstance(body, dict) or _SCHEMA_KEYS.isdisjoint(body) or not isinstance(url, str):
+        return []
+    field_name = "body"
+    try:
+        found = declared_schema(url, body)
+        if found is not None:
+            field_name = found.field
+            compile_schema(found.schema)
+    except SchemaError as exc:
+        return [(exc.field or field_name, str(exc))]
+    return []
+
+
+def _from_format(fmt: Any, where: str, key: str) -> Declared | None:
+    if not isinstance(fmt, dict):
+        return None
+    kind = fmt.get("type")
+    if kind == "json_object":
+        return Declared(ANY_OBJECT, where)
+    if kind != "json_schema":
+        return None
+    holder = fmt.get(key) if key == "json_schema" else fmt
+    if key == "json_schema":
+        if not isinstance(holder, dict):
+            raise SchemaError(f"{where}.json_schema", "missing or not an object")
+        where = f"{where}.json_schema"
+    return Declared(_schema_value(holder.get("schema"), f"{where}.schema"), f"{where}.schema")
+
+
+def _forced_tool(body: dict[str, Any]) -> Declared | None:
+    choice, tools = body.get("tool_choice"), body.get("tools")
+    if not (isinstance(choice, dict) and choice.get("type") == "tool" and isinstance(tools, list)):
+        return None
+    for i, tool in enumerate(tools):
+        if isinstance(tool, dict) and tool.get("name") == choice.get("name"):
+            where = f"body.tools[{i}].input_schema"
+            return Declared(_schema_value(tool.get("input_schema"), where), where, tool["name"])
+    return None
+
+
+def _schema_value(value: Any, where: str) -> dict[str, Any]:
+    if isinstance(value, str):  # vLLM takes a schema as a JSON string too
+        try:
+            value = orjson.loads(value)
+        except orjson.JSONDecodeError as exc:
+            raise SchemaError(where, f"not JSON: {exc}") from None
+    if isinstance(value, bool):  # `true` accepts anything; `false` nothing: both are schemas
+        return {} if value else {"not": {}}
+    if not isinstance(value, dict):
+        raise SchemaError(where, "a JSON Schema must be an object")
+    return value
+
+
+def with_schema(
+    url: str,
+    body: dict[str, Any],
+    schema: dict[str, Any],
+    *,
+    name: str = DEFAULT_NAME,
+    strict: bool = True,
+) -> dict[str, Any]:
+    """`body` with `schema` declared in the form `url` expects (a new dict; `strict` where the
+    form has it). Raises `SchemaError` for a URL that takes no schema or a bad name."""
+    if not _NAME.match(name):
+        raise SchemaError("name", f"{name!r}: use 1 to 64 of a-z, A-Z, 0-9, _ and -")
+    if url in (CHAT_URL, COMPLETIONS_URL):
+        form = {"type": "json_schema", "json_schema": {"name": name, "schema": schema,
+                                                       "strict": strict}}  # fmt: skip
+        return {**body, "response_format": form}
+    if url == RESPONSES_URL:
+        text = body.get("text") if isinstance(body.get("text"), dict) else {}
+        form = {"type": "json_schema", "name": name, "schema": schema, "strict": strict}
+        return {**body, "text": {**text, "format": form}}
+    if url == MESSAGES_URL:
+        config = body.get("output_config") if isinstance(body.get("output_config"), dict) else {}
+        form = {"type": "json_schema", "schema": schema}
+        return {**body, "output_config": {**config, "format": form}}
+    raise SchemaError("url", f"{url} takes no response schema (only {', '.join(SCHEMA_URLS)})")
+
+
+# -- compiling ----------------------------------------------------------------------------------
+
+
+class Contract:
+    """One compiled schema: `check(value)` returns the validator's message, or None.
+
+    jsonschema is the authority. With fastjsonschema installed (the `fast` extra), a schema made
+    only of keywords both read alike (`fast_safe`) is first checked by its compiled code, about
+    ten times quicker; only an answer that fails it is checked again by jsonschema, which words
+    the message (and has the last word).
+    """
+
+    __slots__ = ("_fast", "_validator", "schema")
+
+    def __init__(self, schema: dict[str, Any], *, fast: bool = True) -> None:
+        import jsonschema  # a dependency; imported here so readers without schemas skip it
+
+        self.schema = schema
+        cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+        try:
+            cls.check_schema(schema)
+        except jsonschema.SchemaError as exc:
+            where = "/".join(str(p) for p in exc.absolute_path)
+            raise SchemaError("", f"not a valid JSON Schema{f' (at {where})' if where else ''}: "
+                                  f"{exc.message}") from None  # fmt: skip
+        self._validator = cls(schema, format_checker=cls.FORMAT_CHECKER)
+        self._fast = _fast_validator(schema) if fast else None
+
+    def check(self, value: Any) -> str | None:
+        if self._fast is not None:
+            try:
+                self._fast(value)
+                return None
+            except Exception:  # any doubt goes to jsonschema below
+                pass
+        from jsonschema.exceptions import best_match
+        from referencing.exceptions import Unresolvable
+
+        try:
+            error = best_match(self._validator.iter_errors(value))
+        except Unresolvable as exc:
+            return f"the schema has a reference that cannot be resolved: {exc}"
+        if error is None:
+            return None
+        path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
+        message = error.message if len(error.message) <= 300 else error.message[:300] + "..."
+        return f"at ${path}: {message}"
+
+
+#: Keywords that mean the same to fastjsonschema (draft 7) and to jsonschema (2020-12).
+_ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$comment",
+                          "readOnly", "writeOnly", "deprecated"})  # fmt: skip
+_SAFE = _ANNOTATIONS | {
+    "type", "properties", "required", "additionalProperties", "items", "enum", "const", "anyOf",
+    "oneOf", "allOf", "not", "$ref", "$defs", "definitions", "minimum", "maximum",
+    "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "minLength", "maxLength", "pattern",
+    "minItems", "maxItems", "uniqueItems", "minProperties", "maxProperties",
+    "patternProperties", "propertyNames", "$schema",
+}  # fmt: skip
+
+
+def fast_safe(schema: Any) -> bool:
+    """Whether `schema` uses only keywords draft 7 and 2020-12 read alike: no `format` (whose
+    checks differ by installed libraries), `items` as one schema, numeric exclusive bounds,
+    `enum`/`const` of strings (Python's `1 == True` would blur the rest), local `$ref` alone."""
+    if isinstance(schema, bool):
+        return True
+    if not isinstance(schema, dict) or not schema.keys() <= _SAFE:
+        return False
+    ref = schema.get("$ref")
+    if ref is not None and (
+        not str(ref).startswith("#") or not schema.keys() - {"$ref"} <= _ANNOTATIONS
+    ):
+        return False
+    if not isinstance(schema.get("items", {}), (dict, bool)):
+        return False
+    for key in ("exclusiveMinimum", "exclusiveMaximum"):
+        if isinstance(schema.get(key), bool):
+            return False
+    values = [schema["const"]] if "const" in schema else schema.get("enum", [])
+    if not isinstance(values, list) or not all(isinstance(v, str) or v is None for v in values):
+        return False
+    subs: list[Any] = [schema.get(k) for k in ("items", "additionalProperties", "not",
+                                                "propertyNames") if k in schema]  # fmt: skip
+    for key in ("properties", "patternProperties", "$defs", "definitions"):
+        found = schema.get(key, {})
+        if not isinstance(found, dict):
+            return False
+        subs += found.values()
+    for key in ("anyOf", "oneOf", "allOf"):
+        found = schema.get(key, [])
+        if not isinstance(found, list):
+            return False
+        subs += found
+    return all(fast_safe(sub) for sub in subs)
+
+
+def _fast_validator(schema: dict[str, Any]) -> Any:
+    """fastjsonschema's compiled check of `schema`, when installed and safe; else None."""
+    try:
+        import fastjsonschema
+    except ImportError:
+        return None
+    if not fast_safe(schema):
+        return None
+    try:
+        return fastjsonschema.compile({k: v for k, v in schema.items() if k != "$schema"})
+    except Exception:  # a schema it cannot compile is left to jsonschema
+        return None
+
+
+_COMPILED: dict[bytes, Contract] = {}
+_MAX_COMPILED = 4096  # distinct schemas kept; a per-row schema file rarely has more
+
+
+def compile_schema(schema: dict[str, Any]) -> Contract:
+    """The compiled `Contract` of `schema`, once per distinct schema (canonical JSON as key).
+    Raises `SchemaError` for a schema that is not valid JSON Schema."""
+    key = orjson.dumps(schema, option=orjson.OPT_SORT_KEYS)
+    found = _COMPILED.get(key)
+    if found is None:
+        found = Contract(schema)
+        if len(_COMPILED) >= _MAX_COMPILED:
+            _COMPILED.clear()
+        _COMPILED[key] = found
+    return found
+
+
+# -- reading an answer --------------------------------------------------------------------------
+
+
+class NoJson(ValueError):
+    """Why an answer's text holds no JSON value by the rules of `strip_json`."""
+
+
+def strip_json(text: str, root: str | None = None) -> Any:
+    """The JSON value an answer's text holds, by these rules, in order:
+
+    1. A reasoning block is dropped: everything up to `</think>`; an unclosed `<think>` is
+       reasoning cut short, with no answer.
+    2. Surrounding whitespace is dropped; text that is one JSON value is that value.
+    3. A Markdown code fence (```json or ```): its content is the answer; prose before the
+       fence is dropped, text after it breaks the contract.
+    4. Leading prose: the value starts at the first `{` (or `[`, or either, after `root`'s type)
+       that begins a JSON value.
+    5. Text after a complete JSON value breaks the contract: invalid, never cut off.
+
+    Raises `NoJson` saying why when no value can be read.
+    """
+    if "<think>" in text or "</think>" in text:
+        reasoning, text = split_think(text)
+        if not text and reasoning:
+            raise NoJson("the answer is only reasoning (no closing </think>)")
+    text = text.strip()
+    if not text:
+        raise NoJson("the answer is empty")
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        pass
+    fence = _FENCE.search(text)
+    if fence is not None:
+        after = text[fence.end() :].strip()
+        if after:
+            raise NoJson(f"text after the JSON code block: {_quote(after)}")
+        inner = fence[2].strip()
+        try:
+            return orjson.loads(inner)
+        except orjson.JSONDecodeError:
+            text = inner  # read it by the rules below, for a precise message
+    return _after_prose(text, root)
+
+
+def _after_prose(text: str, root: str | None) -> Any:
+    opens = "{" if root == "object" else "[" if root == "array" else "{["
+    starts = [i for i, c in enumerate(text) if c in opens][:_MAX_STARTS]
+    if not starts:
+        raise NoJson(f"no JSON value in the answer: {_quote(text)}")
+    decoder = json.JSONDecoder()
+    first_error: str | None = None
+    for start in starts:
+        try:
+            value, end = decoder.raw_decode(text, start)
+        except json.JSONDecodeError as exc:
+            if first_error is None:
+                short = "Unterminated" in exc.msg or exc.pos >= len(text) - 1
+                cut = " (cut short?)" if short else ""
+                first_error = f"not valid JSON{cut}: {exc.msg} (character {exc.pos})"
+            continue
+        rest = text[end:].strip()
+        if rest:
+            raise NoJson(f"text after the JSON value: {_quote(rest)}")
+        return value
+    raise NoJson(first_error or "no JSON value in the answer")
+
+
+def _quote(text: str, limit: int = 60) -> str:
+    return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
+@dataclass(frozen=True, slots=True)
+class ChoiceVerdict:
+    """The verdict on one choice: valid or not, the message saying why not, and the value read
+    (None when no JSON could be read)."""
+
+    valid: bool
+    error: str | None = None
+    value: Any = None
+
+    def as_json(self) -> dict[str, Any]:
+        return {"valid": self.valid, "error": self.error, "value": self.value}
+
+
+def answer_texts(body: Any, tool: str | None = None) -> list[str | Any]:
+    """Per choice, what holds the answer: its text, or (a tool-form schema, or a choice that
+    only calls one tool) the tool call's arguments."""
+    if not isinstance(body, dict):
+        return []
+    choices = body.get("choices")
+    if not isinstance(choices, list):
+        choices = hosted_choices(body) or []
+    out: list[Any] = []
+    for choice in choices:
+        choice = choice if isinstance(choice, dict) else {}
+        message = choice.get("message")
+        if not isinstance(message, dict):
+            text = choice.get("text")
+            out.append(text if isinstance(text, str) else "")
+            continue
+        content = message.get("content")
+        if isinstance(content, list):
+            content = "".join(
+                p.get("text", "")
+                for p in content
+                if isinstance(p, dict) and p.get("type") == "text"
+            )
+        calls = message.get("tool_calls")
+        if (tool is not None or not content) and isinstance(calls, list) and len(calls) == 1:
+            function = calls[0].get("function") if isinstance(calls[0], dict) else None
+            arguments = function.get("arguments") if isinstance(function, dict) else None
+            if isinstance(arguments, (str, dict)):
+                out.append(arguments)
+                continue
+        out.append(content if isinstance(content, str) else "")
+    return out
+
+
+def judge(contract: Contract, answer: str | Any) -> ChoiceVerdict:
+    """The verdict on one choice's answer (its text, or an already decoded tool input)."""
+    if isinstance(answer, str):
+        root = contract.schema.get("type")
+        try:
+            value = strip_json(answer, root if isinstance(root, str) else None)
+        except NoJson as exc:
+            return ChoiceVerdict(False, str(exc))
+    else:
+        value = answer
+    error = contract.check(value)
+    return ChoiceVerdict(error is None, error, value)
+
+
+def judge_body(contract: Contract, body: Any, tool: str | None = None) -> list[ChoiceVerdict]:
+    """The verdict on every choice of a usable answer's body."""
+    texts = answer_texts(body, tool)
+    if not texts:
+        return [ChoiceVerdict(False, "the answer has no choices")]
+    return [judge(contract, text) for text in texts]
+
+
+# -- what later stages read ---------------------------------------------------------------------
+
+
+def recorded(metrics: Any) -> dict[str, Any] | None:
+    """The contract record exec wrote into a response line's `metrics`, or None."""
+    found = metrics.get("contract") if isinstance(metrics, dict) else None
+    return found if isinstance(found, dict) else None
+
+
+def recorded_value(metrics: Any, index: int = 0) -> tuple[bool, Any]:
+    """(whether choice `index` held its schema, the value read from it) from a line's metrics."""
+    record = recorded(metrics)
+    choices = record.get("choices") if record else None
+    if not isinstance(choices, list) or not 0 <= index < len(choices):
+        return False, None
+    choice = choices[index]
+    if not isinstance(choice, dict):
+        return False, None
+    return choice.get("valid") is True, choice.get("value")

@@ -1,0 +1,222 @@
+"""The answer contract's core: schema forms per endpoint, stripping rules, validation, the mock's
+JSON answers and `gen --schema` (real files, the real CLI in a subprocess)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import orjson
+import pytest
+from batchutil import cli
+from contractutil import GOOD, SCHEMA
+
+from jsonlbatch.contract import (
+    ANY_OBJECT,
+    SchemaError,
+    compile_schema,
+    declared_schema,
+    judge,
+    judge_body,
+    strip_json,
+    with_schema,
+)
+from jsonlbatch.gen import RequestWriter
+from jsonlbatch.mock.content import BREAKS, compose, json_answer
+from jsonlbatch.records import CHAT_URL, COMPLETIONS_URL, MESSAGES_URL, RESPONSES_URL, parse_request
+
+#: Nested objects, a `$ref` into `$defs`, an optional (nullable) field, an enum, an array.
+
+
+@pytest.mark.parametrize("url", [CHAT_URL, COMPLETIONS_URL, RESPONSES_URL, MESSAGES_URL])
+def test_every_endpoint_form_round_trips(url):
+    body = with_schema(url, {"model": "m"}, SCHEMA, name="rec")
+    found = declared_schema(url, body)
+    assert found is not None and found.schema == SCHEMA
+    where = {CHAT_URL: "response_format", COMPLETIONS_URL: "response_format",
+             RESPONSES_URL: "text", MESSAGES_URL: "output_config"}[url]  # fmt: skip
+    assert found.field.startswith(f"body.{where}")
+    if url == MESSAGES_URL:
+        assert body["output_config"] == {"format": {"type": "json_schema", "schema": SCHEMA}}
+    elif url == RESPONSES_URL:
+        assert body["text"]["format"]["name"] == "rec" and body["text"]["format"]["strict"]
+
+
+def test_other_declarations_are_honoured():
+    assert (
+        declared_schema(CHAT_URL, {"response_format": {"type": "json_object"}}).schema == ANY_OBJECT
+    )
+    assert declared_schema(CHAT_URL, {"response_format": {"type": "text"}}) is None
+    assert (
+        declared_schema(
+            CHAT_URL, {"structured_outputs": {"json": orjson.dumps(SCHEMA).decode()}}
+        ).schema
+        == SCHEMA
+    )
+    assert declared_schema(CHAT_URL, {"guided_json": SCHEMA}).schema == SCHEMA
+    tool = {
+        "tools": [{"name": "rec", "input_schema": SCHEMA}],
+        "tool_choice": {"type": "tool", "name": "rec"},
+    }
+    found = declared_schema(MESSAGES_URL, tool)
+    assert found.schema == SCHEMA and found.tool == "rec"
+    assert declared_schema("/v1/embeddings", {"response_format": {"type": "json_object"}}) is None
+    with pytest.raises(SchemaError) as info:
+        declared_schema(
+            CHAT_URL, {"response_format": {"type": "json_schema", "json_schema": {"schema": 3}}}
+        )
+    assert info.value.field == "body.response_format.json_schema.schema"
+    with pytest.raises(SchemaError):
+        with_schema("/v1/embeddings", {}, SCHEMA)
+
+
+@pytest.mark.parametrize(
+    ("text", "valid", "says"),
+    [
+        (orjson.dumps(GOOD).decode(), True, None),
+        ("```json\n" + orjson.dumps(GOOD).decode() + "\n```", True, None),
+        ("```\n" + orjson.dumps(GOOD).decode() + "\n```\n", True, None),
+        ("Sure [1]! Here it is:\n" + orjson.dumps(GOOD).decode(), True, None),
+        ("<think>a {draft}</think>\n" + orjson.dumps(GOOD).decode(), True, None),
+        ("<think>still thinking", False, "only reasoning"),
+        (orjson.dumps(GOOD).decode() + "\nHope this helps!", False, "text after the JSON value"),
+        (
+            "```json\n" + orjson.dumps(GOOD).decode() + "\n```\nAnything else?",
+            False,
+            "after the JSON code block",
+        ),
+        (orjson.dumps(GOOD).decode()[:25], False, "cut short"),
+        (
+            '{"label": "pos", "score": "high", "who": {"name": "A", "age": 1}, "tags": []}',
+            False,
+            "$.score",
+        ),
+        (
+            '{"label": "pos", "score": 1, "who": {"name": "A", "age": "x"}, "tags": []}',
+            False,
+            "$.who.age",
+        ),
+        (
+            '{"label": "pos", "score": 1, "who": {"name": "A", "age": 1}}',
+            False,
+            "'tags' is a required",
+        ),
+        ("no json at all", False, "no JSON value"),
+        ("", False, "empty"),
+    ],
+)
+def test_stripping_rules_and_validation(text, valid, says):
+    verdict = judge(compile_schema(SCHEMA), text)
+    assert verdict.valid is valid, verdict
+    if says:
+        assert says in verdict.error
+    if valid:
+        assert verdict.value == GOOD
+
+
+def test_invalid_schema_and_compile_once():
+    with pytest.raises(SchemaError, match="not a valid JSON Schema"):
+        compile_schema({"type": "objekt"})
+    assert compile_schema(dict(SCHEMA)) is compile_schema(orjson.loads(orjson.dumps(SCHEMA)))
+    assert strip_json("[1, 2]", "array") == [1, 2]
+
+
+def test_choices_of_each_endpoint_are_judged():
+    contract = compile_schema(SCHEMA)
+    text = orjson.dumps(GOOD).decode()
+    chat = {"choices": [{"message": {"content": text}}, {"message": {"content": "nope"}}]}
+    assert [v.valid for v in judge_body(contract, chat)] == [True, False]
+    responses = {
+        "output": [{"type": "message", "content": [{"type": "output_text", "text": text}]}]
+    }
+    messages = {"type": "message", "content": [{"type": "text", "text": text}]}
+    tool = {
+        "type": "message",
+        "content": [{"type": "tool_use", "id": "t", "name": "rec", "input": GOOD}],
+    }
+    for body in (responses, messages, tool):
+        assert [v.valid for v in judge_body(contract, body, "rec" if body is tool else None)] == [
+            True
+        ]
+
+
+def test_mock_answers_hold_the_schema_and_breaks_are_deterministic():
+    contract = compile_schema(SCHEMA)
+    kinds: Counter[str] = Counter()
+    for i in range(600):
+        body = with_schema(
+            CHAT_URL, {"model": "m", "messages": [{"role": "user", "content": str(i)}]}, SCHEMA
+        )
+        clean = json_answer(SCHEMA, body)
+        assert judge(contract, clean).valid
+        broken = json_answer(SCHEMA, body, break_json=0.5)
+        assert broken == json_answer(SCHEMA, body, break_json=0.5)  # same request, same answer
+        if broken != clean:
+            kinds[judge(contract, broken).valid] += 1
+        assert json_answer(SCHEMA, {**body, "seed": 7}) != clean or i > 3  # a new seed draws anew
+    broken_share = (kinds[True] + kinds[False]) / 600
+    assert 0.4 < broken_share < 0.6
+    assert 0.2 < kinds[True] / (kinds[True] + kinds[False]) < 0.45  # fences and prose: recovered
+    assert len(BREAKS) == 6
+    reply = compose(with_schema(CHAT_URL, {"model": "m", "messages": [], "max_tokens": 3}, SCHEMA))
+    assert reply.finish_reason == "length" and len(reply.content) == 3
+
+
+def test_writer_takes_schema_and_pydantic_model(tmp_path):
+    pydantic = pytest.importorskip("pydantic")
+
+    class Item(pydantic.BaseModel):
+        name: str
+        qty: int
+
+    out = tmp_path / "r.jsonl"
+    with RequestWriter(out, model="m", url=RESPONSES_URL, schema=Item) as w:
+        w.add("a", "hi")
+        w.add("b", "hi", schema=SCHEMA)
+        w.add("c", "hi", schema=orjson.dumps(SCHEMA).decode())
+    lines = [parse_request(raw, path=str(out), line=1) for raw in out.read_bytes().splitlines()]
+    forms = [line.body["text"]["format"] for line in lines]
+    assert forms[0]["schema"]["properties"]["qty"] == {"title": "Qty", "type": "integer"}
+    assert forms[0]["strict"] is False  # pydantic's schema is not closed: strict would be a 400
+    assert forms[1]["schema"] == forms[2]["schema"] == SCHEMA and forms[1]["strict"] is True
+
+
+def test_gen_cli_schema_file_row_schemas_and_bad_schemas(tmp_path):
+    (tmp_path / "s.json").write_bytes(orjson.dumps(SCHEMA))
+    rows = [{"q": "a", "s": ""}, {"q": "b", "s": orjson.dumps({"type": "integer"}).decode()}]
+    data = tmp_path / "d.jsonl"
+    data.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    out = tmp_path / "r.jsonl"
+    proc = cli("gen", "--data", data, "--prompt", "{{ q }}", "--model", "m", "--url", MESSAGES_URL,
+               "--max-tokens", "50", "--schema", tmp_path / "s.json", "--schema-field", "s", "-o", out)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    bodies = [orjson.loads(x)["body"] for x in out.read_bytes().splitlines()]
+    assert [b["output_config"]["format"]["schema"] for b in bodies] == [SCHEMA, {"type": "integer"}]
+
+    (tmp_path / "bad.json").write_bytes(b'{"type": "objekt"}')
+    proc = cli("gen", "--data", data, "--prompt", "x", "--model", "m", "--schema",
+               tmp_path / "bad.json", "-o", tmp_path / "r2.jsonl")  # fmt: skip
+    assert proc.returncode == 1 and "bad.json: not a valid JSON Schema" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "r2.jsonl").exists()
+
+    data.write_bytes(b'{"q": "a", "s": "{\\"type\\": 5}"}\n')
+    proc = cli("gen", "--data", data, "--prompt", "x", "--model", "m", "--schema-field", "s",
+               "-o", tmp_path / "r3.jsonl")  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    assert "d.jsonl:1: s: row 0: not a valid JSON Schema" in proc.stderr
+
+
+def test_fast_path_agrees_with_jsonschema():
+    """fastjsonschema (the `fast` extra) only speeds the check up: every verdict is jsonschema's."""
+    pytest.importorskip("fastjsonschema")
+    from jsonlbatch.contract import Contract, fast_safe
+
+    fast, slow = Contract(SCHEMA), Contract(SCHEMA, fast=False)
+    assert fast._fast is not None and slow._fast is None
+    for i in range(300):
+        body = {"model": "m", "messages": [{"role": "user", "content": str(i)}]}
+        verdicts = [judge(c, json_answer(SCHEMA, body, break_json=0.8)) for c in (fast, slow)]
+        assert verdicts[0] == verdicts[1]
+    assert not fast_safe({"type": "string", "format": "date"})  # formats: jsonschema alone
+    assert not fast_safe({"enum": [1, True]})
+    assert not fast_safe({"$ref": "#/$defs/a", "minimum": 1})
+    assert fast_safe(SCHEMA)
