@@ -225,6 +225,32 @@ def parse_headers(values: tuple[str, ...]) -> dict[str, str]:
     "--price). Exit status 4; the same command with a higher budget resumes.",
 )
 @click.option(
+    "--reask",
+    type=COUNT_OR_ZERO,
+    default=0,
+    show_default=True,
+    metavar="N",
+    help="Ask again, at most N times, when an answer breaks its request's JSON schema "
+    "(a fresh sample with a new seed).",
+)
+@click.option(
+    "--reask-feedback",
+    is_flag=True,
+    help="Re-ask as a follow-up turn that quotes the validator's message instead.",
+)
+@click.option(
+    "--schema-check/--no-schema-check",
+    default=True,
+    show_default=True,
+    help="Check answers against their requests' JSON schemas (off: send and store as is).",
+)
+@click.option(
+    "--fit-context",
+    is_flag=True,
+    help="A request refused as longer than the model's context: once more with max_tokens "
+    "cut to what fits.",
+)
+@click.option(
     "--dry-run",
     is_flag=True,
     help="Validate and count requests, prompt tokens (tiktoken if installed), output caps "

@@ -71,11 +71,19 @@ _FILE = click.Path(exists=True, dir_okay=False)
     help="CSV: keep text cells as they are (by default one starting with = + - @ gets a ' "
     "first, so a spreadsheet does not run it as a formula).",
 )
+@click.option(
+    "--fields",
+    multiple=True,
+    metavar="NAME[,NAME]",
+    help="Top-level fields of answers under a schema, as typed columns (COLUMN=NAME renames; "
+    "repeatable; default: every field of the recorded schemas).",
+)
 @click.option("-q", "--quiet", is_flag=True, help="No summary.")
 def export_(responses: tuple[str, ...], output: str, fmt: str | None, requests: str | None,
             per: str, votes: str | None, patches: str | None, files: str | None,
             into: str | None, on: str | None, columns: tuple[str, ...],
             separators: tuple[str, ...], no_split: bool, csv_raw: bool,
+            fields: tuple[str, ...],
             quiet: bool) -> None:  # fmt: skip
     """Write one row per request (or choice) of RESPONSES to a table for dataset tools."""
     summary = export(
@@ -92,6 +100,7 @@ def export_(responses: tuple[str, ...], output: str, fmt: str | None, requests: 
         key=make_key(() if no_split else (separators or None), None, None),
         fmt=fmt,
         csv_escape=not csv_raw,
+        fields=fields or None,
     )
     if not quiet:
         for line in summary.lines():

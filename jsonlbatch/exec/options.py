@@ -51,6 +51,10 @@ class ExecOptions:
     cache: str | None = None  # answer cache folder (jsonlbatch/cache/): look up, then store
     cache_mode: str = "rw"  # rw | read | write
     cache_key_url: bool = False  # the endpoints' URLs are part of the cache key
+    reask: int = 0  # more asks for an answer that breaks its request's schema (answer_check.py)
+    reask_feedback: bool = False  # re-ask as a follow-up turn quoting the validator's message
+    fit_context: bool = False  # a context-overflow refusal: once more with max_tokens cut to fit
+    schema_check: bool = True  # check answers against their requests' schemas
 
     def __post_init__(self) -> None:
         self.route_options()  # checks the routing options
@@ -70,6 +74,13 @@ class ExecOptions:
             raise UsageError("--rpm and --tpm must be positive")
         if self.cache_mode not in CACHE_MODES:
             raise UsageError(f"--cache-mode must be one of: {', '.join(CACHE_MODES)}")
+        if self.reask < 0:
+            raise UsageError("--reask must be 0 or more")
+        if self.reask > self.max_retries:
+            raise UsageError(
+                f"--reask {self.reask} needs --max-retries {self.reask} or more: each re-ask "
+                "is an attempt of its request"
+            )
         if self.max_cost is not None:
             if self.max_cost < 0:
                 raise UsageError("--max-cost must not be negative")

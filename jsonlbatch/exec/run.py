@@ -23,7 +23,9 @@ import orjson
 
 from jsonlbatch.errors import InputError, Interrupted, JsonlbatchError, UsageError
 from jsonlbatch.exec.admit import preflight
+from jsonlbatch.exec.answer_check import AnswerChecker
 from jsonlbatch.exec.budget import Budget, BudgetReached, Meter, spent_in_output
+from jsonlbatch.exec.checks import chain
 from jsonlbatch.exec.concurrency import FixedConcurrency
 from jsonlbatch.exec.endpoints import Endpoint, EndpointPool, auth_headers, parse_endpoint
 from jsonlbatch.exec.events import Answered, EventBus, Snapshot
@@ -116,6 +118,11 @@ class Run:
         self.preflight: asyncio.Task[str | None] | None = None
         self.repeats: dict[str, int] = {}  # custom_id -> occurrence, with a lookup only
         self.pending = self.scan.pending  # byte offsets of the lines still to send
+        #: The answer contract (answer_check.py), checked before any check of the caller's.
+        self.contract = AnswerChecker(
+            job.output, reask=opts.reask, feedback=opts.reask_feedback,
+            done=(job.existing.ok, job.existing.failed), enabled=opts.schema_check,
+        )  # fmt: skip
 
     # -- the run -------------------------------------------------------------------------------
 
@@ -136,6 +143,7 @@ class Run:
         if not self.scan.pending:
             self.recorder.prepare()
             self.recorder.close()
+            self.contract.close(complete=True)
             self.progress.note(f"nothing to send: all {self.scan.total} requests have a result")
             self.summary.wall_s = time.monotonic() - started
             return self.summary
@@ -155,6 +163,7 @@ class Run:
                 for sig in (signal.SIGINT, signal.SIGTERM):
                     loop.remove_signal_handler(sig)
             self.recorder.close()
+            self.contract.close(complete=self.summary.complete and self.abort is None)
             self._meter_summary()
             describe = getattr(self.seams.store, "describe", None)
             if describe is not None:
@@ -217,7 +226,7 @@ class Run:
                 before = await scrape_all(session, endpoints, headers)
                 self.sender = Sender(
                     self.opts, session, pools, self.meter, self.stopping, self.summary,
-                    self.bus, self.seams.check,
+                    self.bus, chain(self.contract, self.seams.check),
                 )  # fmt: skip
                 await self._send_all()
                 if not self.signals and self.abort is None:

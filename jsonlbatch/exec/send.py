@@ -18,9 +18,10 @@ import orjson
 
 from jsonlbatch.answers import unusable_reason
 from jsonlbatch.errors import AuthenticationError
+from jsonlbatch.exec.answer_check import fit_to_context
 from jsonlbatch.exec.bodies import TOO_LARGE, read_answer, read_body
 from jsonlbatch.exec.budget import BudgetReached, Meter, Ticket
-from jsonlbatch.exec.checks import Accept, Answer, AnswerCheck, AskAgain, refused
+from jsonlbatch.exec.checks import Accept, Answer, AnswerCheck, AskAgain, begin, end, refused
 from jsonlbatch.exec.concurrency import Outcome
 from jsonlbatch.exec.endpoints import EndpointPool, describe_exception
 from jsonlbatch.exec.events import EventBus, RateLimited, Retried, Sent
@@ -63,6 +64,7 @@ class Sender:
         self.backoff = Backoff(opts.backoff_base, opts.backoff_cap)
         self.timeout = aiohttp.ClientTimeout(total=opts.timeout, sock_connect=30)
         self.retrying = 0  # requests waiting out a backoff now
+        self._fitted: dict[str, dict[str, int]] = {}  # --fit-context: custom_id -> what it did
 
     async def send(self, req: Request) -> Result:
         """One request, admitted (its pool's cap, the meter) and attempted. Raises `Stop` when
@@ -74,10 +76,15 @@ class Sender:
         try:
             ticket = await self.meter.start(req)  # BudgetReached: the caller stops the run
             try:
-                result = await self._attempts(req, pool, ticket)
+                result = await self._attempts(begin(self.check, req), pool, ticket)
             except BaseException:
                 self.meter.abandon(ticket)
                 raise
+            finally:
+                end(self.check, req)
+                fitted = self._fitted.pop(req.custom_id, None)
+            if fitted is not None:
+                result.metrics["fit_context"] = fitted
             self.meter.finish(ticket, result)
             return result
         finally:
@@ -190,7 +197,13 @@ class Sender:
                         "--api-key or OPENAI_API_KEY. Nothing more was sent; re-run to resume"
                     )
                 elif verdict is Verdict.FINAL:
-                    return result
+                    fit = self._fit(req, result)
+                    if fit is None:
+                        return result
+                    req = fit
+                    payload, route_key, streaming = self._prepared(req, pool)
+                    await self._retry(req, attempts, "context_length", 0.0)
+                    continue
                 elif status == 503:  # starting or overloaded: probe /health until it is ready
                     pool.set_aside(endpoint, "HTTP 503 (starting or overloaded)")
                 elif status >= 500 or result.status_code is None:  # 5xx, or a 2xx no answer
@@ -213,10 +226,11 @@ class Sender:
                 result = refused(result, verdict_of_check, attempts)
                 if not isinstance(verdict_of_check, AskAgain) or attempts > self.opts.max_retries:
                     return result
-                req = Request(req.custom_id, req.url, verdict_of_check.body, req.line)
-                payload = orjson.dumps(req.body)
-                route_key = pool.router.key(req.body)
-                streaming = req.body.get("stream") is True
+                req = Request(
+                    req.custom_id, req.url, verdict_of_check.body, req.line,
+                    fingerprint=req.fingerprint,
+                )  # fmt: skip
+                payload, route_key, streaming = self._prepared(req, pool)
                 await self._retry(req, attempts, verdict_of_check.reason, 0.0)
                 continue
             if attempts > self.opts.max_retries:
@@ -225,6 +239,23 @@ class Sender:
             delay = self.backoff.delay(attempts, retry_after) if endpoint.up else 0.0
             reason = (result.error or {}).get("code", "error")
             await self._retry(req, attempts, reason, delay)
+
+    def _prepared(self, req: Request, pool: EndpointPool) -> tuple[bytes, Any, bool]:
+        """A new body's payload, route key and streaming flag (`--stream` applied to it)."""
+        if self.opts.stream and req.url in STREAM_URLS:
+            stream_body(req.body)
+        return orjson.dumps(req.body), pool.router.key(req.body), req.body.get("stream") is True
+
+    def _fit(self, req: Request, result: Result) -> Request | None:
+        """With --fit-context, once per request: the request with `max_tokens` cut to what the
+        context has room for, when `result` is a refusal saying how much (answer_check.py)."""
+        if not self.opts.fit_context or req.custom_id in self._fitted:
+            return None
+        found = fit_to_context(req.url, req.body, result.body)
+        if found is None:
+            return None
+        body, self._fitted[req.custom_id] = found
+        return Request(req.custom_id, req.url, body, req.line, fingerprint=req.fingerprint)
 
     async def _retry(self, req: Request, attempts: int, reason: str, delay: float) -> None:
         self.summary.retries += 1

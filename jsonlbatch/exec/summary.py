@@ -36,6 +36,9 @@ class RunSummary:
     limits: str = ""  # the rate limits in force at the end, e.g. "3,000 rpm (headers)"
     cache_hits: int = 0  # results taken from the answer cache (`--cache`), not sent
     cache: str = ""  # what the answer cache did, one line (hits, savings, misses, stored)
+    schema_valid: int = 0  # lines whose answer held its request's schema
+    schema_invalid: int = 0  # lines whose last answer did not
+    reasks: int = 0  # asks beyond the first for answers that broke their schema
 
     @property
     def written(self) -> int:
@@ -64,6 +67,12 @@ class RunSummary:
         else:
             self.failed += 1
             self.failures[(result.error or {}).get("code", "error")] += 1
+        contract = result.metrics.get("contract")
+        if contract is not None:
+            held = contract.get("valid") is True
+            self.schema_valid += held
+            self.schema_invalid += not held
+            self.reasks += contract.get("asks", 1) - 1
         endpoint = result.metrics.get("endpoint")
         if endpoint:
             self.endpoints[endpoint] += 1
@@ -90,6 +99,11 @@ class RunSummary:
             )
         if self.cache:
             lines.append(f"  {self.cache}")
+        if self.schema_valid or self.schema_invalid:
+            lines.append(
+                f"  answers under a schema: {self.schema_valid} valid, {self.schema_invalid} "
+                f"invalid; {plural(self.reasks, 're-ask')}"
+            )
         if self.spent is not None:
             before = f" (${self.spent_before:,.4f} before this run)" if self.spent_before else ""
             lines.append(f"  spent: ${self.spent:,.4f}{before}")

@@ -27,6 +27,7 @@ from jsonlbatch.errors import InputError, Problem, UsageError
 from jsonlbatch.extras import require
 from jsonlbatch.idset import IdSet
 from jsonlbatch.jsonl import check_output, iter_lines
+from jsonlbatch.post.fields import FieldColumns, field_columns
 from jsonlbatch.post.files import MANIFEST, sample_dir
 from jsonlbatch.post.responses import KeyFunc, Sample, check_responses, read_responses, split_key
 from jsonlbatch.post.table_io import TableWriter, open_table, table_format
@@ -112,11 +113,14 @@ def export(
     key: KeyFunc | None = None,
     fmt: str | None = None,
     csv_escape: bool = True,
+    fields: Sequence[str] | None = None,
 ) -> ExportSummary:
     """Write the result table to `out` (format from `fmt` or the suffix); see the module doc.
 
     `columns` picks and renames result columns (`NAME` or `NEW=NAME`); by default all.
     `csv_escape`: CSV text cells that a spreadsheet would run as a formula start with `'`.
+    `fields` picks the top-level fields of answers under a schema as typed columns (`NAME` or
+    `COLUMN=NAME`; `post/fields.py`); by default every field of the recorded schemas.
     """
     if per not in PER:
         raise UsageError(f"--per must be one of {', '.join(PER)}, not {per!r}")
@@ -130,7 +134,9 @@ def export(
     check_output(out, [*paths, requests, votes, patches, files, into])
     check_responses(paths)  # bad input stops before anything is written
     joins = _Joins.load(votes, patches, files)
-    available = joins.columns() | _kind_columns(paths)
+    kinds = _kind_columns(paths)
+    joins.fields = field_columns(paths, fields, joins.columns() | kinds)
+    available = joins.columns() | kinds
     chosen = _choose_columns(available, columns)
     key = key or split_key()
     summary = ExportSummary(out, fmt)
@@ -190,6 +196,7 @@ class _Joins:
     group_patches: dict[str, str] | None = None  # instance_id -> model_patch
     sample_patches: dict[tuple[str, int], tuple[str, str]] | None = None  # -> (patch, status)
     files: dict[tuple[str, int], list[str]] | None = None  # (custom_id, choice) -> paths
+    fields: FieldColumns | None = None  # typed columns from answers under a schema
 
     @classmethod
     def load(cls, votes: str | None, patches: str | None, files: str | None) -> _Joins:
@@ -229,10 +236,14 @@ class _Joins:
             found |= PATCH_COLUMNS
         if self.files is not None:
             found |= FILE_COLUMNS
+        if self.fields is not None:
+            found |= self.fields.types
         return found
 
     def add(self, row: dict[str, Any], samples: Sequence[Sample]) -> None:
         group = row["group"]
+        if self.fields is not None and self.fields.columns:
+            row.update(self.fields.values(samples[0]))
         if self.votes is not None and group in self.votes:
             vote = self.votes[group]
             row.update(

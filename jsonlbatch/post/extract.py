@@ -106,16 +106,29 @@ def regex_extractor(pattern: str) -> Extractor:
 
 
 def json_extractor(path: str) -> Extractor:
-    """A field (dotted path) of a JSON answer: the whole text, a ```json block, or the last object."""
+    """A field (dotted path) of a JSON answer: the whole text, a ```json block, or the last object.
+
+    The extractor carries its `json_path`: where exec recorded the answer's value under a schema
+    (`contract.recorded_value`), `extract_answer` reads the field from that value instead.
+    """
 
     def extract(text: str) -> str | None:
         for candidate in _json_candidates(text):
-            value = lookup(candidate, path)
-            if value is not None:
-                return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+            found = json_field(candidate, path)
+            if found is not None:
+                return found
         return None
 
+    extract.json_path = path  # type: ignore[attr-defined]
     return extract
+
+
+def json_field(value: Any, path: str) -> str | None:
+    """The field at a dotted `path` of a decoded JSON value, as a string (JSON for non-strings)."""
+    found = lookup(value, path)
+    if found is None:
+        return None
+    return found if isinstance(found, str) else json.dumps(found, sort_keys=True)
 
 
 def _json_candidates(text: str) -> list[Any]:
@@ -157,11 +170,16 @@ def get_extractor(spec: str | Extractor) -> Extractor:
 
 
 def extract_answer(
-    text: str, extractors: Sequence[str | Extractor] = DEFAULT_EXTRACTORS
+    text: str, extractors: Sequence[str | Extractor] = DEFAULT_EXTRACTORS, *, value: Any = None
 ) -> str | None:
-    """The answer of the first extractor that finds one; None when none does."""
+    """The answer of the first extractor that finds one; None when none does. `value` is the
+    answer's JSON as exec read and validated it under a schema, for `json:` extractors."""
     for spec in extractors:
-        found = get_extractor(spec)(text)
+        extractor = get_extractor(spec)
+        path = getattr(extractor, "json_path", None)
+        found = json_field(value, path) if path is not None and value is not None else None
+        if found is None:
+            found = extractor(text)
         if found is not None and found.strip():
             return found.strip()
     return None

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from math import comb
 from typing import Any
 
+from jsonlbatch.contract import recorded_value
 from jsonlbatch.errors import InputError, Problem, UsageError
 from jsonlbatch.jsonl import check_output
 from jsonlbatch.post.extract import (
@@ -199,7 +200,11 @@ def sample_answer(
         return INVALID, FAILED
     if sample.truncated and not use_truncated:
         return INVALID, TRUNCATED
-    found = sample.answer if sample.answer is not None else extract_answer(sample.text, extractors)
+    if sample.answer is not None:
+        found: str | None = sample.answer
+    else:
+        valid, value = recorded_value(sample.metrics, sample.index)
+        found = extract_answer(sample.text, extractors, value=value if valid else None)
     if found is None:
         return INVALID, NOTHING_EXTRACTED
     answer = normalize(found)

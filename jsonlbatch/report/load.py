@@ -59,6 +59,7 @@ class _Line:
     finish_reasons: list[str]
     run: str | None = None  # exec's mark of the run that wrote the line (metrics.run)
     cached: bool = False  # answered from exec's answer cache (`metrics.cache` "hit")
+    contract: tuple[bool, int] | None = None  # answers under a schema: (held it, asks)
 
 
 @dataclass
@@ -75,6 +76,10 @@ class RunData:
     retries: int = 0
     retried: int = 0
     max_attempts: int = 0
+    schema_valid: int = 0  # requests whose answer held its schema
+    schema_invalid: int = 0  # requests under a schema whose last answer did not
+    reasked: int = 0  # requests asked again because an answer broke its schema
+    reasks: int = 0  # those extra asks
     untimed: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -99,6 +104,12 @@ class RunData:
             self.retries += max(0, line.attempts - 1)
             self.retried += line.attempts > 1
             self.max_attempts = max(self.max_attempts, line.attempts)
+        if line.contract is not None:
+            held, asks = line.contract
+            self.schema_valid += held
+            self.schema_invalid += not held
+            self.reasked += asks > 1
+            self.reasks += max(0, asks - 1)
         end = line.start + line.latency
         if line.cached:
             self.cache_hits += 1
@@ -324,7 +335,16 @@ def _parse(obj: Any, path: str, number: int, problems: list[Problem]) -> _Line |
         finish_reasons=reasons,
         run=str(metrics["run"]) if isinstance(metrics.get("run"), str) else None,
         cached=ok and metrics.get("cache") == "hit",
+        contract=_contract(metrics),
     )
+
+
+def _contract(metrics: dict[str, Any]) -> tuple[bool, int] | None:
+    record = metrics.get("contract")
+    if not isinstance(record, dict):
+        return None
+    asks = record.get("asks")
+    return record.get("valid") is True, asks if type(asks) is int and asks > 0 else 1
 
 
 def _usage_number(from_metrics: float, from_usage: Any) -> float:

@@ -90,6 +90,10 @@ class RunStats:
     retries: int
     retried_requests: int
     max_attempts: int
+    schema_valid: int
+    schema_invalid: int
+    reasked: int
+    reasks: int
     finish_reasons: dict[str, int]
     choices: int
     truncated: int  # choices with finish_reason "length": cut by max_tokens
@@ -165,6 +169,10 @@ def summarize(
         retries=data.retries,
         retried_requests=data.retried,
         max_attempts=data.max_attempts,
+        schema_valid=data.schema_valid,
+        schema_invalid=data.schema_invalid,
+        reasked=data.reasked,
+        reasks=data.reasks,
         finish_reasons=reasons,
         choices=sum(reasons.values()),
         truncated=reasons.get("length", 0),

@@ -203,6 +203,13 @@ def _outcomes(runs: list[RunStats]) -> Table:
         ("requests retried", "count", lambda r: r.retried_requests),
         ("most attempts", "count", lambda r: r.max_attempts),
     ]
+    if any(r.schema_valid or r.schema_invalid for r in runs):  # answers under a schema
+        rows += [
+            ("schema valid", "count", lambda r: r.schema_valid),
+            ("schema invalid", "count", lambda r: r.schema_invalid),
+            ("requests re-asked", "count", lambda r: r.reasked),
+            ("re-asks", "count", lambda r: r.reasks),
+        ]
     notes = []
     if any(run.cache_hits for run in runs):
         rows.append(("from the answer cache", "count", lambda r: r.cache_hits))
