@@ -17,8 +17,9 @@ import shutil
 import stat
 import tempfile
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from pathlib import Path
+from typing import cast
 
 from jsonlbatch.errors import InputError, JsonlbatchError, OutputError, UsageError
 
@@ -39,7 +40,8 @@ def iter_lines_at(path: str | os.PathLike[str]) -> Iterator[tuple[int, int, byte
     """Like `iter_lines`, with each line's byte offset, so a later pass can seek straight to it
     (`read_lines_at` gives the same bytes for it)."""
     try:
-        f = open(path, "rb", buffering=_READ_BUFFER)  # noqa: SIM115 - closed by the with below
+        # closed by the with below; a buffered binary file is a BufferedReader
+        f = cast(io.BufferedReader, open(path, "rb", buffering=_READ_BUFFER))  # noqa: SIM115
     except OSError as exc:
         raise InputError(f"cannot read {os.fspath(path)}: {exc.strerror}") from None
     offset = 0
@@ -93,7 +95,7 @@ def prefetch(path: str | os.PathLike[str], limit: int = 1 << 30) -> None:
 
 def read_lines_at(
     path: str | os.PathLike[str], offsets: Iterable[int], *, strip: bool = True
-) -> Iterator[bytes]:
+) -> Generator[bytes, None, None]:
     """The lines starting at `offsets` (ascending reads sequentially; any order works, by seeking:
     exec's look-ahead window sends grouped lines), read without scanning the lines between,
     exactly as `iter_lines_at` gave them (edges stripped alike, so what was checked is sent);

@@ -96,7 +96,7 @@ def _content_text(content: Any) -> str:
 
 def _failure_reason(obj: dict[str, Any]) -> str:
     error = obj.get("error")
-    response = obj.get("response") if isinstance(obj.get("response"), dict) else {}
+    response: dict[str, Any] = obj["response"] if isinstance(obj.get("response"), dict) else {}
     status = response.get("status_code")
     message: Any = None
     if isinstance(error, dict):
@@ -256,7 +256,7 @@ def samples_of(
     """The samples of one decoded response line."""
     cid = obj["custom_id"]
     metrics = obj.get("metrics")
-    where = {
+    where: dict[str, Any] = {
         "path": path,
         "line": line,
         "source": source,
@@ -282,7 +282,9 @@ def samples_of(
     out = []
     for pos, choice in enumerate(choices):
         choice = choice if isinstance(choice, dict) else {}
-        message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+        message = choice.get("message")
+        if not isinstance(message, dict):
+            message = {}
         text = _content_text(message.get("content") if message else choice.get("text"))
         reasoning = message.get("reasoning") or message.get("reasoning_content") or ""
         if not isinstance(reasoning, str) or not reasoning:

@@ -154,7 +154,7 @@ def gemini_to_chat_response(response: dict[str, Any], model: str) -> dict[str, A
         choices.append({
             "index": candidate.get("index", i),
             "message": message,
-            "finish_reason": _FINISH.get(reason, str(reason).lower() if reason else None),
+            "finish_reason": _FINISH.get(str(reason), str(reason).lower()) if reason else None,
         })  # fmt: skip
     meta = response.get("usageMetadata") or {}
     prompt = int(meta.get("promptTokenCount") or 0)

@@ -39,7 +39,7 @@ def store_file(
                 size += len(line)
             f.flush()
             os.fsync(f.fileno())
-        obj = {
+        obj: dict[str, Any] = {
             "id": file_id or new_id("file-"),
             "object": "file",
             "bytes": size,

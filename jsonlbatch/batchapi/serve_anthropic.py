@@ -11,6 +11,7 @@ in_progress | canceling | ended, request counts by result type once it ended), a
 
 from __future__ import annotations
 
+import builtins
 import re
 from collections.abc import Iterator
 from datetime import datetime, timezone
@@ -166,7 +167,7 @@ class AnthropicBatches:
             "last_id": data[-1]["id"] if data else None,
         })  # fmt: skip
 
-    def _all(self) -> list[dict[str, Any]]:
+    def _all(self) -> builtins.list[dict[str, Any]]:  # `list` is a method of this class
         """This API's batches, newest first."""
         found = [b for b in self.store.batches_where("1 = 1") if b.get("provider") == "anthropic"]
         return sorted(found, key=lambda b: (b["created_at"], b["id"]), reverse=True)
@@ -272,9 +273,9 @@ def result_line(line: dict[str, Any]) -> dict[str, Any]:
     code = (line.get("error") or {}).get("code") if isinstance(line.get("error"), dict) else None
     if code in _UNRUN:
         return {"custom_id": cid, "result": {"type": _UNRUN[code]}}
-    inner = (
-        body.get("error") if isinstance(body, dict) and isinstance(body.get("error"), dict) else {}
-    )
+    inner = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(inner, dict):
+        inner = {}
     kind = inner.get("type") or (
         "invalid_request_error" if isinstance(status, int) and status < 500 else "api_error"
     )

@@ -106,7 +106,7 @@ class _Api:
         reader = await request.multipart()
         purpose, filename, size, tmp = None, None, 0, None
         try:
-            async for part in reader:
+            while (part := await reader.next()) is not None:
                 if not isinstance(part, aiohttp.BodyPartReader):
                     continue
                 if part.name == "purpose":
@@ -126,7 +126,7 @@ class _Api:
                 raise _Error(
                     400, f"'purpose' must be one of {', '.join(_FILE_PURPOSES)}", "purpose"
                 )
-            obj = {
+            obj: dict[str, Any] = {
                 "id": new_id("file-"),
                 "object": "file",
                 "bytes": size,
@@ -196,7 +196,7 @@ class _Api:
             raise _Error(400, "the body must be a JSON object")
         file_id = body.get("input_file_id")
         source = self.store.get_file(file_id) if isinstance(file_id, str) else None
-        if source is None:
+        if source is None or not isinstance(file_id, str):
             raise _Error(400, f"input_file_id {file_id!r} is not a file here", "input_file_id")
         if source["purpose"] != "batch":
             raise _Error(

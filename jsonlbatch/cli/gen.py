@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from jsonlbatch.cli.params import Finite, NonEmpty
@@ -240,7 +242,12 @@ def gen(
     custom_id = RowTemplate.inline(id_template, name="--id") if id_template else None
     condition = compile_condition(" and ".join(f"({w})" for w in where)) if where else None
 
-    options = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p}
+    options: dict[str, Any] = {
+        "temperature": temperature,
+        "top_p": top_p,
+        "top_k": top_k,
+        "min_p": min_p,
+    }
     options |= {"max_tokens": max_tokens, "n": n, "seed": seed, "stop": list(stop) or None}
     body = load_body_file(body_file) if body_file else {}
     body = merge_patch(body, {k: v for k, v in options.items() if v is not None})

@@ -71,7 +71,7 @@ _MAX_LEARNED_WAIT_S = 20.0  # a limit learned from headers holds one request at 
 #: hold a run up, and a hosted API must not see a burst of hundreds before its limits are known.
 FIRST_ANSWER_WAIT_S = 2.0
 
-_OPENAI = {
+_OPENAI: dict[str, tuple[str, ...]] = {
     kind: (
         f"x-ratelimit-limit-{kind}",
         f"x-ratelimit-remaining-{kind}",

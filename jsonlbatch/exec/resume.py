@@ -13,6 +13,7 @@ import os
 import re
 import stat
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import repeat
 
@@ -185,6 +186,7 @@ def check_output_file(path: str | os.PathLike[str]) -> bool:
 
 
 def _file_kind(mode: int) -> str:
+    kinds: tuple[tuple[Callable[[int], bool], str], ...]
     kinds = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a directory"), (stat.S_ISSOCK, "a socket"))
     kinds += ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
     return next((name for test, name in kinds if test(mode)), "not a regular file")

@@ -13,6 +13,7 @@ from array import array
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 from zlib import crc32
 
 import orjson
@@ -120,7 +121,7 @@ def scan_input(
             if len(problems) >= MAX_PROBLEMS:
                 break
             continue
-        cid = obj.get("custom_id") if type(obj) is dict else None
+        cid: Any = obj.get("custom_id") if type(obj) is dict else None  # a str when checked
         at = done_slot(cid) if any_done and type(cid) is str else -1
         kept_failure = at < 0 and any_failed and type(cid) is str and failed_slot(cid) >= 0
         if at >= 0 or (kept_failure and not retry_failed):

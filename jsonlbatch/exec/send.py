@@ -111,6 +111,7 @@ class Sender:
                 self.bus.emit(Sent(req.custom_id, endpoint.name, attempts))
             start_wall, start = time.time(), time.perf_counter()
             retry_after = None
+            failure: tuple[str, str] | None
             streamed: StreamReader | None = None
             status: int | None = None
             try:

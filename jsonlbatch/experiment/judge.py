@@ -286,7 +286,9 @@ def _write_retries(
             original = originals.get(cid)
             assert original is not None
             body = dict(original["body"])
-            seed = body.get("seed") if isinstance(body.get("seed"), int) else 0
+            seed = body.get("seed")
+            if not isinstance(seed, int):
+                seed = 0
             body["seed"] = seed + (r - 1) * config.seed_step
             last = history[cid][-1] if history[cid] else None
             messages = body.pop("messages", None)
@@ -314,8 +316,9 @@ def _best(verdicts: list[Verdict], primary: str) -> Verdict | None:
 
     def key(v: Verdict) -> tuple[int, float, int]:
         score = v.values.get(primary)
-        number = isinstance(score, (int, float)) and not isinstance(score, bool)
-        return (int(number), float(score) if number else 0.0, -v.round)
+        if isinstance(score, (int, float)) and not isinstance(score, bool):
+            return (1, float(score), -v.round)
+        return (0, 0.0, -v.round)
 
     return max(real, key=key) if real else None
 

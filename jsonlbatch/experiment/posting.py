@@ -140,7 +140,7 @@ def export_results(
         "patches": os.path.join(folder, PARTS["patches"].output),
         "files": os.path.join(folder, PARTS["files"].output),
     }
-    given = {k: v for k, v in joins.items() if os.path.exists(v)}
+    given: dict[str, Any] = {k: v for k, v in joins.items() if os.path.exists(v)}
     columns = s.get("columns") or ()
     summary = export(
         source,

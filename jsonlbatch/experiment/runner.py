@@ -258,7 +258,7 @@ class _ConditionRun:
             messages=RowTemplate.from_file(spec["messages"]) if spec.get("messages") else None,
             system=RowTemplate(system, name="system") if system is not None else None,
         )
-        body = {
+        body: dict[str, Any] = {
             k: c[k]
             for k in ("temperature", "top_p", "top_k", "min_p", "max_tokens", "n", "seed")
             if k in c

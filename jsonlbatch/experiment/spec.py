@@ -185,7 +185,9 @@ class _Checker(FileChecker):
         top = self.keys(raw, (), _TOP, required=("experiment", "data", "prompt", "conditions"))
         head = self.keys(top.get("experiment"), ("experiment",), _EXPERIMENT, required=("id",))
         exp_id = head.get("id")
-        if isinstance(exp_id, str) and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", exp_id):
+        if exp_id is not None and not isinstance(exp_id, str):
+            self.problem(("experiment", "id"), "must be a string (a folder name)")
+        elif isinstance(exp_id, str) and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", exp_id):
             self.problem(
                 ("experiment", "id"), "use letters, digits, '.', '_' and '-' (a folder name)"
             )
@@ -219,7 +221,7 @@ class _Checker(FileChecker):
         cache = top.get("cache")
         if isinstance(cache, str) and not cache.strip():
             self.problem(("cache",), "must name a folder")
-        if self.problems:
+        if self.problems or not isinstance(exp_id, str):
             return None
         if isinstance(cache, str):
             cache = os.path.join(self.base, os.path.expanduser(cache))

@@ -97,7 +97,7 @@ class RequestIndex:
             # one handle, small buffer: a seek + readline per response, not a fresh 1 MiB read
             self._file = open(self.path, "rb")  # noqa: SIM115 - closed by close()
         self._file.seek(start)
-        return orjson.loads(self._file.readline())  # type: ignore[no-any-return]
+        return orjson.loads(self._file.readline())
 
     def close(self) -> None:
         if self._file is not None:

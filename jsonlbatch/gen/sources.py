@@ -148,7 +148,11 @@ def _opened(path: str, *, text: bool) -> Iterator[IO[Any]]:
 
 
 def _text_rows(path: str, fmt: str) -> Iterator[Row]:
-    readers = {"jsonl": _jsonl_rows, "json": _json_list_rows, "csv": _csv_rows}
+    readers: dict[str, Callable[[Any, str], Iterator[Row]]] = {
+        "jsonl": _jsonl_rows,
+        "json": _json_list_rows,
+        "csv": _csv_rows,
+    }
     with _opened(path, text=fmt != "jsonl") as stream:
         try:
             yield from readers[fmt](stream, path)

@@ -218,6 +218,7 @@ class RequestWriter:
         self._seen: dict[str, int] = {}  # id -> number of the prompt that wrote it
         self._prompts = self._requests = self._chars = 0
         self._refuse_overwrite()
+        self._file: IO[bytes] | None
         self._file, self._tmp = self._open_temp()
 
     # -- writing ---------------------------------------------------------------------------

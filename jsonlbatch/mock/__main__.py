@@ -11,6 +11,8 @@ import os
 import re
 import signal
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from jsonlbatch.errors import JsonlbatchError, UsageError
 from jsonlbatch.mock import MockConfig, gpu, serve
@@ -22,7 +24,7 @@ def _seconds_or_none(value: str) -> float | None:
 
 
 # (flag, MockConfig field, type, metavar, help); defaults come from MockConfig itself.
-_OPTIONS: tuple[tuple[str, str, type, str, str], ...] = (
+_OPTIONS: tuple[tuple[str, str, Callable[[str], Any], str, str], ...] = (
     ("--latency", "latency", float, "S", "seconds before answering (streams: the first chunk)"),
     ("--latency-jitter", "latency_jitter", float, "S", "uniform +- jitter on --latency, seeded"),
     ("--tokens-per-second", "tokens_per_second", float, "R",
@@ -90,14 +92,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def config_from_args(args: argparse.Namespace) -> MockConfig:
     """The `MockConfig` the parsed flags describe (the key falls back to the environment)."""
-    fields = {name: getattr(args, name) for _, name, *_ in (*_OPTIONS, *_SWITCHES)}
+    names = [option[1] for option in _OPTIONS] + [switch[1] for switch in _SWITCHES]
+    fields: dict[str, Any] = {name: getattr(args, name) for name in names}
     fields["api_key"] = fields["api_key"] or os.environ.get(MOCK_API_KEY_ENV) or None
     fields["gpu"] = gpu.from_args(args)
     try:
         return MockConfig(served_models=tuple(args.served_model_name), **fields)
     except UsageError as exc:  # MockConfig names its fields; a command-line user typed flags
         message = str(exc)
-        for flag, name, *_ in (*_OPTIONS, *_SWITCHES):
+        flags = [option[:2] for option in _OPTIONS] + [switch[:2] for switch in _SWITCHES]
+        for flag, name in flags:
             message = re.sub(rf"\b{name}\b", flag, message)
         raise UsageError(message) from None
 

@@ -280,7 +280,9 @@ def chat_events(reply: Reply) -> list[dict[str, Any]]:
         deltas += [
             {"tool_calls": [{"index": 0, "function": {"arguments": p}}]} for p in call.pieces
         ]
-    events = [{"delta": d, "logprobs": None, "finish_reason": None} for d in deltas]
+    events: list[dict[str, Any]] = [
+        {"delta": d, "logprobs": None, "finish_reason": None} for d in deltas
+    ]
     events.append({"delta": {}, "logprobs": None, "finish_reason": reply.finish_reason})
     return events
 

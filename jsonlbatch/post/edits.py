@@ -209,7 +209,9 @@ def parse_tool_calls(tool_calls: Sequence[dict[str, Any]]) -> ParsedEdits:
     """str_replace-editor tool calls (`str_replace`, `insert`, `create`); others are ignored."""
     found = ParsedEdits()
     for n, call in enumerate(tool_calls):
-        fn = call.get("function") if isinstance(call.get("function"), dict) else call
+        fn = call.get("function")
+        if not isinstance(fn, dict):
+            fn = call
         args = fn.get("arguments", fn.get("input"))
         if isinstance(args, str):
             try:

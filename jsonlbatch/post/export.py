@@ -209,7 +209,9 @@ class _Joins:
             joins.files = {}
             for line in _lines(files, ("id", "path", "status")):
                 if line["status"] == "written":
-                    choice = line.get("choice") if isinstance(line.get("choice"), int) else 0
+                    choice = line.get("choice")
+                    if not isinstance(choice, int):
+                        choice = 0
                     joins.files.setdefault((line["id"], choice), []).append(line["path"])
         return joins
 
@@ -392,7 +394,9 @@ def _join_into(
     columns: dict[str, type | None] = dict.fromkeys(c for c in base_types if c not in types)
     kept = {c: t for c, t in base_types.items() if c not in types}
     empty = dict.fromkeys(types)
-    with TableWriter(out, fmt, columns | types, arrow_types=kept, csv_escape=csv_escape) as writer:
+    with TableWriter(
+        out, fmt, {**columns, **types}, arrow_types=kept, csv_escape=csv_escape
+    ) as writer:
         for batch in batches:
             for record in batch:
                 summary.base_rows += 1

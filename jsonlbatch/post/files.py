@@ -155,7 +155,7 @@ def script_of(
     The unnamed block is only a fallback for answers without named .py files: a named script
     that is then refused (too large, a planted symlink...) is never replaced by it.
     """
-    names = {_rel(s.path) for s in specs if not s.problem} - {None}
+    names = {name for s in specs if not s.problem and (name := _rel(s.path)) is not None}
     if script:
         return _named_script(script, names), None
     python = [n for n in names if n.endswith(".py")]
@@ -180,7 +180,11 @@ def _named_script(script: str, names: set[str]) -> str | None:
 def no_script_reason(specs: Sequence[FileSpec], script: str | None) -> str:
     """Why `--run` found nothing to run in an answer, naming its .py files."""
     python = sorted(
-        n for n in ({_rel(s.path) for s in specs if not s.problem} - {None}) if n.endswith(".py")
+        {
+            n
+            for s in specs
+            if not s.problem and (n := _rel(s.path)) is not None and n.endswith(".py")
+        }
     )
     listed = ", ".join(python[:5]) + (", ..." if len(python) > 5 else "")
     if script:

@@ -16,7 +16,7 @@ import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jsonlbatch.extras import check
 from jsonlbatch.report.model import Report
@@ -25,11 +25,14 @@ from jsonlbatch.report.tables import LATENCY_NAMES, present_latencies
 
 CHARTS_EXTRA = "report"
 
+if TYPE_CHECKING:  # matplotlib is the optional `report` extra
+    from matplotlib.typing import RcKeyType
+
 _SIZE = (6.4, 3.3)  # inches; drawn at _DPI and shown at about 100 px an inch: sharp on HiDPI
 _DPI = 150
 _COLORS = ("#0969da", "#e16f24", "#1a7f37", "#8250df", "#bf3989", "#57606a")
 _SLA_COLOR = "#cf222e"
-_STYLE = {
+_STYLE: dict[RcKeyType, Any] = {
     "font.size": 10,
     "axes.titlesize": 11.5,
     "axes.titleweight": "bold",

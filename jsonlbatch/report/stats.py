@@ -12,7 +12,7 @@ counters, never in the latency or token distributions.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from jsonlbatch.report.load import RunData
@@ -214,7 +214,7 @@ def summarize(
 
 
 def _judge(
-    cols: dict[str, Sequence[float]], slas: Sequence[Sla], succeeded: int
+    cols: Mapping[str, Sequence[float]], slas: Sequence[Sla], succeeded: int
 ) -> tuple[list[SlaResult], int | None]:
     """Per-SLA shares, and how many requests meet them all; an unmeasured value meets none."""
     if not slas:

@@ -181,6 +181,23 @@ def _header(runs: list[RunStats]) -> list[str]:
     return ["", *(run.label for run in runs)]
 
 
+def _count_of(field: str, key: str) -> Callable[[RunStats], int]:
+    """A row's getter: how many times `key` is in a run's counter `field`."""
+    return lambda r: getattr(r, field).get(key, 0)
+
+
+def _run_sla(i: int) -> Callable[[RunStats], Any]:
+    return lambda r: r.sla[i].share
+
+
+def _group_latency(name: str, field: str) -> Callable[[Any], Any]:
+    return lambda g: getattr(g.latency[name], field) if g.latency[name] else None
+
+
+def _group_sla(i: int) -> Callable[[Any], Any]:
+    return lambda g: g.sla[i].share if g.sla else None
+
+
 def _union(runs: list[RunStats], get: Callable[[RunStats], dict[str, int]]) -> list[str]:
     keys: dict[str, None] = {}
     for run in runs:
@@ -195,9 +212,9 @@ def _outcomes(runs: list[RunStats]) -> Table:
         ("failed", "count", lambda r: r.failed),
     ]
     for code in sorted(_union(runs, lambda r: r.status_codes)):
-        rows.append((f"status {code}", "count", lambda r, c=code: r.status_codes.get(c, 0)))
+        rows.append((f"status {code}", "count", _count_of("status_codes", code)))
     for code in _union(runs, lambda r: r.errors):
-        rows.append((f"error {code}", "count", lambda r, c=code: r.errors.get(c, 0)))
+        rows.append((f"error {code}", "count", _count_of("errors", code)))
     rows += [
         ("retries", "count", lambda r: r.retries),
         ("requests retried", "count", lambda r: r.retried_requests),
@@ -230,7 +247,7 @@ def _outcomes(runs: list[RunStats]) -> Table:
 
 def _finish_reasons(runs: list[RunStats]) -> Table:
     rows: list[tuple[str, str, Callable[[RunStats], Any]]] = [
-        (reason, "count", lambda r, k=reason: r.finish_reasons.get(k, 0))
+        (reason, "count", _count_of("finish_reasons", reason))
         for reason in _union(runs, lambda r: r.finish_reasons)
     ]
     if rows:
@@ -335,7 +352,7 @@ def _sla(runs: list[RunStats]) -> Table:
             (
                 f"{result.metric} within {format_duration(result.bound_s)}",
                 "share",
-                lambda r, i=i: r.sla[i].share,
+                _run_sla(i),
             )
         )
     rows += [
@@ -399,7 +416,7 @@ def _breakdown(key: str, run: RunStats, many: bool, slas: Iterable[Any] = ()) ->
                 (
                     f"{name} p{p}",
                     "seconds",
-                    lambda g, n=name, f=f"p{p}": getattr(g.latency[n], f) if g.latency[n] else None,
+                    _group_latency(name, f"p{p}"),
                 )
             )
     slas = list(slas)
@@ -408,7 +425,7 @@ def _breakdown(key: str, run: RunStats, many: bool, slas: Iterable[Any] = ()) ->
             (
                 f"{sla.metric} <= {format_duration(sla.bound_s)}",
                 "share",
-                lambda g, i=i: g.sla[i].share if g.sla else None,
+                _group_sla(i),
             )
         )
     if len(slas) > 1:

@@ -20,6 +20,7 @@ import sys
 import urllib.parse
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
+from typing import Any
 
 from jsonlbatch.errors import LaunchError
 from jsonlbatch.exec.modelmap import ModelEndpoints
@@ -166,7 +167,9 @@ def plan_fleet(
     taken: set[int] = set()
     groups = []
     for i, entry in enumerate(placed):
-        overrides = {k: v for k, v in (defaults or {}).items() if k not in entry.given}
+        overrides: dict[str, Any] = {
+            k: v for k, v in (defaults or {}).items() if k not in entry.given
+        }
         options = replace(entry.options, **overrides)
         entry = replace(entry, options=options)
         model_stem = f"{stem}.{slug(entry.name)}"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from jsonlbatch.errors import LaunchError
 from jsonlbatch.redact import redact
@@ -48,6 +48,8 @@ class _Group(Protocol):
     def options(self) -> _Options: ...
 
     def start(self) -> None: ...
+
+    def rebind(self, process: Any, /) -> bool: ...
 
 
 def wait_all(groups: Sequence[_Group], *, quiet: bool = False) -> None:

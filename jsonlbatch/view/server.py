@@ -325,7 +325,7 @@ def _json(data: Any, status: int = 200) -> web.Response:
 
 
 def _static_response(name: str) -> web.Response:
-    body = resources.files("jsonlbatch.view").joinpath("static", name).read_bytes()
+    body = resources.files("jsonlbatch.view").joinpath("static").joinpath(name).read_bytes()
     return web.Response(body=body, content_type=_STATIC[name],
                         headers={"Content-Security-Policy": _CSP, "Cache-Control": "no-cache"})  # fmt: skip
 

@@ -106,7 +106,7 @@ def render_pptx(spec: dict[str, Any]) -> bytes:
         bullets = slide_spec.get("bullets", [])
         slide = deck.slides.add_slide(title_only if table_spec else title_and_body)
         slide.shapes.title.text = slide_spec["title"]
-        top = Inches(1.6)
+        top: int = Inches(1.6)
         if table_spec is None:
             body = slide.placeholders[1].text_frame
             for n, item in enumerate(bullets):
@@ -155,6 +155,14 @@ def _unicode_font() -> tuple[str, str] | None:
     return None
 
 
+def _as_is(text: str) -> str:
+    return text
+
+
+def _latin1(text: str) -> str:
+    return text.encode("latin-1", "replace").decode("latin-1")
+
+
 def render_pdf(spec: dict[str, Any]) -> bytes:
     from fpdf import FPDF
     from fpdf.fonts import FontFace
@@ -165,12 +173,9 @@ def render_pdf(spec: dict[str, Any]) -> bytes:
     if font:
         pdf.add_font("body", "", font[0])
         pdf.add_font("body", "B", font[1])
-        family, clean = "body", str
+        family, clean = "body", _as_is
     else:  # core fonts know Latin-1 only: other characters become "?" rather than failing
-        family = "helvetica"
-
-        def clean(text: str) -> str:
-            return text.encode("latin-1", "replace").decode("latin-1")
+        family, clean = "helvetica", _latin1
 
     pdf.add_page()
     width = pdf.epw
