@@ -313,3 +313,14 @@ def test_a_typo_in_defaults_serve_is_reported_once_at_its_own_line(tmp_path):
     (tmp_path / "one.yaml").write_text(bad.read_text().replace("mokc", "mock"))
     one = cli("run", "--check", str(tmp_path / "one.yaml"))
     assert "(1 problem)" in one.stderr and "1 problems" not in one.stderr
+
+
+def test_experiment_id_that_is_not_a_string_is_a_located_problem(tmp_path):
+    (tmp_path / "prompt.j2").write_text("{{ q }}")
+    (tmp_path / "num.yaml").write_text(
+        "experiment: {id: 5}\ndata: {file: t.jsonl}\nprompt: {template: prompt.j2}\n"
+        "conditions: {a: {model: m, url: 'http://127.0.0.1:9/v1'}}\n"
+    )
+    with pytest.raises(InputError) as err:
+        load_experiment(str(tmp_path / "num.yaml"))
+    assert any(p.field == "experiment.id" and "string" in p.message for p in err.value.problems)
