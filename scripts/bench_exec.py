@@ -7,6 +7,11 @@ client. Every client sends the same request file at the same concurrency.
 
     python scripts/bench_exec.py                      # 20,000 requests at concurrency 256
     python scripts/bench_exec.py --requests 50000 --concurrency 256 --openai-requests 3000
+    python scripts/bench_exec.py --requests 6000 --openai-requests 0 --baseline ../old-checkout
+
+Runs alternate between the clients (aiohttp, exec, [baseline exec], openai, then again), so a
+machine whose load changes meanwhile weighs on all of them alike. `--baseline DIR` also times
+`jsonlbatch exec` from another checkout of the repository (a before/after comparison).
 
 Prints requests/s per client and the ratios the executor issue sets targets for:
 jsonlbatch / bare aiohttp (>= 0.6) and jsonlbatch / OpenAI SDK (>= 5).
@@ -78,15 +83,23 @@ def exec_command(
 
 
 def timed_exec(
-    requests: str | Path, output: str | Path, url: str, concurrency: int, *extra: str
+    requests: str | Path,
+    output: str | Path,
+    url: str,
+    concurrency: int,
+    *extra: str,
+    tree: str | Path | None = None,
 ) -> dict:
     """Run `jsonlbatch exec` afresh (any old output removed) pinned to core 0, timed as a whole
-    command (start-up, input scan, progress bar, output writes): {"requests", "seconds"}."""
+    command (start-up, input scan, progress bar, output writes): {"requests", "seconds"}.
+    `tree`: run the package of that checkout instead (`python -m` looks in its folder first)."""
     output = Path(output)
     output.unlink(missing_ok=True)
     cmd = exec_command(requests, output, url, concurrency, *extra)
     start = time.perf_counter()
-    proc = subprocess.run(cmd, preexec_fn=lambda: pin(0), capture_output=True, text=True)
+    proc = subprocess.run(
+        cmd, preexec_fn=lambda: pin(0), capture_output=True, text=True, cwd=tree or None
+    )
     seconds = time.perf_counter() - start
     if proc.returncode != 0:
         raise SystemExit(proc.stderr)
@@ -186,9 +199,13 @@ def run_client(name: str, url: str, path: Path, concurrency: int) -> None:
     print(json.dumps({"requests": n, "seconds": time.perf_counter() - start}))
 
 
-def measure(name: str, url: str, path: Path, concurrency: int, out: Path) -> dict:
+def measure(
+    name: str, url: str, path: Path, concurrency: int, out: Path, baseline: str | None = None
+) -> dict:
     if name == "jsonlbatch":
         return timed_exec(path, out, url, concurrency)
+    if name == "baseline":
+        return timed_exec(path, out, url, concurrency, tree=baseline)
     cmd = [
         sys.executable,
         __file__,
@@ -216,6 +233,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=256)
     ap.add_argument("--runs", type=int, default=3, help="median of this many runs per client")
     ap.add_argument("--json", action="store_true", help="print one JSON object of the figures")
+    ap.add_argument("--baseline", help="another checkout whose `jsonlbatch exec` is timed too")
     ap.add_argument("--client", help=argparse.SUPPRESS)
     ap.add_argument("--url", help=argparse.SUPPRESS)
     ap.add_argument("--input", help=argparse.SUPPRESS)
@@ -232,37 +250,44 @@ def main() -> None:
         server = start_server(port)
         url = f"http://127.0.0.1:{port}/v1"
         rates: dict[str, float] = {}
+        clients = [("aiohttp", big), ("jsonlbatch", big)]
+        clients += [("baseline", big)] if args.baseline else []
+        clients += [("openai", small)] if args.openai_requests else []
+        seen: dict[str, list[float]] = {name: [] for name, _ in clients}
         try:
-            for name, path in (("aiohttp", big), ("jsonlbatch", big), ("openai", small)):
-                runs = sorted(
-                    (r["requests"] / r["seconds"])
-                    for r in (
-                        measure(name, url, path, args.concurrency, tmpdir / "out.jsonl")
-                        for _ in range(args.runs)
+            for _ in range(args.runs):  # alternating: load changes weigh on every client alike
+                for name, path in clients:
+                    r = measure(
+                        name, url, path, args.concurrency, tmpdir / "out.jsonl", args.baseline
                     )
-                )
+                    seen[name].append(r["requests"] / r["seconds"])
+            for name, runs in seen.items():
                 rates[name] = median(runs)
                 if args.json:
                     continue
-                print(
-                    f"{name:>10}: {rates[name]:8.0f} req/s  (runs: {', '.join(f'{r:.0f}' for r in runs)})"
-                )
+                shown = ", ".join(f"{r:.0f}" for r in runs)
+                print(f"{name:>10}: {rates[name]:8.0f} req/s  (runs in order: {shown})")
         finally:
             server.terminate()
             server.wait(timeout=10)
     if args.json:
-        ratios = {
-            "exec_vs_aiohttp": rates["jsonlbatch"] / rates["aiohttp"],
-            "exec_vs_openai": rates["jsonlbatch"] / rates["openai"],
-        }
+        ratios = {"exec_vs_aiohttp": rates["jsonlbatch"] / rates["aiohttp"]}
+        if "openai" in rates:
+            ratios["exec_vs_openai"] = rates["jsonlbatch"] / rates["openai"]
+        if "baseline" in rates:
+            ratios["baseline_vs_aiohttp"] = rates["baseline"] / rates["aiohttp"]
         print(json.dumps({f"{k}_req_per_s": v for k, v in rates.items()} | ratios))
         return
     print(
         f"jsonlbatch / bare aiohttp = {rates['jsonlbatch'] / rates['aiohttp']:.2f}  (target >= 0.60)"
     )
-    print(
-        f"jsonlbatch / openai SDK   = {rates['jsonlbatch'] / rates['openai']:.1f}x (target >= 5x)"
-    )
+    if "baseline" in rates:
+        print(f"baseline   / bare aiohttp = {rates['baseline'] / rates['aiohttp']:.2f}")
+    if "openai" in rates:
+        print(
+            f"jsonlbatch / openai SDK   = {rates['jsonlbatch'] / rates['openai']:.1f}x "
+            "(target >= 5x)"
+        )
     print(
         "(jsonlbatch is timed as a whole command: start-up, input scan, progress bar, output writes)"
     )
