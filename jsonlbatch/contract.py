@@ -29,7 +29,7 @@ from typing import Any
 
 import orjson
 
-from jsonlbatch.records import CHAT_URL, COMPLETIONS_URL, MESSAGES_URL, RESPONSES_URL
+from jsonlbatch.records import CHAT_URL, COMPLETIONS_URL, MESSAGES_URL, RESPONSES_URL, json_object
 from jsonlbatch.samples import hosted_choices, split_think
 
 #: The endpoints a schema can be declared for.
@@ -126,8 +126,9 @@ def _from_format(fmt: Any, where: str, key: str) -> Declared | None:
         return Declared(ANY_OBJECT, where)
     if kind != "json_schema":
         return None
-    holder = fmt.get(key) if key == "json_schema" else fmt
+    holder: Any = fmt
     if key == "json_schema":
+        holder = fmt.get(key)
         if not isinstance(holder, dict):
             raise SchemaError(f"{where}.json_schema", "missing or not an object")
         where = f"{where}.json_schema"
@@ -171,15 +172,15 @@ def with_schema(
     if not _NAME.match(name):
         raise SchemaError("name", f"{name!r}: use 1 to 64 of a-z, A-Z, 0-9, _ and -")
     if url in (CHAT_URL, COMPLETIONS_URL):
-        form = {"type": "json_schema", "json_schema": {"name": name, "schema": schema,
+        form: dict[str, Any] = {"type": "json_schema", "json_schema": {"name": name, "schema": schema,
                                                        "strict": strict}}  # fmt: skip
         return {**body, "response_format": form}
     if url == RESPONSES_URL:
-        text = body.get("text") if isinstance(body.get("text"), dict) else {}
+        text = json_object(body.get("text"))
         form = {"type": "json_schema", "name": name, "schema": schema, "strict": strict}
         return {**body, "text": {**text, "format": form}}
     if url == MESSAGES_URL:
-        config = body.get("output_config") if isinstance(body.get("output_config"), dict) else {}
+        config = json_object(body.get("output_config"))
         form = {"type": "json_schema", "schema": schema}
         return {**body, "output_config": {**config, "format": form}}
     raise SchemaError("url", f"{url} takes no response schema (only {', '.join(SCHEMA_URLS)})")

@@ -293,6 +293,12 @@ class Result:
         return redact_line(line + b"\n", thorough=not self.ok)
 
 
+def json_object(value: Any) -> dict[str, Any]:
+    """`value` when it is a JSON object, else an empty one: the one way to read an optional part
+    of an answer or a line (`json_object(body.get("usage")).get("total_tokens")`)."""
+    return value if isinstance(value, dict) else {}
+
+
 def is_failure(obj: dict[str, Any]) -> bool:
     """Whether a decoded response line records a failed request.
 

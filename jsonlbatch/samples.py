@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from jsonlbatch.records import is_failure
+from jsonlbatch.records import is_failure, json_object
 from jsonlbatch.redact import redact
 
 #: Separators of `<group><sep><sample>` custom_ids: Agentless `id|3`, `id#3`, `id__pass3`.
@@ -96,7 +96,7 @@ def _content_text(content: Any) -> str:
 
 def _failure_reason(obj: dict[str, Any]) -> str:
     error = obj.get("error")
-    response: dict[str, Any] = obj["response"] if isinstance(obj.get("response"), dict) else {}
+    response = json_object(obj.get("response"))
     status = response.get("status_code")
     message: Any = None
     if isinstance(error, dict):
@@ -282,9 +282,7 @@ def samples_of(
     out = []
     for pos, choice in enumerate(choices):
         choice = choice if isinstance(choice, dict) else {}
-        message = choice.get("message")
-        if not isinstance(message, dict):
-            message = {}
+        message = json_object(choice.get("message"))
         text = _content_text(message.get("content") if message else choice.get("text"))
         reasoning = message.get("reasoning") or message.get("reasoning_content") or ""
         if not isinstance(reasoning, str) or not reasoning:

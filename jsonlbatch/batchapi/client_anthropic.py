@@ -24,6 +24,7 @@ import orjson
 from jsonlbatch.batchapi.objects import new_id
 from jsonlbatch.batchapi.remote import BatchApi, RemoteError, _quoted
 from jsonlbatch.jsonl import iter_lines, rewrite_atomically
+from jsonlbatch.records import json_object
 from jsonlbatch.redact import register_secret
 from jsonlbatch.safe_names import is_plain_id
 
@@ -92,7 +93,7 @@ class AnthropicBatchApi(BatchApi):
         status = _STATUS.get(obj.get("processing_status"))  # type: ignore[arg-type]
         if status is None or not is_plain_id(obj.get("id")):
             raise RemoteError(f"{what}: a message batch with an unknown status or id")
-        counts = obj.get("request_counts") if isinstance(obj.get("request_counts"), dict) else {}
+        counts = json_object(obj.get("request_counts"))
         number = {k: v if isinstance(v, int) else 0 for k, v in counts.items()}
         failed = number.get("errored", 0) + number.get("canceled", 0) + number.get("expired", 0)
         if status == "completed" and obj.get("cancel_initiated_at"):
@@ -178,11 +179,7 @@ def _line(result: Any) -> dict[str, Any]:
         code, text = _UNRUN[kind]
         return {**line, "response": None, "error": {"code": code, "message": text}}
     error = outcome.get("error") if isinstance(outcome, dict) else None
-    inner = (
-        error.get("error")
-        if isinstance(error, dict) and isinstance(error.get("error"), dict)
-        else {}
-    )
+    inner = json_object(json_object(error).get("error"))
     etype = inner.get("type") or "api_error"
     status = 400 if etype == "invalid_request_error" else 500
     return {

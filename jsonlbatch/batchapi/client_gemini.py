@@ -24,6 +24,7 @@ from jsonlbatch.batchapi.gemini_format import chat_to_gemini, gemini_to_chat_res
 from jsonlbatch.batchapi.objects import new_id
 from jsonlbatch.batchapi.remote import BatchApi, RemoteError
 from jsonlbatch.jsonl import iter_lines, rewrite_atomically
+from jsonlbatch.records import json_object
 from jsonlbatch.redact import register_secret
 
 _STATES = {
@@ -190,9 +191,9 @@ class GeminiBatchApi(BatchApi):
         ):
             raise RemoteError(f"{what} on {self.endpoint.name}: the answer is not a Gemini batch job; "
                               f"is {self.endpoint.name} Gemini's API?")  # fmt: skip
-        stats = meta.get("batchStats") if isinstance(meta.get("batchStats"), dict) else {}
+        stats = json_object(meta.get("batchStats"))
         model = str(meta.get("model") or "").removeprefix("models/")
-        output = meta.get("output") if isinstance(meta.get("output"), dict) else {}
+        output = json_object(meta.get("output"))
         responses = output.get("responsesFile")
         return {
             "id": name,
@@ -232,9 +233,7 @@ def _line(item: Any, model: str) -> dict[str, Any]:
     if isinstance(response, dict):
         body = gemini_to_chat_response(response, model)
         return {**line, "response": {"status_code": 200, "body": body}, "error": None}
-    error = (
-        item.get("error") if isinstance(item, dict) and isinstance(item.get("error"), dict) else {}
-    )
+    error = json_object(json_object(item).get("error"))
     code = error.get("code") if isinstance(error.get("code"), int) else 500
     return {
         **line,

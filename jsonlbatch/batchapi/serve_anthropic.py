@@ -26,7 +26,7 @@ from jsonlbatch.batchapi.runner import BatchRunner
 from jsonlbatch.batchapi.store import Store
 from jsonlbatch.batchapi.web import ApiError, json_body, json_response
 from jsonlbatch.jsonl import iter_lines
-from jsonlbatch.records import MESSAGES_URL
+from jsonlbatch.records import MESSAGES_URL, json_object
 
 #: Anthropic's limits per batch and on custom_ids.
 MAX_REQUESTS = 100_000
@@ -273,9 +273,7 @@ def result_line(line: dict[str, Any]) -> dict[str, Any]:
     code = (line.get("error") or {}).get("code") if isinstance(line.get("error"), dict) else None
     if code in _UNRUN:
         return {"custom_id": cid, "result": {"type": _UNRUN[code]}}
-    inner = body.get("error") if isinstance(body, dict) else None
-    if not isinstance(inner, dict):
-        inner = {}
+    inner = json_object(json_object(body).get("error"))
     kind = inner.get("type") or (
         "invalid_request_error" if isinstance(status, int) and status < 500 else "api_error"
     )

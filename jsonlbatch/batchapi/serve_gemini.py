@@ -29,7 +29,7 @@ from jsonlbatch.batchapi.runner import BatchRunner
 from jsonlbatch.batchapi.store import Store
 from jsonlbatch.batchapi.web import ApiError, json_body, json_response
 from jsonlbatch.jsonl import iter_lines
-from jsonlbatch.records import CHAT_URL
+from jsonlbatch.records import CHAT_URL, json_object
 
 DEFAULT_EXPIRY = 48 * 3600.0
 VERSIONS = "v1|v1beta"
@@ -249,7 +249,7 @@ class GeminiBatches:
                 continue
             for _, raw in iter_lines(self.store.file_path(file_id)):
                 line = orjson.loads(raw)
-                response = line.get("response") if isinstance(line.get("response"), dict) else {}
+                response = json_object(line.get("response"))
                 status, body = response.get("status_code"), response.get("body")
                 if isinstance(status, int) and 200 <= status < 300 and isinstance(body, dict):
                     out[line["custom_id"]] = {"response": chat_to_gemini_response(body)}

@@ -49,7 +49,7 @@ from jsonlbatch.jsonl import (
     repair_tail,
     rewrite_atomically,
 )
-from jsonlbatch.records import is_failure
+from jsonlbatch.records import is_failure, json_object
 from jsonlbatch.safe_names import safe_name
 
 #: The OpenAI Batch API's limits per input file (each provider's are in providers.py).
@@ -475,7 +475,7 @@ class Submitter:
                 cid, mark = left.pop(sent)
                 if self._present(cid):
                     continue
-                metrics = dict(obj["metrics"]) if isinstance(obj.get("metrics"), dict) else {}
+                metrics = dict(json_object(obj.get("metrics")))
                 metrics.pop("fingerprint", None)
                 line = {
                     "id": obj.get("id"),

@@ -44,6 +44,9 @@ class _Config(Protocol):
     @property
     def default_max_tokens(self) -> int: ...
 
+    @property
+    def break_json(self) -> float: ...
+
 
 #: Words whose presence flags a moderation input (deterministic, so tests can predict it).
 FLAGGED_WORDS = frozenset({"attack", "kill", "weapon"})

@@ -23,7 +23,7 @@ import orjson
 
 from jsonlbatch.errors import InputError, Problem, UsageError
 from jsonlbatch.jsonl import ends_with_newline, iter_lines
-from jsonlbatch.records import check_response, is_failure, reasoning_tokens
+from jsonlbatch.records import check_response, is_failure, json_object, reasoning_tokens
 from jsonlbatch.samples import chat_usage, hosted_choices
 
 #: Per-request columns, each an `array('d')` aligned with the successful requests.
@@ -278,7 +278,7 @@ def _parse(obj: Any, path: str, number: int, problems: list[Problem]) -> _Line |
         problems.extend(Problem(path, number, f, m) for f, m in found)
         return None
     metrics = metrics or {}
-    response = obj.get("response") if isinstance(obj.get("response"), dict) else {}
+    response = json_object(obj.get("response"))
     body = response.get("body")
     body = body if isinstance(body, dict) else {}
     usage = chat_usage(body.get("usage")) or {}
