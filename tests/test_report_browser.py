@@ -28,13 +28,27 @@ pytestmark = pytest.mark.skipif(
 _PROBE = """<script>
 addEventListener("load", () => {
   const page = document.documentElement;
-  document.title = "measured " + page.scrollWidth + " " + innerWidth;
+  // Tables of the grid of small ones (side by side) that do not fit their box: a run's column
+  // cut off behind a scroll bar. Wide tables may scroll inside their box; these must not.
+  const clipped = [...document.querySelectorAll(".tables .box")]
+    .filter(box => box.scrollWidth > box.clientWidth + 1).length;
+  // Key cells holding a URL that break across lines (mid-address).
+  const wrapped = [...document.querySelectorAll("td")]
+    .filter(td => td.textContent.includes("://"))
+    .filter(td => {
+      const range = document.createRange();
+      range.selectNodeContents(td);
+      return new Set([...range.getClientRects()].map(r => Math.round(r.top))).size > 1;
+    }).length;
+  document.title = "measured " + page.scrollWidth + " " + innerWidth + " " + clipped + " " +
+    wrapped;
 });
 </script>"""
 
 
-def _measure(page: Path, width: int, profile: Path) -> tuple[int, int]:
-    """(page width, window width) in CSS pixels, as Chromium lays `page` out."""
+def _measure(page: Path, width: int, profile: Path) -> tuple[int, int, int, int]:
+    """(page width, window width) in CSS pixels, as Chromium lays `page` out, then how many
+    side-by-side tables are clipped and how many URL cells wrap."""
     assert BROWSER is not None
     result = subprocess.run(
         [
@@ -47,11 +61,11 @@ def _measure(page: Path, width: int, profile: Path) -> tuple[int, int]:
         text=True,
         timeout=90,
     )  # fmt: skip
-    found = re.search(r"<title>measured (\d+) (\d+)</title>", result.stdout)
+    found = re.search(r"<title>measured (\d+) (\d+) (\d+) (\d+)</title>", result.stdout)
     assert found, (
         f"Chromium gave no measurement (exit {result.returncode}): {result.stderr[-2000:]}"
     )
-    return int(found[1]), int(found[2])
+    return int(found[1]), int(found[2]), int(found[3]), int(found[4])
 
 
 @pytest.mark.timeout(240)
@@ -68,5 +82,9 @@ def test_a_comparison_report_fits_the_window(tmp_path: Path) -> None:
     probe = tmp_path / "probe.html"
     probe.write_text(html.replace("</body>", _PROBE + "</body>"), encoding="utf-8")
     for width in (1400, 800):
-        page_width, window = _measure(probe, width, tmp_path / f"profile-{width}")
+        page_width, window, clipped, wrapped = _measure(probe, width, tmp_path / f"p{width}")
         assert page_width <= window, f"at {width} px the page is {page_width} px wide"
+        # issue 26: three tables across clipped the second run's column at 1400 px, and
+        # endpoint URLs broke mid-address at 800 px
+        assert clipped == 0, f"at {width} px {clipped} side-by-side tables are clipped"
+        assert wrapped == 0, f"at {width} px {wrapped} URL cells wrap"

@@ -218,3 +218,34 @@ def test_an_unknown_suffix_names_every_known_one(runs: tuple[Path, Path], tmp_pa
     result = cli("report", str(runs[0]), "-o", str(tmp_path / "report.pdf"))
     assert result.returncode == 2
     assert "name it .html, .md, .json or .txt" in result.stderr
+
+
+def _glance_row(html: str, label: str) -> str:
+    """The HTML of one 'At a glance' card."""
+    start = html.index(f'<div class="label">{label}</div>')
+    return html[start : html.index("</table>", start)]
+
+
+def test_a_comparison_colours_new_failures_and_no_cheaper_run_that_only_failed_more(
+    tmp_path: Path,
+) -> None:
+    """Issue 26: "requests failed 0 -> 13" had no colour (no change is shown from 0), and a cost
+    drop caused by failures showed green."""
+    from report_fixtures import failed_line, ok_line, write_lines
+
+    def run(path: Path, failed: int) -> Path:
+        lines = [ok_line(f"r{i}", start=1e9 + i, latency=0.5) for i in range(40 - failed)]
+        lines += [failed_line(f"f{i}", start=1e9 + i, latency=0.5) for i in range(failed)]
+        return write_lines(path, lines)
+
+    a, b = run(tmp_path / "a.jsonl", 0), run(tmp_path / "b.jsonl", 13)
+    out = tmp_path / "c.html"
+    done = cli("report", str(a), str(b), "--price", "in=1,out=2", "-o", str(out))
+    assert done.returncode == 0, done.stderr
+    html = out.read_text()
+    failed = _glance_row(html, "requests failed")
+    assert '<td class="d bad">+13</td>' in failed, failed
+    cost = _glance_row(html, "cost")
+    assert 'class="d good"' not in cost and 'class="d same">-32.5%</td>' in cost, cost
+    text = cli("report", str(a), str(b)).stdout
+    assert "+13" in text  # the text and Markdown tables show the change from 0 too

@@ -57,17 +57,19 @@ figure { margin: 0; border: 1px solid var(--line); border-radius: 8px; padding: 
          background: #fff; }
 figure img { display: block; width: 100%; height: auto; }
 .tables { display: grid; gap: 16px 24px;
-          grid-template-columns: repeat(auto-fill, minmax(min(100%, 360px), 1fr)); }
+          grid-template-columns: repeat(auto-fill, minmax(min(100%, var(--col, 360px)), 1fr)); }
 .wide { margin-top: 24px; }
 .box { max-width: 100%; overflow-x: auto; border: 1px solid var(--line); border-radius: 8px; }
 table.t { border-collapse: collapse; width: 100%; font-size: .93em; }
 table.t th, table.t td { padding: 5px 10px; border-bottom: 1px solid var(--line); }
 table.t tr:last-child td { border-bottom: 0; }
-table.t th { background: var(--soft); text-align: right; font-weight: 600; white-space: nowrap; }
+table.t th { background: var(--soft); text-align: right; font-weight: 600; }
+table.t th.run { overflow-wrap: anywhere; min-width: 7em; }
 table.t th:first-child, table.t td:first-child { text-align: left; }
 table.t td { vertical-align: top; }
 table.t td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
 table.t td.key { overflow-wrap: anywhere; min-width: 8em; }
+table.t td.key.url { overflow-wrap: normal; white-space: nowrap; }
 table.t td.text { white-space: nowrap; }
 table.t th.l { text-align: left; }
 table.t tr.again td { border-top: 0; }
@@ -92,7 +94,14 @@ def render_html(report: Report) -> str:
     small = [t for t in tables if len(t.header) <= 4]
     wide = [t for t in tables if len(t.header) > 4]
     if small:
-        body.append('<div class="tables">' + "".join(_table(t) for t in small) + "</div>")
+        # A column per run, each with its change beside it: wider columns in a comparison, so
+        # side-by-side tables never cut a run's column off (three across fit one run only).
+        col = 360 if len(report.runs) == 1 else 280 + 200 * (len(report.runs) - 1)
+        body.append(
+            f'<div class="tables" style="--col: {col}px">'
+            + "".join(_table(t) for t in small)
+            + "</div>"
+        )
     body += [f'<div class="wide">{_table(t)}</div>' for t in wide]
     return (
         '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
@@ -165,9 +174,11 @@ def _charts(report: Report) -> str:
 
 def _table(table: Table) -> str:
     text = [bool(table.rows) and table.rows[0][i].kind == "text" for i in range(len(table.header))]
+    # Run names (file names, often long) may break anywhere: a column is as wide as its
+    # numbers, not as its name, so a comparison's tables fit side by side.
     head = "".join(
-        f"<th{' class=l' if left else ''}>{escape(h)}</th>"
-        for h, left in zip(table.header, text, strict=True)
+        f"<th class={'l' if left else 'run' if i else 'h'}>{escape(h)}</th>"
+        for i, (h, left) in enumerate(zip(table.header, text, strict=True))
     )
     rows = []
     for n, row in enumerate(table.rows):
@@ -188,8 +199,9 @@ def _table(table: Table) -> str:
 
 def _cell(cell: Cell, first: bool) -> str:
     text = escape(format_value(cell.value, cell.kind))
-    if first:
-        return f'<td class="key">{text}</td>'
+    if first:  # an address (--by endpoint) breaks nowhere: its box scrolls instead
+        url = " url" if "://" in text else ""
+        return f'<td class="key{url}">{text}</td>'
     if cell.kind == "text":
         return f'<td class="text">{text}</td>'
     delta = format_delta(cell)

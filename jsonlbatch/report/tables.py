@@ -81,8 +81,9 @@ def format_delta(cell: Cell) -> str:
         return ""
     if cell.kind == "share":
         text = f"{(value - base) * 100:+.1f} pp"
-    elif base == 0:
-        return ""
+    elif base == 0:  # no relative change from 0: the absolute one ("failed 0 -> 13": +13)
+        shown = format_value(abs(value), cell.kind)
+        return ("-" if value < 0 else "+") + shown if cell.kind != "text" else ""
     else:
         text = f"{(value - base) / abs(base) * 100:+.1f}%"
     return "" if text[1:].startswith("0.0") else text  # below the shown precision: unchanged
@@ -117,7 +118,10 @@ def headline(report: Report) -> Table:
     for label, kind, get, better in rows:
         base = get(runs[0])
         cells = [Cell(base, kind, better=better)]
-        cells += [Cell(get(run), kind, base, better) for run in runs[1:]]
+        for run in runs[1:]:
+            # A run that answered fewer requests spends less: that is no saving to colour.
+            fewer = label == "cost" and run.succeeded < runs[0].succeeded
+            cells.append(Cell(get(run), kind, base, None if fewer else better))
         out.append([Cell(label), *cells])
     return Table("At a glance", _header(runs), out)
 
