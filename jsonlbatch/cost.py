@@ -25,10 +25,16 @@ _TEXT_KEYS = ("messages", "prompt", "input", "system", "instructions")
 
 @dataclass(frozen=True)
 class Price:
-    """Dollars per million tokens, input (prompt) and output (completion, reasoning included)."""
+    """Dollars per million tokens, input (prompt) and output (completion, reasoning included);
+    optionally input read from a cache and written to one (else as input), and what batch
+    results cost as a share of these (`prices.bill` applies them to an answer's usage)."""
 
     input_per_m: float = 0.0
     output_per_m: float = 0.0
+    cached_input_per_m: float | None = None
+    cache_write_per_m: float | None = None
+    batch_share: float = 0.5  # every provider here bills batch results at half price
+    batch_cached_share: float = 0.5  # Gemini bills cache hits in batches as live: 1.0
 
     def of(self, prompt: float, completion: float) -> float:
         """Dollars for these token counts."""
@@ -36,11 +42,13 @@ class Price:
 
 
 def parse_price(text: str | None) -> Price | None:
-    """`in=0.15,out=0.60` (dollars per million tokens) -> Price; a missing side costs 0."""
+    """`in=0.15,out=0.60[,cached=0.015][,write=0.19]` (dollars per million tokens) -> Price; a
+    missing side costs 0 (a missing cached or write price: as input)."""
     if text is None:
         return None
-    sides = {"in": 0.0, "out": 0.0}
-    aliases = {"in": "in", "input": "in", "prompt": "in", "out": "out", "output": "out"}
+    sides: dict[str, float | None] = {"in": 0.0, "out": 0.0, "cached": None, "write": None}
+    aliases = {"in": "in", "input": "in", "prompt": "in", "out": "out", "output": "out",
+               "cached": "cached", "cache_read": "cached", "write": "write", "cache_write": "write"}  # fmt: skip
     for part in text.split(","):
         key, sep, value = part.partition("=")
         side = aliases.get(key.strip().lower())
@@ -50,10 +58,11 @@ def parse_price(text: str | None) -> Price | None:
             number = math.nan
         if not sep or side is None or not math.isfinite(number) or number < 0:
             raise UsageError(
-                f"--price wants in=DOLLARS,out=DOLLARS per million tokens, got {text!r}"
+                f"--price wants in=DOLLARS,out=DOLLARS per million tokens (and optionally "
+                f"cached=, write=), got {text!r}"
             )
         sides[side] = number
-    return Price(sides["in"], sides["out"])
+    return Price(sides["in"] or 0.0, sides["out"] or 0.0, sides["cached"], sides["write"])
 
 
 def max_output_tokens(body: dict[str, Any]) -> int | None:

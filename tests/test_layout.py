@@ -17,8 +17,8 @@ import jsonlbatch
 
 ROOT = Path(jsonlbatch.__file__).parent
 CORE = {
-    "answers", "contract", "cost", "errors", "extras", "filecheck", "idset", "jsonl", "records",
-    "redact", "safe_names", "samples", "stats",
+    "answers", "contract", "cost", "errors", "extras", "filecheck", "idset", "jsonl", "prices",
+    "records", "redact", "safe_names", "samples", "stats",
 }  # fmt: skip
 STAGES = {
     "gen", "exec", "serve", "post", "report", "mock", "experiment", "batchapi", "cache", "view",

@@ -23,6 +23,7 @@ import orjson
 
 from jsonlbatch.errors import InputError, Problem, UsageError
 from jsonlbatch.jsonl import ends_with_newline, iter_lines
+from jsonlbatch.prices import Tokens, tokens_of
 from jsonlbatch.records import check_response, is_failure, json_object, reasoning_tokens
 from jsonlbatch.samples import chat_usage, hosted_choices
 
@@ -37,6 +38,7 @@ MAX_GROUPS = 1000  # per --by key: more is a field with per-request values, not 
 MAX_PROBLEMS = 1000  # stop reading a file that is plainly not a response file
 _MODEL_FIELD = "body.model"
 _NAN = math.nan
+_NO_TOKENS = Tokens()
 
 
 @dataclass(slots=True)
@@ -60,6 +62,9 @@ class _Line:
     run: str | None = None  # exec's mark of the run that wrote the line (metrics.run)
     cached: bool = False  # answered from exec's answer cache (`metrics.cache` "hit")
     contract: tuple[bool, int] | None = None  # answers under a schema: (held it, asks)
+    model: str | None = None  # the answer's model, which prices it
+    billed: Tokens = _NO_TOKENS  # its usage as billed (cached input apart)
+    batch: bool = False  # a batch API's result (`metrics.batch_id`): billed at the batch share
 
 
 @dataclass
@@ -94,6 +99,8 @@ class RunData:
     cache_hits: int = 0  # lines answered from exec's answer cache: not sent, not paid for
     cache_prompt_tokens: int = 0
     cache_completion_tokens: int = 0
+    #: (model, batch result?) -> tokens as billed, of the lines this run paid for
+    billing: dict[tuple[str | None, bool], Tokens] = field(default_factory=dict)
     columns: dict[str, array] = field(default_factory=lambda: {c: array("d") for c in COLUMNS})
     groups: dict[str, dict[str, RunData]] = field(default_factory=dict)
 
@@ -139,6 +146,9 @@ class RunData:
             self.errors[line.error or UNKNOWN] += 1
             return
         self.succeeded += 1
+        if not line.cached:
+            key = (line.model, line.batch)
+            self.billing[key] = self.billing.get(key, Tokens()) + line.billed
         self.finish_reasons.update(line.finish_reasons)
         if line.chunks > 1 and not isnan(line.itl):
             self.itl_gap_sum += line.itl * (line.chunks - 1)
@@ -314,7 +324,11 @@ def _parse(obj: Any, path: str, number: int, problems: list[Problem]) -> _Line |
         for choice in choices if isinstance(choices, list) else ():
             if isinstance(choice, dict):
                 reasons.append(str(choice.get("finish_reason") or "(none)"))
+    model = body.get("model")
     return _Line(
+        model=model if isinstance(model, str) else None,
+        billed=tokens_of(body.get("usage")),
+        batch=isinstance(metrics.get("batch_id"), str),
         ok=ok,
         status=str(status) if isinstance(status, int) else "no response",
         error=(

@@ -15,6 +15,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from jsonlbatch.prices import PriceBook, Tokens, bill
 from jsonlbatch.report.load import RunData
 from jsonlbatch.report.options import Price, Sla
 from jsonlbatch.stats import percentile
@@ -75,6 +76,7 @@ class Cost:
     total_usd: float
     per_request_usd: float | None  # per successful request
     saved_usd: float = 0.0  # what the answers taken from exec's cache would have cost
+    unpriced_models: list[str] = field(default_factory=list)  # answers left out: no price
 
 
 @dataclass
@@ -239,12 +241,27 @@ def _judge(
 
 
 def _cost(data: RunData, price: Price | None) -> Cost | None:
-    if price is None:
-        return None
+    """Dollars as billed: each answer's usage at its model's price (`--price` for all, else
+    the built-in table), cached input as cached, batch results at the batch share. None when
+    no answer has a price."""
+    book = PriceBook(price)
+    input_usd = output_usd = 0.0
+    unpriced: set[str] = set()
+    priced = False
     # answers from the cache were paid for by the run that stored them, not by this one
-    input_usd = (data.prompt_tokens - data.cache_prompt_tokens) * price.input_per_m / 1e6
-    output_usd = (data.completion_tokens - data.cache_completion_tokens) * price.output_per_m / 1e6
+    for (model, batch), tokens in data.billing.items():
+        found = book.for_model(model)
+        if found is None:
+            unpriced.add(model or "(no model)")
+            continue
+        priced = True
+        input_usd += bill(
+            Tokens(tokens.uncached, tokens.cached, tokens.written), found, batch=batch
+        )
+        output_usd += bill(Tokens(output=tokens.output), found, batch=batch)
+    if not priced and price is None:
+        return None
     total = input_usd + output_usd
-    saved = price.of(data.cache_prompt_tokens, data.cache_completion_tokens)
+    saved = price.of(data.cache_prompt_tokens, data.cache_completion_tokens) if price else 0.0
     per_request = total / data.succeeded if data.succeeded else None
-    return Cost(input_usd, output_usd, total, per_request, saved)
+    return Cost(input_usd, output_usd, total, per_request, saved, sorted(unpriced))

@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from jsonlbatch.prices import PriceBook
 from jsonlbatch.report.model import Report
-from jsonlbatch.report.options import format_duration
+from jsonlbatch.report.options import Price, format_duration
 from jsonlbatch.report.stats import LATENCIES, PERCENTILES, TOKENS, Distribution, RunStats
 
 LATENCY_NAMES = {
@@ -112,7 +113,7 @@ def headline(report: Report) -> Table:
                 rows.append((f"{name.upper()} p{p}", "seconds", _percentile(name, p), "lower"))
     if report.sla:
         rows.append(("meeting every SLA", "share", _good_share, "higher"))
-    if report.price is not None:
+    if any(r.cost for r in runs):
         rows.append(("cost", "usd", lambda r: r.cost.total_usd if r.cost else None, "lower"))
     out = []
     for label, kind, get, better in rows:
@@ -151,8 +152,8 @@ def build_tables(report: Report) -> list[Table]:
     ]
     if report.sla:
         tables.append(_sla(runs))
-    if report.price is not None:
-        tables.append(_cost(runs, report.price.input_per_m, report.price.output_per_m))
+    if any(r.cost for r in runs):
+        tables.append(_cost(runs, report.price))
     for key in report.by:
         tables += [_breakdown(key, run, len(runs) > 1, report.sla) for run in runs]
         tables += [_breakdown_latency(key, run, len(runs) > 1) for run in runs]
@@ -371,7 +372,7 @@ def _sla(runs: list[RunStats]) -> Table:
     return Table("SLA", _header(runs), _by_run(runs, rows), notes)
 
 
-def _cost(runs: list[RunStats], price_in: float, price_out: float) -> Table:
+def _cost(runs: list[RunStats], price: Price | None) -> Table:
     rows: list[tuple[str, str, Callable[[RunStats], Any]]] = [
         ("input", "usd", lambda r: r.cost.input_usd if r.cost else None),
         ("output", "usd", lambda r: r.cost.output_usd if r.cost else None),
@@ -382,7 +383,10 @@ def _cost(runs: list[RunStats], price_in: float, price_out: float) -> Table:
         rows.append(
             ("saved by the answer cache", "usd", lambda r: r.cost.saved_usd if r.cost else None)
         )
-    notes = [f"At ${price_in:g} per million input and ${price_out:g} per million output tokens."]
+    notes = [PriceBook(price).describe()]
+    unpriced = sorted({m for r in runs if r.cost for m in r.cost.unpriced_models})
+    if unpriced:
+        notes.append(f"Not counted (no price for the model; give --price): {', '.join(unpriced)}.")
     return Table("Cost", _header(runs), _by_run(runs, rows), notes)
 
 
