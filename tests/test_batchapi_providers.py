@@ -260,3 +260,25 @@ def test_batches_status_and_cancel_speak_anthropic(tmp_path: Path, mock_server: 
         assert "batch_cancelled" in codes and len(read_results(out)) == 20
     finally:
         server.kill()
+
+
+def test_max_cost_holds_back_parts_and_the_summary_says_the_cost(
+    tmp_path: Path, claude: BatchServer
+) -> None:
+    requests, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    lines = _messages_lines(requests, 8)
+    args = ("--url", claude.url, *FAST, "--batch-max-requests", "4")
+    # claude-haiku-4-5 at the table's $1 / $5 per million, half for a batch: a part of four
+    # 16-token answers may cost about $0.0002, so $0.0003 takes one part, not two.
+    first = exec_cli(requests, out, *args, "--max-cost", "0.0003")
+    assert first.returncode == 4, first.stderr
+    assert "--max-cost" in first.stderr and "as billed" in first.stderr
+    assert len(read_results(out)) == 4 and len(_anthropic_batches(claude)) == 1
+    rest = exec_cli(requests, out, *args, "--max-cost", "1")
+    assert rest.returncode == 0, rest.stderr
+    assert set(read_results(out)) == {x["custom_id"] for x in lines}
+    assert len(_anthropic_batches(claude)) == 2
+    import re
+
+    billed = re.search(r"\$([0-9.]+) as billed", rest.stderr)
+    assert billed and 0 < float(billed.group(1)) < 0.0003

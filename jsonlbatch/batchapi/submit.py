@@ -23,20 +23,28 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import orjson
 from tqdm import tqdm
 
-from jsonlbatch.batchapi.objects import MISSING_CODES, TERMINAL, failure_line, new_id
+from jsonlbatch.batchapi.merge import (
+    chunks,
+    merged_lines,
+    missing_reason,
+    refused_for_quota,
+    spent_in,
+    worst_cost,
+)
+from jsonlbatch.batchapi.objects import TERMINAL, failure_line, new_id
 from jsonlbatch.batchapi.parts import check_lines, marks_path, read_marks, write_parts
 from jsonlbatch.batchapi.providers import PROVIDERS, choose, open_api
 from jsonlbatch.batchapi.remote import BatchProvider, QuotaExceeded, api_path
 from jsonlbatch.batchapi.state import Part, State
+from jsonlbatch.cost import Price
 from jsonlbatch.errors import Interrupted, UsageError
 from jsonlbatch.exec.endpoints import parse_endpoint
 from jsonlbatch.exec.job import ExecOptions, Job
@@ -45,11 +53,10 @@ from jsonlbatch.exec.scan import InputScan, OutputScan, line_custom_id
 from jsonlbatch.jsonl import (
     AppendWriter,
     filter_lines,
-    iter_lines,
     repair_tail,
     rewrite_atomically,
 )
-from jsonlbatch.records import is_failure, json_object
+from jsonlbatch.prices import PriceBook
 from jsonlbatch.safe_names import safe_name
 
 #: The OpenAI Batch API's limits per input file (each provider's are in providers.py).
@@ -75,6 +82,11 @@ class SubmitOptions:
     retry_failed: bool = False
     max_retries: int = 8
     quiet: bool = False
+    #: one price for every model (`--price`); None: the built-in table plus `prices`
+    price: Price | None = None
+    prices: Mapping[str, Price] = field(default_factory=dict)  # `--price-file` entries
+    #: dollars that OUT's answers plus the parts submitted may cost at most (`--max-cost`)
+    max_cost: float | None = None
 
     def __post_init__(self) -> None:
         if (self.max_requests is not None and self.max_requests < 1) or (
@@ -98,13 +110,29 @@ class SubmitSummary:
     merged: int = 0
     failed: int = 0  # lines written this run that record a failure
     failed_before: int = 0
+    cost: float = 0.0  # the answers merged this run, as billed (batch prices)
+    unpriced: int = 0  # answers merged this run whose model has no price
+    budget_stopped: bool = False  # --max-cost held parts back: the same command resumes
+
+    def add_cost(self, cost: float | None, failed: bool) -> None:
+        if cost is not None:
+            self.cost += cost
+        elif not failed:
+            self.unpriced += 1
 
     def format(self) -> str:
-        return (
+        text = (
             f"{self.output}: {self.requests} requests; {self.already_done} had a result before; "
             f"{self.merged} results merged from {len(self.batches)} batches "
             f"({self.failed} failed)"
         )
+        if self.cost or self.merged > self.failed + self.unpriced:
+            text += f"; ${self.cost:,.4f} as billed"
+        if self.unpriced:
+            text += f" ({self.unpriced} answers of models without a price not counted)"
+        if self.budget_stopped:
+            text += "; stopped by --max-cost: the same command with a higher budget resumes"
+        return text
 
 
 def submit(
@@ -132,6 +160,7 @@ class Submitter:
         self.output = self.job.output
         self.state = State.for_output(self.output)
         self.summary = SubmitSummary(self.output)
+        self.book = PriceBook(options.price, options.prices)
         self.stopping = asyncio.Event()
         self.bar: tqdm | None = None
 
@@ -282,6 +311,8 @@ class Submitter:
                 break
             if part.batch_id is not None:
                 continue
+            if not self._within_budget(part):
+                break
             try:
                 await self._start(api, part)
             except QuotaExceeded as exc:
@@ -296,6 +327,25 @@ class Submitter:
             started = True
         self.state.save()
         return started
+
+    def _within_budget(self, part: Part) -> bool:
+        """Whether `part` may be submitted under `--max-cost`: what OUT's answers cost as billed,
+        plus the most the parts in flight and this one can cost, stays within it."""
+        budget = self.options.max_cost
+        if budget is None:
+            return True
+        folder = self.state.folder
+        spent = spent_in(self.output, self.book)
+        running = [p for p in self.state.open_parts if p.batch_id is not None]
+        worst = sum(worst_cost(folder / p.path, self.book) for p in [*running, part])
+        if spent + worst <= budget:
+            return True
+        self.summary.budget_stopped = True
+        self.note(
+            f"--max-cost {budget:g}: part {part.index} could bring the cost to ${spent + worst:,.2f} "
+            f"(${spent:,.2f} spent); it and the parts after it are not submitted"
+        )
+        return False
 
     async def _start(self, api: BatchProvider, part: Part) -> None:
         """Upload and create, each at most once per part, whatever crashes in between."""
@@ -345,7 +395,7 @@ class Submitter:
             for part in [p for p in self.state.open_parts if p.batch_id]:
                 batch = await api.retrieve(part.batch_id or "")
                 changed |= self._update(part, batch)
-                if _refused_for_quota(batch):
+                if refused_for_quota(batch):
                     self._requeue(part)
                     changed = True
                 elif batch.get("status") in TERMINAL:
@@ -354,6 +404,8 @@ class Submitter:
             running = [p for p in self.state.open_parts if p.batch_id]
             if waiting and (changed or not running):  # a batch ended: room in the queue?
                 changed |= await self._start_parts(api)
+            if not running and self.summary.budget_stopped:
+                return  # the rest waits for a higher --max-cost
             self._show()
             if not self.state.open_parts:
                 return
@@ -420,32 +472,24 @@ class Submitter:
                 dest = folder / f"{safe_name(part.batch_id)}.{key[:-8]}.jsonl"
                 await api.download(file_id, dest)
                 downloads.append(dest)
-        marks = read_marks(folder, part)  # id as sent -> (custom_id, fingerprint)
-        status = batch.get("status") or "failed"
-        code, message = MISSING_CODES.get(status, MISSING_CODES["failed"])
-        errors = (batch.get("errors") or {}).get("data") or []
-        if errors:
-            message += ": " + "; ".join(
-                f"line {e.get('line')}: {e.get('message')}"
-                if e.get("line")
-                else str(e.get("message"))
-                for e in errors[:5]
-            )
+        left = read_marks(folder, part)  # id as sent -> (custom_id, fingerprint); what stays
+        code, message = missing_reason(batch)  # there gets a failure line
         written = failed = 0
+        batch_id = part.batch_id or ""
         with AppendWriter(self.output) as writer:
-            left = dict(marks)  # ids still without a line
-            for chunk in _chunks(self._merged_lines(downloads, left, part.batch_id or "")):
-                writer.write(b"".join(line for line, _ in chunk))
+            for chunk in chunks(merged_lines(downloads, left, batch_id, self._present, self.book)):
+                writer.write(b"".join(m.line for m in chunk))
                 written += len(chunk)
-                failed += sum(bad for _, bad in chunk)
+                failed += sum(m.failed for m in chunk)
+                for m in chunk:
+                    self.summary.add_cost(m.cost, m.failed)
             missing = [(cid, mark) for cid, mark in left.values() if not self._present(cid)]
-            for chunk in _chunks(
-                (failure_line(c, code, message, batch_id=part.batch_id, fingerprint=m), True)
-                for c, m in missing
+            for lines in chunks(
+                failure_line(c, code, message, batch_id=batch_id, fingerprint=m) for c, m in missing
             ):
-                writer.write(b"".join(line for line, _ in chunk))
-                written += len(chunk)
-                failed += len(chunk)
+                writer.write(b"".join(lines))
+                written += len(lines)
+                failed += len(lines)
         part.merged = True
         self.state.save()
         self.summary.merged += written
@@ -454,37 +498,7 @@ class Submitter:
             path.unlink(missing_ok=True)
         if not self.state.open_parts:
             shutil.rmtree(folder, ignore_errors=True)
-        self.note(f"{part.batch_id}: {status}; {written} lines added to {self.output}")
-
-    def _merged_lines(
-        self, downloads: list[Path], left: dict[str, tuple[str, str]], batch_id: str
-    ) -> Iterator[tuple[bytes, bool]]:
-        """The downloaded lines in jsonlbatch's response format, each id once (the custom_id
-        of the request file, whatever id the provider was sent), with the request's
-        fingerprint last in `metrics` as exec writes it; taken ids leave `left` (what stays
-        there got no line)."""
-        for path in downloads:
-            for _, raw in iter_lines(path):
-                try:
-                    obj = orjson.loads(raw)
-                except orjson.JSONDecodeError:
-                    continue
-                sent = obj.get("custom_id") if isinstance(obj, dict) else None
-                if sent not in left:
-                    continue  # not ours, or seen already
-                cid, mark = left.pop(sent)
-                if self._present(cid):
-                    continue
-                metrics = dict(json_object(obj.get("metrics")))
-                metrics.pop("fingerprint", None)
-                line = {
-                    "id": obj.get("id"),
-                    "custom_id": cid,
-                    "response": obj.get("response"),
-                    "error": obj.get("error"),
-                    "metrics": {**metrics, "batch_id": batch_id, "fingerprint": mark},
-                }
-                yield orjson.dumps(line) + b"\n", is_failure(line)
+        self.note(f"{part.batch_id}: {batch.get('status')}; {written} lines added to {self.output}")
 
     # -- messages and signals ------------------------------------------------------------------
 
@@ -500,27 +514,3 @@ class Submitter:
         if not self.stopping.is_set():
             self.note("stopping the watch (the batches keep running)")
         self.stopping.set()
-
-
-def _refused_for_quota(batch: dict[str, Any]) -> bool:
-    """A batch that failed at once because the provider's queue was full (OpenAI's
-    `token_limit_exceeded`), with no request run."""
-    if batch.get("status") != "failed":
-        return False
-    errors = (batch.get("errors") or {}).get("data") or []
-    counts = batch.get("request_counts") or {}
-    quota = any(isinstance(e, dict) and e.get("code") == "token_limit_exceeded" for e in errors)
-    return quota and not counts.get("completed")
-
-
-def _chunks(
-    items: Iterator[tuple[bytes, bool]], size: int = 1000
-) -> Iterator[list[tuple[bytes, bool]]]:
-    chunk: list[tuple[bytes, bool]] = []
-    for item in items:
-        chunk.append(item)
-        if len(chunk) >= size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk

@@ -55,6 +55,12 @@ _OPTIONS = [
         "OpenAI, 256 MB Anthropic).",
     ),
     click.option(
+        "--price-file",
+        type=click.Path(dir_okay=False, exists=True),
+        help="--batch-api: prices per model (JSON or YAML: MODEL: {in, out, cached, write, "
+        "batch}) beside the built-in table; --price sets one price for every model.",
+    ),
+    click.option(
         "--poll-interval",
         type=SECONDS,
         default=10.0,
@@ -82,6 +88,7 @@ _NAMES = (
     "batch_metadata",
     "batch_max_requests",
     "batch_max_bytes",
+    "price_file",
     "poll_interval",
 )
 #: exec options that mean nothing to a Batch API run (name -> default): refused with it.
@@ -110,6 +117,8 @@ def run_batch_api(
 ) -> None:
     """`exec --batch-api`: submit, watch, merge; exit 3 when some requests failed."""
     from jsonlbatch.batchapi.submit import SubmitOptions, submit
+    from jsonlbatch.cost import parse_price
+    from jsonlbatch.prices import load_price_file
 
     for name, default in _LIVE_ONLY.items():
         if kwargs.get(name, default) != default:
@@ -136,10 +145,15 @@ def run_batch_api(
         retry_failed=kwargs["retry_failed"],
         max_retries=kwargs["max_retries"],
         quiet=kwargs["quiet"],
+        price=parse_price(kwargs["price"]),
+        prices=load_price_file(batch["price_file"]) if batch["price_file"] else {},
+        max_cost=kwargs.get("max_cost"),
     )
     summary = submit(requests, output, options)  # Ctrl-C: `Interrupted`, said by the CLI
     if not options.quiet or summary.failed or summary.failed_before:
         click.echo(summary.format(), err=True)
+    if summary.budget_stopped:
+        sys.exit(4)  # as exec's EXIT_BUDGET
     if summary.failed or summary.failed_before:
         click.echo(
             "some requests failed; re-run with --retry-failed to submit them again", err=True

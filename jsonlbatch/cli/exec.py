@@ -313,7 +313,9 @@ def exec_(
             raise UsageError("--shard does not go with --batch-api")
         if dry_run:
             raise UsageError("--dry-run counts a direct run: leave out --batch-api to count")
-        run_batch_api(requests, output, urls, parse_headers(headers), batch, kwargs)
+        run_batch_api(
+            requests, output, urls, parse_headers(headers), batch, {**kwargs, "price": price}
+        )
         return
     serve = serve_options_from_kwargs(kwargs)
     register_secret(kwargs["api_key"])

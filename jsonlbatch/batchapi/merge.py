@@ -1,0 +1,148 @@
+"""Turning a finished batch's result files into OUT's lines, and what they cost.
+
+Whichever provider answered, its results arrive here as OpenAI Batch output lines (the adapters
+translate them), carrying the ids the requests were sent under; each becomes one line of OUT
+under the request file's own custom_id, with exec's fingerprint last in `metrics`, and is priced
+as billed (its model's price, cached input as cached, at the batch share). Requests a batch
+left without a line get a failure line saying how the batch ended.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from jsonlbatch.batchapi.objects import MISSING_CODES
+from jsonlbatch.cost import UNCAPPED_OUTPUT_TOKENS, estimate_prompt_tokens, max_output_tokens
+from jsonlbatch.jsonl import iter_lines
+from jsonlbatch.prices import PriceBook, Tokens, bill, tokens_of
+from jsonlbatch.records import is_failure, json_object
+
+
+@dataclass(slots=True)
+class Merged:
+    line: bytes
+    failed: bool
+    cost: float | None  # as billed; None when its model has no price
+
+
+def missing_reason(batch: dict[str, Any]) -> tuple[str, str]:
+    """The failure code and message for requests a batch ended without answering."""
+    status = batch.get("status") or "failed"
+    code, message = MISSING_CODES.get(status, MISSING_CODES["failed"])
+    errors = (batch.get("errors") or {}).get("data") or []
+    if errors:
+        message += ": " + "; ".join(
+            f"line {e.get('line')}: {e.get('message')}" if e.get("line") else str(e.get("message"))
+            for e in errors[:5]
+        )
+    return code, message
+
+
+def merged_lines(
+    downloads: list[Path],
+    left: dict[str, tuple[str, str]],
+    batch_id: str,
+    present: Callable[[str], bool],
+    book: PriceBook,
+) -> Iterator[Merged]:
+    """The downloaded lines in jsonlbatch's response format, each id once (the custom_id of the
+    request file, whatever id the provider was sent), with the request's fingerprint last in
+    `metrics` as exec writes it; taken ids leave `left` (what stays there got no line)."""
+    for path in downloads:
+        for _, raw in iter_lines(path):
+            try:
+                obj = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                continue
+            sent = obj.get("custom_id") if isinstance(obj, dict) else None
+            if sent not in left:
+                continue  # not ours, or seen already
+            cid, mark = left.pop(sent)
+            if present(cid):
+                continue
+            metrics = dict(json_object(obj.get("metrics")))
+            metrics.pop("fingerprint", None)
+            line = {
+                "id": obj.get("id"),
+                "custom_id": cid,
+                "response": obj.get("response"),
+                "error": obj.get("error"),
+                "metrics": {**metrics, "batch_id": batch_id, "fingerprint": mark},
+            }
+            bad = is_failure(line)
+            yield Merged(orjson.dumps(line) + b"\n", bad, None if bad else billed(line, book))
+
+
+def billed(line: dict[str, Any], book: PriceBook) -> float | None:
+    """What an answered line cost, at its model's price and the batch share."""
+    body = json_object(json_object(line.get("response")).get("body"))
+    model = body.get("model")
+    price = book.for_model(model if isinstance(model, str) else None)
+    if price is None:
+        return None
+    return bill(tokens_of(body.get("usage")), price, batch=True)
+
+
+def spent_in(output: str, book: PriceBook) -> float:
+    """What OUT's batch answers cost as billed (the run's own `--max-cost` counts these)."""
+    if not os.path.exists(output):
+        return 0.0
+    return sum(c for c in (billed_line(raw, book) for _, raw in iter_lines(output)) if c)
+
+
+def billed_line(raw: bytes, book: PriceBook) -> float | None:
+    """`billed` of a saved line of OUT (None for a failure or an unreadable line)."""
+    try:
+        line = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(line, dict) or is_failure(line):
+        return None
+    return (
+        billed(line, book)
+        if isinstance(json_object(line.get("metrics")).get("batch_id"), str)
+        else None
+    )
+
+
+def worst_cost(part_file: Path, book: PriceBook) -> float:
+    """The most a part's requests can cost as a batch: estimated prompt tokens and every
+    output cap (`UNCAPPED_OUTPUT_TOKENS` where a request sets none), at batch prices. A
+    request whose model has no price counts nothing (the summary says so)."""
+    total = 0.0
+    for _, raw in iter_lines(part_file):
+        body = json_object(orjson.loads(raw).get("body"))
+        price = book.for_model(body.get("model") if isinstance(body.get("model"), str) else None)
+        if price is None:
+            continue
+        cap = max_output_tokens(body) or UNCAPPED_OUTPUT_TOKENS
+        total += bill(Tokens(uncached=estimate_prompt_tokens(body), output=cap), price, batch=True)
+    return total
+
+
+def refused_for_quota(batch: dict[str, Any]) -> bool:
+    """A batch that failed at once because the provider's queue was full (OpenAI's
+    `token_limit_exceeded`), with no request run."""
+    if batch.get("status") != "failed":
+        return False
+    errors = (batch.get("errors") or {}).get("data") or []
+    counts = batch.get("request_counts") or {}
+    quota = any(isinstance(e, dict) and e.get("code") == "token_limit_exceeded" for e in errors)
+    return quota and not counts.get("completed")
+
+
+def chunks(items: Iterator[Any], size: int = 1000) -> Iterator[list[Any]]:
+    chunk: list[Any] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
