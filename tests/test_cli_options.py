@@ -167,3 +167,40 @@ def test_the_lazy_command_table_matches_the_commands():
         short = click.Command(name, help=summary).get_short_help_str(1000)
         assert command.get_short_help_str(1000) == short, name
     assert "view" in run("--help").output.split("Commands:")[1]
+
+
+def test_every_command_help_has_examples_and_sections_that_hold_every_option():
+    """Issue 26: `exec --help` listed about 65 options in one flat list, with no example."""
+    from jsonlbatch.cli.sections import Sectioned
+
+    for path, command in _commands(main):
+        if path == ("post", "render-schema"):
+            continue  # no options, nothing to show by example
+        assert isinstance(command, Sectioned), path
+        text = run(*path, "--help").output
+        assert "\nExamples:\n  jsonlbatch " + " ".join(path) in text, path
+        if command.sections:  # every option sits in a section: only --help is left over
+            named = {n for _, names in command.sections for n in names}
+            options = {p.name for p in command.params if isinstance(p, click.Option)}
+            assert options <= named, (path, sorted(options - named))
+    text = run("exec", "--help").output
+    titles = ["Input and output:", "Sending:", "Retries and limits:", "Routing (several --url):",
+              "Server launch (--serve):", "Batch API (--batch-api):"]  # fmt: skip
+    found = [text.index(t) for t in titles]
+    assert found == sorted(found)
+    assert "--max-cost" in text[text.index("Retries and limits:") : text.index("Routing")]
+
+
+def test_top_level_help_lists_the_pipeline_first_with_whole_summaries():
+    text = run("--help").output.split("Commands:")[1]
+    assert "..." not in text
+    order = [line.split()[0] for line in text.splitlines() if line.startswith("  ") and
+             not line.startswith("   ")]  # fmt: skip
+    assert order[:6] == ["gen", "exec", "post", "report", "export", "run"]
+    assert "deliverable files" in text and "plain files under RUNS/<experiment id>/" in text
+
+
+def test_an_option_typed_short_suggests_the_options_it_begins():
+    result = run("gen", "--temp", "0.5")
+    assert result.exit_code == 2
+    assert "No such option '--temp'. Did you mean '--template', '--temperature'?" in result.output

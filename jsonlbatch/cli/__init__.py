@@ -111,12 +111,15 @@ class _Group(click.Group):
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         """The command list from `COMMANDS` alone: `--help` imports no command."""
         names = self.list_commands(ctx)
-        limit = formatter.width - 6 - max(len(name) for name in names)
         rows = []
         for name in names:
-            # a stand-in carrying the summary shortens it as the command itself would
-            known = self.commands.get(name) or click.Command(name, help=COMMANDS[name][2])
-            text = known.get_short_help_str(limit)
+            # the whole summary, wrapped, never cut to "...": it is what a newcomer reads first
+            known = self.commands.get(name)
+            text = (
+                COMMANDS[name][2]
+                if name in COMMANDS or known is None
+                else known.get_short_help_str(10_000)
+            )
             rows.append((name, text))
         with formatter.section("Commands"):
             formatter.write_dl(rows)

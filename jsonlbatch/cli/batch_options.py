@@ -81,7 +81,8 @@ def _window(value: str) -> str:
     return value
 
 
-_NAMES = (
+#: The Batch API options' names (what `--help` lists under "Batch API").
+BATCH_NAMES = _NAMES = (
     "batch_api",
     "batch_provider",
     "completion_window",

@@ -8,6 +8,7 @@ import click
 
 from jsonlbatch.batchapi.manage import batches_of
 from jsonlbatch.cli.params import HttpUrl
+from jsonlbatch.cli.sections import Sectioned
 from jsonlbatch.exec.job import run_coroutine
 from jsonlbatch.redact import register_secret
 
@@ -57,14 +58,14 @@ def _show(output: str, url: str | None, api_key: str | None, cancel: bool) -> No
         )
 
 
-@batches.command("status")
+@batches.command("status", cls=Sectioned, examples=("jsonlbatch batches status responses.jsonl",))
 @_common
 def status(output: str, url: str | None, api_key: str | None) -> None:
     """Each batch of OUT with its live status and request counts."""
     _show(output, url, api_key, cancel=False)
 
 
-@batches.command("cancel")
+@batches.command("cancel", cls=Sectioned, examples=("jsonlbatch batches cancel responses.jsonl",))
 @_common
 def cancel(output: str, url: str | None, api_key: str | None) -> None:
     """Cancel OUT's batches that are still running (finished work is kept)."""

@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from jsonlbatch.cache import cache_stats, prune
+from jsonlbatch.cli.sections import Sectioned
 
 _AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -48,14 +49,18 @@ def cache() -> None:
     """Inspect and prune an answer cache (made by `exec --cache DIR`)."""
 
 
-@cache.command()
+@cache.command(cls=Sectioned, examples=("jsonlbatch cache stats .jsonlbatch-cache",))
 @click.argument("directory", type=click.Path(file_okay=False))
 def stats(directory: str) -> None:
     """Answers stored (by model), size on disk, age, and the hits the runs recorded."""
     click.echo(cache_stats(directory).format())
 
 
-@cache.command("prune")
+@cache.command(
+    "prune",
+    cls=Sectioned,
+    examples=("jsonlbatch cache prune .jsonlbatch-cache --older-than 30d --dry-run",),
+)
 @click.argument("directory", type=click.Path(file_okay=False))
 @click.option("--older-than", type=_Age(), help="Remove answers stored longer ago, e.g. 30d.")
 @click.option("--max-size", type=_Size(), help="Then remove the oldest until at most this is kept.")

@@ -10,7 +10,12 @@ import click
 
 from jsonlbatch.cache import MODES as CACHE_MODES
 from jsonlbatch.cache.runcache import cache_dir_from
-from jsonlbatch.cli.batch_options import batch_api_options, pop_batch_kwargs, run_batch_api
+from jsonlbatch.cli.batch_options import (
+    BATCH_NAMES,
+    batch_api_options,
+    pop_batch_kwargs,
+    run_batch_api,
+)
 from jsonlbatch.cli.exec_watch import add_watch_options, pop_watch_kwargs, watching
 from jsonlbatch.cli.params import (
     BYTES,
@@ -22,7 +27,8 @@ from jsonlbatch.cli.params import (
     HttpUrl,
     NonEmpty,
 )
-from jsonlbatch.cli.serve_options import serve_options, serve_options_from_kwargs
+from jsonlbatch.cli.sections import Section, Sectioned
+from jsonlbatch.cli.serve_options import SERVE_NAMES, serve_options, serve_options_from_kwargs
 from jsonlbatch.cost import parse_price
 from jsonlbatch.errors import Interrupted, UsageError
 from jsonlbatch.exec.job import ExecOptions, Job, run_coroutine
@@ -53,7 +59,31 @@ def parse_headers(values: tuple[str, ...]) -> dict[str, str]:
     return headers
 
 
-@click.command("exec")
+_SECTIONS: list[Section] = [
+    ("Input and output", ("output", "retry_failed", "changed", "shard", "dry_run", "quiet")),
+    ("Sending", ("urls", "model", "api_key", "headers", "concurrency", "timeout", "stream",
+                 "max_response_bytes", "stream_stall_timeout", "fit_context", "reask",
+                 "reask_feedback", "schema_check")),
+    ("Retries and limits", ("max_retries", "ready_timeout", "backoff_base", "rpm", "tpm",
+                            "rate_limits", "price", "max_cost")),
+    ("Routing (several --url)", ("route", "order_window", "balance_abs_threshold",
+                                 "balance_rel_threshold")),
+    ("Answer cache", ("cache", "no_cache", "cache_mode", "cache_key_url")),
+    ("Server launch (--serve)", SERVE_NAMES),
+    ("Batch API (--batch-api)", BATCH_NAMES),
+    ("Watching a run", ("view", "view_port", "metrics_port", "watch_host")),
+]  # fmt: skip
+_EXAMPLES = (
+    "jsonlbatch exec requests.jsonl -o responses.jsonl --url http://localhost:8000/v1 -c 256",
+    "jsonlbatch exec requests.jsonl -o responses.jsonl --serve vllm --model-path Qwen/Qwen3-8B",
+    "jsonlbatch exec requests.jsonl -o responses.jsonl --serve mock    # try it: no GPU",
+    "jsonlbatch exec requests.jsonl -o responses.jsonl --url https://api.openai.com/v1 \\",
+    "    --price in=0.15,out=0.60 --max-cost 20                         # exit 4 at the budget",
+    "jsonlbatch exec requests.jsonl -o responses.jsonl --dry-run --price in=1,out=4",
+)
+
+
+@click.command("exec", cls=Sectioned, sections=_SECTIONS, examples=_EXAMPLES)
 @click.argument("requests", type=click.Path(dir_okay=False, allow_dash=True))
 @click.option(
     "-o",
@@ -150,7 +180,8 @@ def parse_headers(values: tuple[str, ...]) -> dict[str, str]:
 @click.option(
     "--shard",
     metavar="K/N",
-    help="Only the K-th of N parts of the input (K from 0), split by custom_id.",
+    help="Only the K-th of N parts of the input (K from 0), split by the custom_id's group "
+    "(a task's samples stay together).",
 )
 @click.option(
     "--stream",

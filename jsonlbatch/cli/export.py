@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from jsonlbatch.cli.sections import Section, Sectioned
 from jsonlbatch.post.export import PER, export
 from jsonlbatch.post.responses import DEFAULT_SEPARATORS, make_key
 from jsonlbatch.post.table_io import TABLE_FORMATS
@@ -11,7 +12,20 @@ from jsonlbatch.post.table_io import TABLE_FORMATS
 _FILE = click.Path(exists=True, dir_okay=False)
 
 
-@click.command("export")
+_SECTIONS: list[Section] = [
+    ("Rows", ("requests", "per", "separators", "no_split", "fields")),
+    ("Joined from post", ("votes", "patches", "files")),
+    ("Into a dataset", ("into", "on")),
+    ("Output", ("output", "fmt", "columns", "csv_raw", "quiet")),
+]
+_EXAMPLES = (
+    "jsonlbatch export responses.jsonl -o results.parquet --requests requests.jsonl",
+    "jsonlbatch export responses.jsonl -o results.csv --votes votes.jsonl --per choice",
+    "jsonlbatch export responses.jsonl --into dataset.parquet --on id -o with-results.parquet",
+)
+
+
+@click.command("export", cls=Sectioned, sections=_SECTIONS, examples=_EXAMPLES)
 @click.argument("responses", nargs=-1, required=True, type=_FILE)
 @click.option(
     "-o",

@@ -7,6 +7,7 @@ from typing import Any
 import click
 
 from jsonlbatch.cli.params import Finite, NonEmpty
+from jsonlbatch.cli.sections import Section, Sectioned
 from jsonlbatch.errors import UsageError
 from jsonlbatch.gen.responses import looks_like_responses, response_rows
 from jsonlbatch.gen.schemas import load_schema
@@ -24,8 +25,27 @@ from jsonlbatch.gen.writer import (
 from jsonlbatch.records import CHAT_URL
 from jsonlbatch.stats import plural
 
+_SECTIONS: list[Section] = [
+    ("Rows", ("data", "responses", "requests_file", "join", "join_on", "per", "continues",
+              "fmt", "where", "limit", "sample")),
+    ("Prompt", ("template", "prompt_text", "messages", "system", "id_template")),
+    ("Request body", ("model", "url", "n", "samples", "greedy_first", "sample_sep",
+                      "temperature", "top_p", "top_k", "min_p", "max_tokens", "seed", "stop",
+                      "param", "body_file", "no_think", "no_think_suffix", "suffix",
+                      "think_budget")),
+    ("Structured output", ("schema_spec", "schema_field", "schema_name")),
+    ("Output", ("output", "force")),
+]  # fmt: skip
+_EXAMPLES = (
+    "jsonlbatch gen --data tasks.jsonl --prompt '{{ question }}' --model Qwen/Qwen3-8B \\",
+    "    --samples 8 --temperature 0.7 --max-tokens 4096 -o requests.jsonl",
+    "jsonlbatch gen --data tasks.csv --template prompt.j2 --model M -o requests.jsonl",
+    "jsonlbatch gen --responses responses.jsonl --prompt 'Check: {{ answer }}' --model judge \\",
+    "    -o judge-requests.jsonl                         # a judge round over the answers",
+)
 
-@click.command("gen")
+
+@click.command("gen", cls=Sectioned, sections=_SECTIONS, examples=_EXAMPLES)
 @click.option(
     "-d",
     "--data",

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import click
 
+from jsonlbatch.cli.sections import Sectioned
 from jsonlbatch.exec.shard import merge
 
 
-@click.command("merge")
+@click.command(
+    "merge",
+    cls=Sectioned,
+    examples=("jsonlbatch merge out.shard-*.jsonl --requests requests.jsonl -o responses.jsonl",),
+)
 @click.argument("parts", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option(
     "--requests",

@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from jsonlbatch.cli.params import COUNT, MEGABYTES, MEMORY_MB, SECONDS, WEIGHT
+from jsonlbatch.cli.sections import Sectioned
 from jsonlbatch.post.extract import DEFAULT_EXTRACTORS
 from jsonlbatch.post.files import Limits, extract_files
 from jsonlbatch.post.patches import instance_sources, run_patches
@@ -78,7 +79,18 @@ def post() -> None:
     """Post-process saved response files offline: patches, votes, deliverable files."""
 
 
-@post.command()
+@post.command(
+    cls=Sectioned,
+    sections=[
+        ("Checkouts", ("repo_root", "repo", "files_json", "strip_prefix")),
+        ("Choosing a patch", ("vote", "partial", "use_truncated", "model_name")),
+        ("Grouping samples", ("requests", "group_field", "no_split", "separators")),
+        ("Output", ("output", "samples_out", "strict")),
+    ],
+    examples=(
+        "jsonlbatch post patches responses.jsonl --repo-root repos/ --vote -o predictions.jsonl",
+    ),
+)
 @_INPUTS
 @click.option("-o", "--output", required=True, help="SWE-bench predictions JSONL to write.")
 @click.option(
@@ -128,7 +140,17 @@ def patches(responses: tuple[str, ...], output: str, repo_root: str | None, repo
     _report(summary.lines(), summary.unused, strict, "samples")
 
 
-@post.command()
+@post.command(
+    cls=Sectioned,
+    sections=[
+        ("Answers", ("extractors", "normalize", "weights", "gold", "tie_break", "use_truncated")),
+        ("Grouping samples", ("requests", "group_field", "no_split", "separators")),
+        ("Output", ("output", "strict")),
+    ],
+    examples=(
+        "jsonlbatch post votes responses.jsonl --extract boxed --gold tasks.jsonl -o votes.jsonl",
+    ),
+)
 @_INPUTS
 @click.option("-o", "--output", required=True, help="Votes JSONL to write (one line per group).")
 @click.option(
@@ -173,7 +195,15 @@ def votes(responses: tuple[str, ...], output: str, extractors: tuple[str, ...], 
     _report(summary.lines(), summary.unused, strict, "samples")
 
 
-@post.command()
+@post.command(
+    cls=Sectioned,
+    sections=[
+        ("Limits", ("max_files", "max_file_mb", "max_total_mb")),
+        ("Running the files", ("run", "script", "timeout", "sandbox", "memory_mb")),
+        ("Output", ("out_dir", "render", "strict", "use_truncated")),
+    ],
+    examples=("jsonlbatch post files responses.jsonl -o deliverables/",),
+)
 @_INPUTS
 @click.option("--out-dir", required=True, type=click.Path(file_okay=False), help="Where files go.")
 @click.option("--max-files", type=COUNT, default=100, show_default=True, help="Files per sample.")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from jsonlbatch.cli.sections import Sectioned
 from jsonlbatch.report import (
     FORMATS,
     build_report,
@@ -16,7 +17,14 @@ from jsonlbatch.report import (
 from jsonlbatch.report.charts import charts_missing
 
 
-@click.command()
+@click.command(
+    cls=Sectioned,
+    examples=(
+        "jsonlbatch report responses.jsonl",
+        "jsonlbatch report responses.jsonl -o report.html --sla ttft=500ms --price in=1,out=4",
+        "jsonlbatch report baseline.jsonl tuned.jsonl -o compare.html --by endpoint",
+    ),
+)
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option(
     "-o",

@@ -6,6 +6,7 @@ import sys
 
 import click
 
+from jsonlbatch.cli.sections import Sectioned
 from jsonlbatch.experiment.runner import run_experiment
 from jsonlbatch.experiment.spec import load_experiment
 
@@ -13,7 +14,14 @@ from jsonlbatch.experiment.spec import load_experiment
 EXIT_SOME_FAILED = 3
 
 
-@click.command("run")
+@click.command(
+    "run",
+    cls=Sectioned,
+    examples=(
+        "jsonlbatch run experiment.yaml --check       # the file checked, nothing run",
+        "jsonlbatch run experiment.yaml               # again: only what changed runs",
+    ),
+)
 @click.argument("experiment_file", type=click.Path(dir_okay=False))
 @click.option(
     "--runs",

@@ -16,7 +16,9 @@ from typing import Any
 import click
 
 from jsonlbatch.cli.params import SECONDS, HttpUrl, NonEmpty
+from jsonlbatch.cli.sections import Section, Sectioned
 from jsonlbatch.cli.serve_options import (
+    SERVE_NAMES,
     fleet_options,
     fleet_plan,
     serve_options,
@@ -29,7 +31,23 @@ from jsonlbatch.serve.start import serving
 _CHECK_EVERY = 1.0
 
 
-@click.command("serve")
+_SECTIONS: list[Section] = [
+    ("Server launch", SERVE_NAMES),
+    ("Fleet (several models)", ("fleet", "node", "advertise", "endpoints_out")),
+    ("Batch API server (--batch-api)", ("batch_api", "upstream", "upstream_api_key",
+                                        "batch_dir", "batch_port", "batch_concurrency",
+                                        "batch_expiry", "batch_max_queued")),
+    ("Output", ("quiet",)),
+]  # fmt: skip
+_EXAMPLES = (
+    "jsonlbatch serve --backend vllm --model-path Qwen/Qwen3-8B --dp-size 8 --dp-mode replicas",
+    "jsonlbatch serve --backend mock                    # a stand-in server, no GPU",
+    "jsonlbatch serve --fleet fleet.yaml --endpoints-out endpoints.json",
+    "jsonlbatch serve --backend mock --batch-api        # the OpenAI Batch API, locally",
+)
+
+
+@click.command("serve", cls=Sectioned, sections=_SECTIONS, examples=_EXAMPLES)
 @serve_options
 @click.option(
     "--ready-timeout",

@@ -178,6 +178,10 @@ _DEFAULTS = {
 }
 
 
+#: The server-launch options' names, in the order `--help` lists them under "Server launch".
+SERVE_NAMES = (*_DEFAULTS, "ready_timeout")
+
+
 def serve_options(func: _F) -> _F:
     """Add the server-launch options to a click command."""
     for option in reversed(_OPTIONS):

@@ -6,12 +6,16 @@ import sys
 
 import click
 
+from jsonlbatch.cli.sections import Sectioned
 from jsonlbatch.errors import count_problems
 from jsonlbatch.exec.validate import validate_file
 from jsonlbatch.stats import plural
 
 
-@click.command()
+@click.command(
+    cls=Sectioned,
+    examples=("jsonlbatch validate requests.jsonl", "jsonlbatch validate responses.jsonl"),
+)
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, allow_dash=True))
 @click.option(
     "--kind",

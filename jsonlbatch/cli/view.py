@@ -5,10 +5,17 @@ from __future__ import annotations
 import click
 
 from jsonlbatch.cli.params import NonEmpty
+from jsonlbatch.cli.sections import Sectioned
 from jsonlbatch.cost import parse_price
 
 
-@click.command()
+@click.command(
+    cls=Sectioned,
+    examples=(
+        "jsonlbatch view responses.jsonl",
+        "jsonlbatch view baseline.jsonl tuned.jsonl --requests requests.jsonl",
+    ),
+)
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, exists=True))
 @click.option(
     "--requests",
