@@ -21,6 +21,7 @@ from typing import Any
 
 import aiohttp
 import orjson
+from aiohttp.http_exceptions import HttpProcessingError
 
 from jsonlbatch.errors import AuthenticationError, ServerUnavailableError, UsageError
 from jsonlbatch.exec.bodies import read_body
@@ -413,4 +414,11 @@ def describe_exception(exc: BaseException) -> str:
         return f"cannot connect ({exc.os_error.strerror or exc.os_error})"
     if isinstance(exc, aiohttp.ServerDisconnectedError):
         return "server disconnected"
+    if isinstance(exc, aiohttp.ClientResponseError) and isinstance(
+        exc.__cause__, HttpProcessingError
+    ):
+        # aiohttp's parser refused the reply; its words are multi-line, and empty before 3.14
+        detail = exc.message.strip().splitlines()[0].rstrip(":") if exc.message.strip() else ""
+        url = exc.request_info.real_url  # its query is masked where the text is shown
+        return f"not an HTTP answer from {url}" + (f" ({detail})" if detail else "")
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
