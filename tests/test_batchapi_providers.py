@@ -108,8 +108,8 @@ def test_a_file_mixing_endpoints_is_refused_with_counts(
     assert done.returncode == 2, done.stderr
     assert "3 /v1/messages" in done.stderr and "2 /v1/chat/completions" in done.stderr
     assert "Traceback" not in done.stderr and not out.exists()
-    refused = exec_cli(requests, out, "--url", claude.url, *FAST, "--batch-provider", "anthropic")
-    assert refused.returncode == 2 and "takes /v1/messages" in refused.stderr
+    refused = exec_cli(requests, out, "--url", claude.url, *FAST, "--batch-provider", "gemini")
+    assert refused.returncode == 2 and "takes /v1/chat/completions lines" in refused.stderr
     assert _anthropic_batches(claude) == []
 
 
@@ -282,3 +282,31 @@ def test_max_cost_holds_back_parts_and_the_summary_says_the_cost(
 
     billed = re.search(r"\$([0-9.]+) as billed", rest.stderr)
     assert billed and 0 < float(billed.group(1)) < 0.0003
+
+
+def test_one_request_file_moves_between_providers(tmp_path: Path, mock_server: Any) -> None:
+    from batchutil import cli
+
+    upstream = mock_server(served_models=("mock", CLAUDE, GEMINI))
+    server = BatchServer(tmp_path / "state", upstream).start()
+    try:
+        requests = tmp_path / "in.jsonl"
+        lines = _chat_lines(requests, 5)  # chat completions, max_tokens and a system prompt
+        outputs = []
+        for provider, model, url in (
+            ("openai", "mock", server.url),
+            ("anthropic", CLAUDE, server.url),
+            ("gemini", GEMINI, server.url.removesuffix("/v1") + "/v1beta"),
+        ):
+            out = tmp_path / f"{provider}.jsonl"
+            done = exec_cli(requests, out, "--url", url, *FAST, "--batch-provider", provider,
+                            "--model", model)  # fmt: skip
+            assert done.returncode == 0, (provider, done.stderr)
+            assert set(read_results(out)) == {x["custom_id"] for x in lines}
+            outputs.append(str(out))
+        anthropic = next(iter(read_results(tmp_path / "anthropic.jsonl").values()))
+        assert anthropic["response"]["body"]["type"] == "message"  # answered as Messages
+        shown = cli("report", *outputs)
+        assert shown.returncode == 0 and "5" in shown.stdout, shown.stderr
+    finally:
+        server.kill()

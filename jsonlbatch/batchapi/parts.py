@@ -29,15 +29,15 @@ MAX_PROBLEMS = 50
 def check_lines(requests: str, pending: Sequence[int], provider: Provider) -> None:
     """Refuse the run, before anything is submitted, when a pending line holds what the
     provider cannot take (file, line, field for each)."""
-    if provider.check is None or not pending:
+    if (provider.check is None and not provider.translated) or not pending:
         return
     problems: list[Problem] = []
     for number, offset, raw in iter_lines_at(requests):
         at = bisect_left(pending, offset)
         if at >= len(pending) or pending[at] != offset:
             continue
-        body = orjson.loads(raw).get("body") or {}
-        for field, message in provider.check(body):
+        obj = orjson.loads(raw)
+        for field, message in provider.problems(obj["url"], obj.get("body") or {}):
             problems.append(Problem(requests, number, field, message))
         if len(problems) >= MAX_PROBLEMS:
             break
@@ -72,9 +72,13 @@ def write_parts(
             mark = fingerprint(raw, obj["url"], obj["body"])
             cid = obj["custom_id"]
             sent = safe_id(cid) if provider.safe_ids else cid
-            if sent != cid:
+            changed = sent != cid or obj["url"] in provider.translated
+            if changed:
                 obj["custom_id"] = sent
-            if rewrite is not None or sent != cid:
+            if obj["url"] in provider.translated:  # checked by check_lines: no problems left
+                url, translate = provider.translated[obj["url"]]
+                obj["url"], obj["body"] = url, translate(obj["body"])[0]
+            if rewrite is not None or changed:
                 line = rewrite(obj) if rewrite else orjson.dumps(obj) + b"\n"
             else:
                 line = raw.rstrip(b"\r\n") + b"\n"

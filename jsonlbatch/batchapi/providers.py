@@ -16,11 +16,12 @@ import re
 import urllib.parse
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 
+from jsonlbatch.batchapi.anthropic_format import chat_to_messages
 from jsonlbatch.batchapi.gemini_format import chat_to_gemini
 from jsonlbatch.batchapi.remote import BatchApi, BatchProvider
 from jsonlbatch.errors import UsageError
@@ -40,6 +41,9 @@ _SAFE_ID = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 _MAPPED = re.compile(r"^jb-[0-9a-f]{32}$")
 
 Check = Callable[[dict[str, Any]], list[tuple[str, str]]]
+#: A translation of another endpoint's body: (the body as this provider's endpoint wants it,
+#: what could not be translated).
+Translate = Callable[[dict[str, Any]], tuple[dict[str, Any], list[tuple[str, str]]]]
 
 
 def _anthropic_check(body: dict[str, Any]) -> list[tuple[str, str]]:
@@ -65,8 +69,22 @@ class Provider:
     #: custom_ids outside `^[a-zA-Z0-9_-]{1,64}$` are sent as `safe_id(...)` and mapped back
     safe_ids: bool = False
     check: Check | None = None
-    #: what the provider bills batch results at, as a share of its live price
-    batch_discount: float = 0.5
+    #: lines of other endpoints it takes, translated: url -> (its own url, translation)
+    translated: Mapping[str, tuple[str, Translate]] = field(default_factory=dict)
+
+    @property
+    def takes(self) -> frozenset[str]:
+        """Every endpoint of request lines it takes, translated or not."""
+        return self.endpoints | frozenset(self.translated)
+
+    def problems(self, url: str, body: dict[str, Any]) -> list[tuple[str, str]]:
+        """What in a line it cannot take (its translation's problems first)."""
+        found: list[tuple[str, str]] = []
+        if url in self.translated:
+            body, found = self.translated[url][1](body)
+        if self.check is not None:
+            found += self.check(body)
+        return found
 
 
 PROVIDERS = {
@@ -77,7 +95,13 @@ PROVIDERS = {
         200 * 1000 * 1000,
     ),
     "anthropic": Provider(
-        "anthropic", frozenset({MESSAGES_URL}), 100_000, 256 * 1000 * 1000, True, _anthropic_check
+        "anthropic",
+        frozenset({MESSAGES_URL}),
+        100_000,
+        256 * 1000 * 1000,
+        True,
+        _anthropic_check,
+        {CHAT_URL: (MESSAGES_URL, chat_to_messages)},
     ),
     # Gemini's file mode takes up to 2 GB per input file; a part of 100,000 requests keeps
     # each job's results file (and a re-run after an expiry) a manageable size.
@@ -113,10 +137,10 @@ def choose(explicit: str | None, url: str, endpoints: Mapping[str, int]) -> Prov
     else:
         name = "openai"
     provider = PROVIDERS[name]
-    refused = {u: n for u, n in endpoints.items() if u not in provider.endpoints}
+    refused = {u: n for u, n in endpoints.items() if u not in provider.takes}
     if refused:
         counts = ", ".join(f"{n} {u}" for u, n in Counter(endpoints).most_common())
-        takes = ", ".join(sorted(provider.endpoints))
+        takes = ", ".join(sorted(provider.takes))
         raise UsageError(
             f"the {name} batch API takes {takes} lines; this file has {counts}. Split the "
             f"file by endpoint (one run each), or name the provider with --batch-provider"
