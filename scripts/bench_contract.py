@@ -144,8 +144,9 @@ def cost_runs(requests: Path, work: Path, n: int, concurrency: int, repeats: int
         run_exec(
             requests, work / "warm.jsonl", url, concurrency
         )  # caches, the mock's JIT-free warm-up
-        for _ in range(repeats):
-            for mode, extra in (("on", ()), ("off", ("--no-schema-check",))):
+        modes = [("on", ()), ("off", ("--no-schema-check",))]
+        for i in range(repeats):
+            for mode, extra in modes if i % 2 == 0 else modes[::-1]:  # neither always first
                 runs[mode].append(
                     run_exec(requests, work / f"{mode}.jsonl", url, concurrency, *extra)
                 )
