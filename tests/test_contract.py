@@ -220,3 +220,54 @@ def test_fast_path_agrees_with_jsonschema():
     assert not fast_safe({"enum": [1, True]})
     assert not fast_safe({"$ref": "#/$defs/a", "minimum": 1})
     assert fast_safe(SCHEMA)
+
+
+@pytest.mark.parametrize(
+    ("message", "room"),
+    [
+        # OpenAI's older wording (and the mock's), its newer one, SGLang's, Anthropic's
+        (
+            "This model's maximum context length is 4096 tokens. However, you requested 5000 tokens "
+            "(1000 in the messages, 4000 in the completion). Please reduce the length.",
+            3096,
+        ),
+        (
+            "This model's maximum context length is 4096 tokens. However, your messages resulted in "
+            "1096 tokens. Please reduce the length of the messages.",
+            3000,
+        ),
+        (
+            "Requested token count exceeds the model's maximum context length of 4096 tokens. You "
+            "requested a total of 5096 tokens: 96 tokens from the input messages and 5000 tokens for "
+            "the completion. Please reduce the number of tokens in the input messages or the completion.",
+            4000,
+        ),
+        (
+            "input length and `max_tokens` exceed context limit: 189136 + 20000 > 204648, decrease "
+            "input length or `max_tokens` and try again",
+            15512,
+        ),
+        ("The input (5000 tokens) is longer than the model's context length (4096 tokens).", None),
+        ("something else went wrong", None),
+    ],
+)
+def test_fit_to_context_reads_each_servers_wording(message, room):
+    from jsonlbatch.exec.answer_check import fit_to_context
+
+    body = {"model": "m", "messages": [], "max_tokens": 20000}
+    found = fit_to_context(CHAT_URL, body, {"error": {"message": message}})
+    if room is None:
+        assert found is None
+    else:
+        assert found == ({**body, "max_tokens": room}, {"max_tokens": room, "asked": 20000})
+    responses = fit_to_context(RESPONSES_URL, {"max_output_tokens": 20000}, {"message": message})
+    assert (responses is None) == (room is None)
+
+
+def test_reask_needs_the_attempts():
+    from jsonlbatch.errors import UsageError
+    from jsonlbatch.exec.options import ExecOptions
+
+    with pytest.raises(UsageError, match="--reask 9 needs --max-retries 9"):
+        ExecOptions(reask=9)
+    assert ExecOptions(reask=9, max_retries=9).reask == 9
