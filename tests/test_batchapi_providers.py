@@ -310,3 +310,33 @@ def test_one_request_file_moves_between_providers(tmp_path: Path, mock_server: A
         assert shown.returncode == 0 and "5" in shown.stdout, shown.stderr
     finally:
         server.kill()
+
+
+def test_a_crash_around_a_gemini_create_finds_the_job_by_its_name(
+    tmp_path: Path, mock_server: Any
+) -> None:
+    server = BatchServer(tmp_path / "state", mock_server(latency=0.2, served_models=(GEMINI,)),
+                         "--batch-concurrency", "1").start()  # fmt: skip
+    jobs_url = server.url.removesuffix("/v1") + "/v1beta/batches"
+    try:
+        requests, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+        lines = _chat_lines(requests, 6)
+        run = start_exec(requests, out, "--url", server.url, *FAST, "--batch-provider", "gemini")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not _get(jobs_url).get("operations"):
+            time.sleep(0.02)
+        run.send_signal(signal.SIGKILL)  # kill -9 while it watches
+        run.wait()
+        state = out.with_name(out.name + ".batch-api.json")
+        data = orjson.loads(state.read_bytes())
+        part = data["parts"][0]
+        part["batch_id"], part["status"] = None, None  # as if killed before the id was saved
+        part["creating_since"] = part["creating_since"] or time.time() - 5
+        state.write_bytes(orjson.dumps(data))
+        done = exec_cli(requests, out, "--url", server.url, *FAST, "--batch-provider", "gemini")
+        assert done.returncode == 0, done.stderr
+        assert "not creating it again" in done.stderr
+        assert len(_get(jobs_url)["operations"]) == 1
+        assert set(read_results(out)) == {x["custom_id"] for x in lines}
+    finally:
+        server.kill()
