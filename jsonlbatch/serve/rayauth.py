@@ -16,12 +16,14 @@ are. Older Rays have no authentication: nothing here changes anything for them.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import secrets
 import shutil
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from jsonlbatch.errors import LaunchError, UsageError
 from jsonlbatch.redact import register_secret
@@ -63,12 +65,11 @@ class RayAuth:
         `RAY_AUTH_MODE`); UsageError when it wants a token this driver lacks or refuses it."""
         if MODE_ENV in os.environ or address.startswith("ray://") or address == "auto":
             return
-        try:
-            from ray._raylet import GcsClient
-            from ray.exceptions import AuthenticationError
-        except ImportError:  # a Ray without token authentication
+        raylet = _raylet()
+        refusal = raylet and getattr(sys.modules["ray.exceptions"], "AuthenticationError", None)
+        if not refusal:  # a Ray without token authentication
             return
-        if not _refused(GcsClient, AuthenticationError, address):
+        if not _refused(raylet.GcsClient, refusal, address):
             return
         if not _driver_has_token():
             raise UsageError(
@@ -76,7 +77,7 @@ class RayAuth:
                 f"no token: {_WHERE}"
             )
         self._export(MODE_ENV, "token")
-        if _refused(GcsClient, AuthenticationError, address):
+        if _refused(raylet.GcsClient, refusal, address):
             raise UsageError(f"the Ray cluster at {address} refuses this driver's token: {_WHERE}")
 
     def close(self) -> None:
@@ -124,12 +125,19 @@ def _driver_has_token() -> bool:
 def _reload() -> None:
     """Ray reads its mode and token once and keeps them: have it read them again, as Ray's own
     `ray.init` does when it turns authentication on (no-op before Ray is imported)."""
-    if "ray" not in sys.modules:
+    raylet = _raylet() if "ray" in sys.modules else None
+    if raylet is None or not hasattr(raylet, "AuthenticationTokenLoader"):  # no authentication
         return
-    try:
-        from ray._raylet import AuthenticationTokenLoader, Config
-    except ImportError:  # a Ray without token authentication
-        return
-    Config.initialize("")
+    raylet.Config.initialize("")
     with contextlib.suppress(AttributeError):  # a Ray whose loader reads the token each time
-        AuthenticationTokenLoader.instance().reset_cache()
+        raylet.AuthenticationTokenLoader.instance().reset_cache()
+
+
+def _raylet() -> Any:
+    """Ray's compiled core (its stubs leave out what is used here), or None without Ray."""
+    try:
+        import ray.exceptions  # noqa: F401  (read through sys.modules by `join`)
+
+        return importlib.import_module("ray._raylet")
+    except ImportError:
+        return None
