@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import shlex
 import sys
 from typing import Any
@@ -90,6 +92,69 @@ def _cases(backend: str, model: str, template: str) -> list[tuple[str, ServeOpti
     ]
 
 
+#: A fleet file whose entries set every key a fleet entry (or an experiment's `serve:`) takes.
+FLEET = """\
+models:
+  - backend: vllm
+    model_path: {model}
+    served_model_name: [a, b]
+    tp_size: 2
+    dp_size: 2
+    dp_mode: replicas
+    gpus: [0, 1, 2, 3]
+    gpu_memory_utilization: 0.88
+    context_length: 2048
+    chat_template: {template}
+    reasoning_parser: qwen3
+    tool_call_parser: hermes
+    server_seed: 7
+    server_args: {vllm_args}
+    env: {{VLLM_LOGGING_LEVEL: WARNING}}
+    host: 0.0.0.0
+    port: {port}
+    api_key_env: JSONLBATCH_FLEET_PARSE_KEY
+    restart: 1
+    ready_timeout: 60
+    caches: true
+  - {{backend: vllm, model_path: {model}, served_model_name: c, tp_size: 2, dp_size: 2,
+     gpu_count: 4}}
+  - backend: sglang
+    model_path: {model}
+    served_model_name: d
+    dp_size: 2
+    gpu_count: 2
+    gpu_memory_utilization: 0.8
+    context_length: 2048
+    chat_template: {template}
+    reasoning_parser: qwen3
+    tool_call_parser: hermes
+    server_seed: 7
+    server_args: {sglang_args}
+    api_key_env: JSONLBATCH_FLEET_PARSE_KEY
+"""
+
+
+def _fleet_servers(folder: Any, model: str, template: str) -> list[tuple[str, Any]]:
+    """Every server a fleet with every entry key plans, labelled `model/index`."""
+    from jsonlbatch.serve.fleet import load_fleet
+    from jsonlbatch.serve.fleetrun import plan_fleet
+
+    path = folder / "fleet.yaml"
+    path.write_text(
+        FLEET.format(
+            model=model, template=template, port=free_port(),
+            vllm_args=json.dumps(list(PASS_THROUGH["vllm"])),
+            sglang_args=json.dumps(list(PASS_THROUGH["sglang"])),
+        )
+    )  # fmt: skip
+    os.environ["JSONLBATCH_FLEET_PARSE_KEY"] = "sk-fleet-parse-secret"
+    try:
+        fleet = plan_fleet(load_fleet(str(path)), gpus=(",".join("0123456789"),))
+    finally:
+        del os.environ["JSONLBATCH_FLEET_PARSE_KEY"]
+    return [(p.label, p) for _, group in fleet.groups for p in group.processes]
+
+
 def _argv(backend: str, argv: tuple[str, ...]) -> list[str]:
     """The arguments after the program: `serve M ...` for vLLM, `--model-path M ...`."""
     if backend == "vllm":
@@ -118,13 +183,18 @@ def parsed(vllm_setup: dict[str, Any], tmp_path_factory: pytest.TempPathFactory)
             keys.append((backend, "bad", bad[0]))
         items.append({"kind": backend, "argv": ["--list-options"]})
         keys.append((backend, "options", 0))
+    for label, server in _fleet_servers(folder, vllm_setup["model"], str(template)):
+        backend = "vllm" if server.command.argv[0] == "vllm" else "sglang"
+        items.append({"kind": backend, "argv": _argv(backend, server.command.argv)})
+        keys.append((backend, "fleet", label))
+        options[keys[-1]] = (None, server)
     results = dict(zip(keys, parse_with_real_parsers(vllm_setup, items), strict=True))
     return {"results": results, "options": options}
 
 
 def test_every_vllm_and_sglang_command_line_parses(parsed: dict) -> None:
     results = parsed["results"]
-    launched = {k: v for k, v in results.items() if k[1] not in ("bad", "options")}
+    launched = {k: v for k, v in results.items() if k[1] not in ("bad", "options", "fleet")}
     assert len(launched) == 12  # 5 cases each, the replicas case planning two servers
     refused = {
         k: (v["error"], shlex.join(parsed["options"][k][1].command.argv))
@@ -177,6 +247,33 @@ def test_sglang_reads_each_mapped_option_as_meant(parsed: dict) -> None:
     assert replicas[1]["port"] - replicas[0]["port"] >= 1024  # beyond SGLang's side ports
     through = results[("sglang", "pass-through", 0)]["args"]
     assert through["log_level"] == "warning" and through["skip_server_warmup"] is True
+
+
+def test_every_flag_a_fleet_entry_produces_parses(parsed: dict) -> None:
+    results = parsed["results"]
+    fleet = {k: v for k, v in results.items() if k[1] == "fleet"}
+    assert sorted(k[2] for k in fleet) == ["a/0", "a/1", "c/0", "d/0"]
+    refused = {
+        k: (v["error"], shlex.join(parsed["options"][k][1].command.argv))
+        for k, v in fleet.items()
+        if not v["ok"]
+    }
+    assert not refused
+    a = [results[("vllm", "fleet", f"a/{i}")]["args"] for i in (0, 1)]
+    assert [(r["tensor_parallel_size"], r["data_parallel_size"]) for r in a] == [(2, 1)] * 2
+    assert a[0]["served_model_name"] == ["a", "b"] and a[0]["seed"] == 7
+    assert a[0]["gpu_memory_utilization"] == 0.88 and a[0]["max_model_len"] == 2048
+    assert a[0]["tool_call_parser"] == "hermes" and a[0]["enable_auto_tool_choice"] is True
+    assert a[0]["max_num_seqs"] == 64 and a[0]["host"] == "0.0.0.0"
+    assert a[1]["port"] > a[0]["port"]
+    c = results[("vllm", "fleet", "c/0")]["args"]
+    assert (c["tensor_parallel_size"], c["data_parallel_size"]) == (2, 2)
+    d = results[("sglang", "fleet", "d/0")]["args"]
+    assert d["dp_size"] == 2 and d["random_seed"] == 7 and d["api_key"] == "sk-fleet-parse-secret"
+    assert d["mem_fraction_static"] == 0.8 and d["log_level"] == "warning"
+    env = dict(parsed["options"][("vllm", "fleet", "a/0")][1].command.env)
+    assert env["VLLM_LOGGING_LEVEL"] == "WARNING" and env["VLLM_API_KEY"] == "sk-fleet-parse-secret"
+    assert env["CUDA_VISIBLE_DEVICES"] == "0,1" and env["VLLM_CACHE_ROOT"].endswith("/a/0/vllm")
 
 
 def _standin_options(kind: str) -> set[str]:
