@@ -11,7 +11,7 @@ import pytest
 from batchutil import cli
 from report_fixtures import failed_line, ok_line, write_lines
 
-from jsonlbatch.report import build_report, parse_sla
+from jsonlbatch.report import build_report, parse_sla, render
 from jsonlbatch.stats import percentile
 
 
@@ -55,8 +55,7 @@ def test_report_by_model_tables_and_charts(tmp_path: Path) -> None:
     assert "e2e <= 5s" in by_model
     big = next(line for line in by_model.splitlines() if line.strip().startswith("big"))
     assert "30.0%" in big  # 3 of its 10 successful requests within 5 s
-    done = cli("report", str(path), "--by", "model", "--format", "json")
-    data = json.loads(done.stdout)
+    data = json.loads(render(build_report([str(path)], by=["model"]), "json"))
     groups = data["runs"][0]["breakdown"]["model"]
     assert groups["big"]["latency"]["decode"]["p40"] == pytest.approx(4.6)
     pytest.importorskip("matplotlib")

@@ -27,8 +27,14 @@ from jsonlbatch.cli.params import (
     HttpUrl,
     NonEmpty,
 )
+from jsonlbatch.cli.routing import route_by_listing, run_with_endpoints, run_with_fleet
 from jsonlbatch.cli.sections import Section, Sectioned
-from jsonlbatch.cli.serve_options import SERVE_NAMES, serve_options, serve_options_from_kwargs
+from jsonlbatch.cli.serve_options import (
+    SERVE_NAMES,
+    fleet_plan,
+    serve_options,
+    serve_options_from_kwargs,
+)
 from jsonlbatch.cost import parse_price
 from jsonlbatch.errors import Interrupted, UsageError
 from jsonlbatch.exec.job import ExecOptions, Job, run_coroutine
@@ -68,6 +74,7 @@ _SECTIONS: list[Section] = [
                             "rate_limits", "price", "max_cost")),
     ("Routing (several --url)", ("route", "order_window", "balance_abs_threshold",
                                  "balance_rel_threshold")),
+    ("Several models (routed by body.model)", ("fleet", "endpoint_files")),
     ("Answer cache", ("cache", "no_cache", "cache_mode", "cache_key_url")),
     ("Server launch (--serve)", SERVE_NAMES),
     ("Batch API (--batch-api)", BATCH_NAMES),
@@ -80,6 +87,7 @@ _EXAMPLES = (
     "jsonlbatch exec requests.jsonl -o responses.jsonl --url https://api.openai.com/v1 \\",
     "    --price in=0.15,out=0.60 --max-cost 20                         # exit 4 at the budget",
     "jsonlbatch exec requests.jsonl -o responses.jsonl --dry-run --price in=1,out=4",
+    "jsonlbatch exec mixed.jsonl -o responses.jsonl --fleet fleet.yaml   # several models",
 )
 
 
@@ -308,6 +316,22 @@ _EXAMPLES = (
     help="Put the endpoints' URLs in the cache key: only the same servers reuse answers.",
 )
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or notes; errors only.")
+@click.option(
+    "--fleet",
+    type=click.Path(dir_okay=False),
+    metavar="FILE",
+    help="Launch every model of this fleet file for the run; each request goes to the model "
+    "its body names (docs/serve.md).",
+)
+@click.option(
+    "--endpoints",
+    "endpoint_files",
+    multiple=True,
+    type=click.Path(exists=True),
+    metavar="FILE|DIR",
+    help="An endpoints file (model -> URLs, as serve --fleet --endpoints-out writes), or a folder "
+    "of them; each request goes to the URLs of the model it names (repeat for several).",
+)
 @serve_options
 @batch_api_options
 @add_watch_options
@@ -348,6 +372,17 @@ def exec_(
             requests, output, urls, parse_headers(headers), batch, {**kwargs, "price": price}
         )
         return
+    fleet, endpoint_files = kwargs.pop("fleet"), kwargs.pop("endpoint_files")
+    if sum(map(bool, (fleet, endpoint_files, kwargs.get("backend")))) > 1:
+        raise UsageError("give one of --serve, --fleet and --endpoints")
+    if (fleet or endpoint_files) and urls:
+        raise UsageError("--url goes with --serve or alone: a fleet's URLs come from its file")
+    plan = None
+    if fleet:
+        plan = fleet_plan(
+            fleet, kwargs, node=None, advertise=None, quiet=kwargs["quiet"], log_stem=output,
+            keep_going=True,
+        )  # fmt: skip
     serve = serve_options_from_kwargs(kwargs)
     register_secret(kwargs["api_key"])
     options = ExecOptions(
@@ -370,14 +405,26 @@ def exec_(
 
             click.echo(count(job).format())
             return
-        _run(job, serve, urls, options)
+        _run(job, serve, urls, options, plan, endpoint_files)
 
 
-def _run(job: Job, serve: ServeOptions | None, urls: tuple[str, ...], options: ExecOptions) -> None:
+def _run(
+    job: Job,
+    serve: ServeOptions | None,
+    urls: tuple[str, ...],
+    options: ExecOptions,
+    plan: dict[str, Any] | None = None,
+    endpoint_files: tuple[str, ...] = (),
+) -> None:
     scan = job.prepare()  # bad input fails here, before any server boots
     output = job.output
     try:
-        if serve is None or not scan.pending:
+        if endpoint_files:
+            summary = run_with_endpoints(job, endpoint_files)
+        elif plan is not None and scan.pending:
+            summary = run_with_fleet(job, plan)
+        elif serve is None or not scan.pending:
+            route_by_listing(job, urls, {})
             summary = run_coroutine(job.run(handle_signals=True))
         else:
             if serve.backend == "mock" and not serve.served_model_name:
@@ -387,6 +434,7 @@ def _run(job: Job, serve: ServeOptions | None, urls: tuple[str, ...], options: E
                 # user's --api-key (which must never reach a local server's logs, nor the
                 # local key a remote host).
                 keys = dict.fromkeys(servers.urls, servers.api_key)
+                route_by_listing(job, [*urls, *servers.urls], keys, servers.check)
                 summary = run_coroutine(
                     job.run(
                         [*urls, *servers.urls],

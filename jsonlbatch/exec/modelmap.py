@@ -6,7 +6,8 @@
 
 `jsonlbatch serve --fleet ... --endpoints-out FILE` writes it (atomically, once every model
 serves); `jsonlbatch exec --endpoints FILE` reads it, and so can any other client. Only `urls` is
-required; `backend`, `tp` and `dp` say what serves them. Several files (or a folder of `*.json`,
+required; `backend`, `tp` and `dp` say what serves them, `concurrency` caps the requests in
+flight to that model (else `exec -c` applies to each model). Several files (or a folder of `*.json`,
 one per SLURM component) are read as one map; a model named in two of them is an error, since
 requests could not tell which servers are meant.
 """
@@ -32,10 +33,11 @@ class ModelEndpoints:
     backend: str | None = None
     tp: int | None = None
     dp: int | None = None
+    concurrency: int | None = None  # requests in flight to this model at most (exec's side)
 
     def to_json(self) -> dict[str, object]:
         out: dict[str, object] = {"urls": list(self.urls)}
-        for key in ("backend", "tp", "dp"):
+        for key in ("backend", "tp", "dp", "concurrency"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
         return out
@@ -90,12 +92,16 @@ def _read_one(path: str) -> dict[str, ModelEndpoints]:
         urls = entry.get("urls")
         if not isinstance(urls, list) or not urls or not all(isinstance(u, str) for u in urls):
             raise bad(f"{name}.urls", "must be a non-empty list of base URLs")
-        for key in ("tp", "dp"):
+        for key in ("tp", "dp", "concurrency"):
             value = entry.get(key)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
-                raise bad(f"{name}.{key}", "must be an integer")
+            if value is not None and (
+                not isinstance(value, int) or isinstance(value, bool) or value < 1
+            ):
+                raise bad(f"{name}.{key}", "must be a whole number of at least 1")
         backend = entry.get("backend")
         if backend is not None and not isinstance(backend, str):
             raise bad(f"{name}.backend", "must be a string")
-        out[name] = ModelEndpoints(list(urls), backend, entry.get("tp"), entry.get("dp"))
+        out[name] = ModelEndpoints(
+            list(urls), backend, entry.get("tp"), entry.get("dp"), entry.get("concurrency")
+        )
     return out

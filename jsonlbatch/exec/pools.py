@@ -13,8 +13,8 @@ sent, so a missing route is a usage error, not a thousand failed lines.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from jsonlbatch.errors import UsageError
@@ -31,6 +31,9 @@ class PoolSpec:
     models: tuple[str, ...] | None = None
     concurrency: int | None = None
     name: str = ""
+    #: Called while this pool waits for its servers, instead of the run's watchdog: a fleet's
+    #: per-model restarts (it raises when the model cannot come back).
+    watchdog: Callable[[], None] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.concurrency is not None and self.concurrency < 1:

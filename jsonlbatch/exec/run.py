@@ -15,13 +15,20 @@ import os
 import signal
 import time
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import aiohttp
 import orjson
 
-from jsonlbatch.errors import InputError, Interrupted, JsonlbatchError, UsageError
+from jsonlbatch.errors import (
+    InputError,
+    Interrupted,
+    JsonlbatchError,
+    LaunchError,
+    ServerUnavailableError,
+    UsageError,
+)
 from jsonlbatch.exec.admit import preflight
 from jsonlbatch.exec.answer_check import AnswerChecker
 from jsonlbatch.exec.budget import Budget, BudgetReached, Meter, spent_in_output
@@ -31,6 +38,7 @@ from jsonlbatch.exec.endpoints import Endpoint, EndpointPool, auth_headers, pars
 from jsonlbatch.exec.events import Answered, EventBus, Snapshot
 from jsonlbatch.exec.limits import RateLimiter
 from jsonlbatch.exec.lookup import AnswerStore, occurrences
+from jsonlbatch.exec.modelroute import split_pending, unavailable
 from jsonlbatch.exec.options import ExecOptions
 from jsonlbatch.exec.pools import ModelPools, PoolSpec
 from jsonlbatch.exec.progress import Progress
@@ -113,8 +121,9 @@ class Run:
         self.model_override: str | None = None
         self.run_id = os.urandom(4).hex()  # marks this run's lines (metrics.run)
         self.workers: list[asyncio.Task[None]] = []
-        self.reader: asyncio.Task[None] | None = None
-        self.queue: asyncio.Queue[Request | None] | None = None
+        self.readers: list[asyncio.Task[None]] = []
+        #: One queue per pool with its number of workers (one queue without several pools).
+        self.queues: list[tuple[asyncio.Queue[Request | None], int]] = []
         self.preflight: asyncio.Task[str | None] | None = None
         self.repeats: dict[str, int] = {}  # custom_id -> occurrence, with a lookup only
         self.pending = self.scan.pending  # byte offsets of the lines still to send
@@ -201,7 +210,8 @@ class Run:
             eps = [by_url[url] for url in spec.urls or self.urls]
             pool = EndpointPool(
                 eps, session, headers, ready_timeout=self.opts.ready_timeout,
-                watchdog=self.watchdog, router=Router(eps, self.opts.route_options()),
+                watchdog=spec.watchdog or self.watchdog,
+                router=Router(eps, self.opts.route_options()),
             )  # fmt: skip
             built.append((spec, pool))
         self.pools = pools = ModelPools(built)
@@ -255,22 +265,29 @@ class Run:
             await self._answer(store)
             if self.stopping.is_set() or not self.pending:
                 return
-        n_workers = min(self.opts.concurrency, len(self.pending))
-        queue: asyncio.Queue[Request | None] = asyncio.Queue(maxsize=2 * n_workers)
-        self.queue = queue
-        self.reader = reader = asyncio.ensure_future(self._read(queue, n_workers))
-        self.workers = [asyncio.ensure_future(self._work(queue)) for _ in range(n_workers)]
+        for offsets, n_workers in self._parts():
+            queue: asyncio.Queue[Request | None] = asyncio.Queue(maxsize=2 * n_workers)
+            self.queues.append((queue, n_workers))
+            self.readers.append(asyncio.ensure_future(self._read(queue, n_workers, offsets)))
+            self.workers += [asyncio.ensure_future(self._work(queue)) for _ in range(n_workers)]
+        tasks = [*self.readers, *self.workers]
         try:
-            done, _ = await asyncio.wait(
-                [reader, *self.workers], return_when=asyncio.FIRST_EXCEPTION
-            )
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
             for task in done:
                 if not task.cancelled() and task.exception() is not None:
                     raise task.exception()  # type: ignore[misc]
         finally:
-            for task in (reader, *self.workers):
+            for task in tasks:
                 task.cancel()
-            await asyncio.gather(reader, *self.workers, return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _parts(self) -> list[tuple[Sequence[int], int]]:
+        """The pending lines and workers of each pool (`modelroute.split_pending`)."""
+        if self.pools is None or len(self.pools.pools) < 2:
+            return [(self.pending, min(self.opts.concurrency, len(self.pending)))]
+        return split_pending(
+            self.pools, self.job.source, self.pending, self.model_override, self.opts.concurrency
+        )
 
     def _check_source(self) -> None:
         stat = stat_input(self.job.source)
@@ -313,10 +330,12 @@ class Run:
                     break
         self.pending = missed
 
-    async def _read(self, queue: asyncio.Queue[Request | None], n_workers: int) -> None:
+    async def _read(
+        self, queue: asyncio.Queue[Request | None], n_workers: int, offsets: Sequence[int]
+    ) -> None:
         self._check_source()
         route = self.opts.route_options()
-        for raw in ordered_lines(self.job.source, self.pending, route):
+        for raw in ordered_lines(self.job.source, offsets, route):
             await queue.put(self._request(raw))
             if self.stopping.is_set():
                 break
@@ -339,6 +358,11 @@ class Run:
                 return
             except Stop:
                 return
+            except (ServerUnavailableError, LaunchError) as exc:
+                if self.pools is None or len(self.pools.pools) < 2:
+                    self._stop(exc)
+                    return
+                result = unavailable(request, exc)  # one model down: the others go on
             except JsonlbatchError as exc:
                 self._stop(exc)
                 return
@@ -397,13 +421,13 @@ class Run:
         self.stopping.set()
         if self.preflight is not None and not self.preflight.done():
             self.preflight.cancel()
-        if self.reader is not None:
-            self.reader.cancel()
-        if self.queue is not None:  # wake idle workers: queued requests stay pending
-            while not self.queue.empty():
-                self.queue.get_nowait()
-            for _ in self.workers:
-                self.queue.put_nowait(None)
+        for reader in self.readers:
+            reader.cancel()
+        for queue, n_workers in self.queues:  # wake idle workers: queued requests stay pending
+            while not queue.empty():
+                queue.get_nowait()
+            for _ in range(n_workers):
+                queue.put_nowait(None)
         if cancel or abort is not None:
             self._cancel_scheduled = True
             delay = 0.0 if abort is not None else self.opts.grace

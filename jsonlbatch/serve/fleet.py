@@ -54,6 +54,9 @@ SERVE_KEYS: dict[str, str] = {
     "api_key_env": STR,
     "caches": BOOL,
 }
+#: A fleet entry also says how many requests exec keeps in flight to the model (a client-side
+#: setting: an experiment's `exec` step has its own).
+ENTRY_KEYS: dict[str, str] = {**SERVE_KEYS, "concurrency": INT}
 _FLEET_KEYS = {"models": LIST, "stagger": NUM, "cache_dir": STR}
 
 
@@ -67,6 +70,7 @@ class ServeEntry:
     caches: bool = True  # its own cache folders
     line: int | None = None
     given: frozenset[str] = frozenset()  # the option names the file set (defaults fill the rest)
+    concurrency: int | None = None  # exec's requests in flight to this model at most
 
     @property
     def name(self) -> str:
@@ -121,6 +125,9 @@ def serve_options(mapping: Mapping[str, Any]) -> ServeEntry:
         api_key = os.environ.get(key_env)
         if not api_key:
             raise UsageError(f"api_key_env: the variable {key_env} is not set")
+    concurrency = values.pop("concurrency", None)
+    if concurrency is not None and concurrency < 1:
+        raise UsageError("concurrency must be at least 1")
     env = values.pop("env", None) or {}
     names = values.pop("served_model_name", ())
     args = values.pop("server_args", ())
@@ -145,16 +152,25 @@ def serve_options(mapping: Mapping[str, Any]) -> ServeEntry:
             f"{options.tp_size * options.dp_size} GPUs, but gpu_count is {count}"
         )
     given = frozenset("seed" if k == "server_seed" else k for k in mapping)
-    return ServeEntry(options, count, values.get("node"), values.get("caches", True), given=given)
+    return ServeEntry(
+        options,
+        count,
+        values.get("node"),
+        values.get("caches", True),
+        given=given,
+        concurrency=concurrency,
+    )
 
 
-def check_serve(checker: FileChecker, value: Any, at: tuple[str, ...]) -> ServeEntry | None:
+def check_serve(
+    checker: FileChecker, value: Any, at: tuple[str, ...], schema: dict[str, str] = SERVE_KEYS
+) -> ServeEntry | None:
     """Check one `serve:` mapping (or a bare backend name) in a settings file; problems are
     located in `checker`. None when it has any."""
     if isinstance(value, str):
         value = {"backend": value}
     before = len(checker.problems)
-    checked = checker.keys(value, at, SERVE_KEYS, required=("backend",))
+    checked = checker.keys(value, at, schema, required=("backend",))
     if isinstance(checked.get("gpus"), (list, str)) or checked.get("gpus") is None:
         checker.guard((*at, "gpus"), _gpu_ids, checked.get("gpus"))
     else:
@@ -179,7 +195,7 @@ def load_fleet(path: str) -> Fleet:
     top = checker.keys(value, (), _FLEET_KEYS, required=("models",))
     entries = []
     for i, item in enumerate(top.get("models") or []):
-        entry = check_serve(checker, item, ("models", str(i)))
+        entry = check_serve(checker, item, ("models", str(i)), ENTRY_KEYS)
         if entry is not None:
             entries.append(entry)
     if "models" in top and not top.get("models"):
@@ -215,9 +231,10 @@ def place(
     and cache folders decided. UsageError, naming the models, for overlaps and shortfalls.
 
     Entries with a `gpus` list keep it; entries with a count (or TP x DP) get the next GPUs that
-    no entry named, in file order. With Ray, Ray places replicas: only counts are checked there.
+    no entry named, in file order. With Ray, every entry is placed by Ray on the cluster (each
+    replica a placement group of TP GPUs): nodes and GPU lists are Ray's to decide.
     """
-    here = [e for e in fleet.entries if e.node == node]
+    here = list(fleet.entries) if ray else [e for e in fleet.entries if e.node == node]
     if not here:
         nodes = sorted({e.node or "(none)" for e in fleet.entries})
         raise UsageError(f"no model of the fleet runs on node {node!r} (nodes: {', '.join(nodes)})")
@@ -257,7 +274,7 @@ def place(
         if not options.gpus and entry.gpus_needed() and gpus is not None and not ray:
             options = replace(options, gpus=tuple(free[: entry.gpus_needed()]))
             free = free[entry.gpus_needed() :]
-        if entry.caches:
+        if entry.caches and BACKENDS[options.backend].needs_gpus:  # the mock compiles nothing
             folder = os.path.join(fleet.cache_dir, slug(entry.name))
             options = replace(options, cache_dir=folder)
         placed.append(replace(entry, options=options))

@@ -22,7 +22,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
-from jsonlbatch.errors import LaunchError
+from jsonlbatch.errors import LaunchError, UsageError
 from jsonlbatch.exec.modelmap import ModelEndpoints
 from jsonlbatch.redact import redact
 from jsonlbatch.serve.backends import BACKENDS
@@ -120,6 +120,13 @@ class FleetServers:
                 self.dead[entry.name] = str(exc).splitlines()[0]
                 self.note(f"model {entry.name} is down for good: {exc}")
 
+    def check_model(self, name: str) -> None:
+        """The watchdog of one model's requests: restart its servers while restarts are left;
+        LaunchError once the model is gone for good (its requests then fail, naming it)."""
+        self.check()
+        if name in self.dead:
+            raise LaunchError(f"model {name} is down for good: {self.dead[name]}")
+
     def stop(self) -> None:
         """Take every model down at once (one grace period for all, not one per model)."""
         plain = [g for _, g in self.groups if type(g) is Servers]
@@ -159,6 +166,11 @@ def plan_fleet(
     """
     needs = any(BACKENDS[e.options.backend].needs_gpus for e in fleet.entries)
     ray = bool((defaults or {}).get("ray"))
+    if ray and not ((defaults or {}).get("ray_address") or os.environ.get("RAY_ADDRESS")):
+        raise UsageError(
+            "--fleet with --ray places every model on one cluster: give --ray-address (or set "
+            "RAY_ADDRESS); a cluster of its own per model is not what a fleet wants"
+        )
     listed = visible_gpus(gpus, detect=needs and not ray)
     placed = place(fleet, listed, node=node, ray=ray)
     stem = log_stem or "jsonlbatch-fleet"

@@ -34,6 +34,7 @@ from jsonlbatch.redact import redact
 from jsonlbatch.serve import reaper
 from jsonlbatch.serve.backends import (
     BACKENDS,
+    CACHE_VARS,
     MOCK_NAME,
     Command,
     ServeOptions,
@@ -109,6 +110,9 @@ class ServerProcess:
     def start(self) -> None:
         """Start (or start again) under a reaper in a new session, output to the log file."""
         Path(self.log_path).parent.mkdir(parents=True, exist_ok=True)
+        for name, value in self.command.env:  # its own caches (a fleet's instances)
+            if name in CACHE_VARS:
+                Path(value).mkdir(parents=True, exist_ok=True)
         self.release()
         self.starts += 1
         env = {**os.environ, **dict(self.command.env), SECRETS_ENV: self.api_key or ""}

@@ -154,7 +154,8 @@ def _spawn_grandchild(kind: str) -> int | None:
 def _record(path: str | None, grandchild: int | None) -> None:
     if not path:
         return
-    keys = ("CUDA_VISIBLE_DEVICES", "VLLM_API_KEY", "JSONLBATCH_MOCK_API_KEY")
+    keys = ("CUDA_VISIBLE_DEVICES", "VLLM_API_KEY", "JSONLBATCH_MOCK_API_KEY", "VLLM_CACHE_ROOT",
+            "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")  # fmt: skip
     entry = {
         "argv": sys.argv,
         "pid": os.getpid(),
