@@ -143,12 +143,15 @@ class Run:
         # every URL parsed once, before the output is touched; a URL in two pools is one endpoint
         endpoints: dict[str, Endpoint] = {}
         for spec in specs:
-            for url in spec.urls or self.urls:
+            for i, url in enumerate(spec.urls or self.urls):
                 if url not in endpoints:
                     endpoints[url] = parse_endpoint(url)
                     if url in self.keys:  # launched for this run: its port changes every run,
                         endpoints[url].launched = True  # so lines name it by its index
-                        endpoints[url].name = f"server {list(self.keys).index(url)}"
+                        endpoints[url].name = (  # in a fleet, by its model: `mid/0`
+                            f"{spec.name}/{i}" if spec.name and spec.urls
+                            else f"server {list(self.keys).index(url)}"
+                        )  # fmt: skip
         if not self.scan.pending:
             self.recorder.prepare()
             self.recorder.close()
