@@ -114,7 +114,8 @@ def median(values: list[float]) -> float:
     return ordered[len(ordered) // 2]
 
 
-def start_server(port: int) -> subprocess.Popen:
+def start_server(port: int, *flags: str) -> subprocess.Popen:
+    """The mock (with `flags`, e.g. "--rpm", "600") pinned to core 1; returns once it is ready."""
     cmd = [
         sys.executable,
         "-m",
@@ -123,6 +124,7 @@ def start_server(port: int) -> subprocess.Popen:
         str(port),
         "--served-model-name",
         "mock",
+        *flags,
     ]
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, text=True, preexec_fn=lambda: pin(1), start_new_session=True
@@ -267,6 +269,11 @@ def main() -> None:
                     continue
                 shown = ", ".join(f"{r:.0f}" for r in runs)
                 print(f"{name:>10}: {rates[name]:8.0f} req/s  (runs in order: {shown})")
+            for name in ("jsonlbatch", "baseline"):
+                if name in seen and not args.json:  # robust to load that drifts between rounds
+                    pairs = [r / a for r, a in zip(seen[name], seen["aiohttp"], strict=True)]
+                    shown = ", ".join(f"{r:.2f}" for r in pairs)
+                    print(f"{name:>10} / aiohttp, run by run: median {median(pairs):.2f} ({shown})")
         finally:
             server.terminate()
             server.wait(timeout=10)

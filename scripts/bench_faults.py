@@ -27,19 +27,13 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_exec import exec_command, free_port, median, pin, write_requests
+from bench_exec import exec_command, free_port, median, pin, start_server, write_requests
 
 
 def start_mock(port: int, stray_429: float, seed: int) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "jsonlbatch.mock", "--port", str(port), "--seed", str(seed),
-           "--fail-rate", "0.1", "--rate-limit-rate", str(stray_429), "--retry-after", "none",
-           "--drop-rate", "0.05", "--hang-rate", "0.02"]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, preexec_fn=lambda: pin(1))
-    assert proc.stdout is not None
-    if "ready" not in proc.stdout.readline():
-        proc.kill()
-        raise SystemExit("mock server did not start")
-    return proc
+    return start_server(port, "--seed", str(seed), "--fail-rate", "0.1",
+                        "--rate-limit-rate", str(stray_429), "--retry-after", "none",
+                        "--drop-rate", "0.05", "--hang-rate", "0.02")  # fmt: skip
 
 
 def one_run(requests: Path, out: Path, args: argparse.Namespace, seed: int) -> dict:

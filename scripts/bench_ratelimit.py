@@ -29,7 +29,7 @@ from pathlib import Path
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_exec import exec_command, free_port, pin
+from bench_exec import exec_command, free_port, pin, start_server
 
 from jsonlbatch.records import request_line
 
@@ -50,16 +50,8 @@ def write_requests(path: Path, n: int) -> None:
 
 
 def start_mock(port: int, rpm: float, tpm: float):
-    import subprocess
-
-    cmd = [sys.executable, "-m", "jsonlbatch.mock", "--port", str(port), "--rpm", str(rpm),
-           "--tpm", str(tpm), "--latency", "0.05", "--default-max-tokens", str(MAX_TOKENS)]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, preexec_fn=lambda: pin(1))
-    assert proc.stdout is not None
-    if "ready" not in proc.stdout.readline():
-        proc.kill()
-        raise SystemExit("mock server did not start")
-    return proc
+    return start_server(port, "--rpm", str(rpm), "--tpm", str(tpm), "--latency", "0.05",
+                        "--default-max-tokens", str(MAX_TOKENS))  # fmt: skip
 
 
 def mock_stats(url: str) -> dict:

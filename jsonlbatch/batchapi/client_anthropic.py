@@ -15,13 +15,12 @@ decide it, the run stops and says so rather than submitting a second batch.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from jsonlbatch.batchapi.objects import new_id
+from jsonlbatch.batchapi.objects import epoch_of, new_id
 from jsonlbatch.batchapi.remote import BatchApi, RemoteError, _quoted
 from jsonlbatch.jsonl import iter_lines, rewrite_atomically
 from jsonlbatch.records import json_object
@@ -106,7 +105,7 @@ class AnthropicBatchApi(BatchApi):
                                "failed": failed},
             "output_file_id": f"results-{obj['id']}" if obj.get("processing_status") == "ended" else None,
             "error_file_id": None,
-            "created_at": _epoch(obj.get("created_at")),
+            "created_at": epoch_of(obj.get("created_at")),
             "metadata": {},
         }  # fmt: skip
 
@@ -154,15 +153,6 @@ class AnthropicBatchApi(BatchApi):
             dest, (orjson.dumps(_line(orjson.loads(r))) + b"\n" for _, r in iter_lines(raw))
         )
         raw.unlink(missing_ok=True)
-
-
-def _epoch(text: Any) -> float:
-    if not isinstance(text, str):
-        return 0.0
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return 0.0
 
 
 def _line(result: Any) -> dict[str, Any]:

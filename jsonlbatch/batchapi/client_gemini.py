@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import urllib.parse
 from collections.abc import Mapping
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from jsonlbatch.batchapi.gemini_format import chat_to_gemini, gemini_to_chat_response
-from jsonlbatch.batchapi.objects import new_id
+from jsonlbatch.batchapi.objects import epoch_of, new_id
 from jsonlbatch.batchapi.remote import BatchApi, RemoteError
 from jsonlbatch.jsonl import iter_lines, rewrite_atomically
 from jsonlbatch.records import json_object
@@ -204,7 +203,7 @@ class GeminiBatchApi(BatchApi):
                                "failed": _int(stats.get("failedRequestCount"))},
             "output_file_id": f"{model}/{responses}" if isinstance(responses, str) else None,
             "error_file_id": None,
-            "created_at": _epoch(meta.get("createTime")),
+            "created_at": epoch_of(meta.get("createTime")),
             "metadata": {},
         }  # fmt: skip
 
@@ -214,15 +213,6 @@ def _int(value: Any) -> int:
         return int(value)
     except (TypeError, ValueError):
         return 0
-
-
-def _epoch(text: Any) -> float:
-    if not isinstance(text, str):
-        return 0.0
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return 0.0
 
 
 def _line(item: Any, model: str) -> dict[str, Any]:

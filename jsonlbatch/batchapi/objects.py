@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from datetime import datetime, timezone
 from typing import Any
 
 import orjson
@@ -69,3 +70,22 @@ def failure_line(custom_id: str, code: str, message: str, **metrics: Any) -> byt
     if metrics:
         line["metrics"] = metrics
     return orjson.dumps(line) + b"\n"
+
+
+def rfc3339(stamp: float | None) -> str | None:
+    """Seconds since the epoch as the RFC 3339 time other providers' APIs use
+    ("2026-11-25T10:00:00Z"); None (or 0: not set) gives None."""
+    if not stamp:
+        return None
+    return datetime.fromtimestamp(stamp, timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def epoch_of(text: Any) -> float:
+    """An RFC 3339 time from another provider's API as seconds since the epoch (0 when it is
+    missing or not a time)."""
+    if not isinstance(text, str):
+        return 0.0
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0

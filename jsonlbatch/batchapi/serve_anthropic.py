@@ -14,14 +14,13 @@ from __future__ import annotations
 import builtins
 import re
 from collections.abc import Iterator
-from datetime import datetime, timezone
 from typing import Any
 
 import orjson
 from aiohttp import web
 
 from jsonlbatch.batchapi.intake import new_batch, queued_requests, request_line, store_file
-from jsonlbatch.batchapi.objects import TERMINAL, new_id, now
+from jsonlbatch.batchapi.objects import TERMINAL, new_id, now, rfc3339
 from jsonlbatch.batchapi.runner import BatchRunner
 from jsonlbatch.batchapi.store import Store
 from jsonlbatch.batchapi.web import ApiError, json_body, json_response
@@ -43,12 +42,6 @@ def error(status: int, kind: str, message: str) -> ApiError:
     body = {"type": "error", "error": {"type": kind, "message": message},
             "request_id": new_id("req_")}  # fmt: skip
     return ApiError(status, message, body=body)
-
-
-def _iso(stamp: float | None) -> str | None:
-    if stamp is None:
-        return None
-    return datetime.fromtimestamp(stamp, timezone.utc).isoformat().replace("+00:00", "Z")
 
 
 class AnthropicBatches:
@@ -199,10 +192,10 @@ class AnthropicBatches:
             "type": "message_batch",
             "processing_status": "ended" if ended else ("canceling" if status == "cancelling" else "in_progress"),
             "request_counts": counts,
-            "created_at": _iso(batch["created_at"]),
-            "expires_at": _iso(batch["expires_at"]),
-            "ended_at": _iso(ended_at) if ended else None,
-            "cancel_initiated_at": _iso(batch.get("cancelling_at")),
+            "created_at": rfc3339(batch["created_at"]),
+            "expires_at": rfc3339(batch["expires_at"]),
+            "ended_at": rfc3339(ended_at) if ended else None,
+            "cancel_initiated_at": rfc3339(batch.get("cancelling_at")),
             "archived_at": None,
             "results_url": f"{request.url.origin()}/v1/messages/batches/{batch['id']}/results" if ended else None,
         }  # fmt: skip

@@ -11,7 +11,6 @@ served, since google-genai moved from `v1beta` to `v1`; the key is `x-goog-api-k
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
 from typing import Any
 
 import orjson
@@ -24,7 +23,7 @@ from jsonlbatch.batchapi.gemini_format import (
     gemini_to_chat,
 )
 from jsonlbatch.batchapi.intake import new_batch, queued_requests, request_line, store_file
-from jsonlbatch.batchapi.objects import TERMINAL, new_id, now
+from jsonlbatch.batchapi.objects import TERMINAL, new_id, now, rfc3339
 from jsonlbatch.batchapi.runner import BatchRunner
 from jsonlbatch.batchapi.store import Store
 from jsonlbatch.batchapi.web import ApiError, json_body, json_response
@@ -48,12 +47,6 @@ _STATES = {
 def error(status: int, message: str) -> ApiError:
     """An error in Google's shape."""
     return ApiError(status, message, body={"error": error_status(status, message)})
-
-
-def _iso(stamp: float | None) -> str | None:
-    if not stamp:
-        return None
-    return datetime.fromtimestamp(stamp, timezone.utc).isoformat().replace("+00:00", "Z")
 
 
 def is_gemini(request: web.Request) -> bool:
@@ -223,8 +216,8 @@ class GeminiBatches:
             "model": f"models/{info['model']}",
             "displayName": info["displayName"],
             "state": _STATES[status],
-            "createTime": _iso(batch["created_at"]),
-            "updateTime": _iso(ended or batch.get("in_progress_at") or batch["created_at"]),
+            "createTime": rfc3339(batch["created_at"]),
+            "updateTime": rfc3339(ended or batch.get("in_progress_at") or batch["created_at"]),
             "batchStats": {
                 "requestCount": str(total),
                 "successfulRequestCount": str(counts.get("completed", 0)),
@@ -235,7 +228,7 @@ class GeminiBatches:
             },
         }
         if done:
-            metadata["endTime"] = _iso(ended)
+            metadata["endTime"] = rfc3339(ended)
         if status in ("completed", "cancelled"):
             metadata["output"] = self._output(batch)
         return {"name": f"batches/{batch['id']}", "metadata": metadata, "done": done}
@@ -354,9 +347,9 @@ class GeminiBatches:
             "displayName": obj["filename"],
             "mimeType": "application/jsonl",
             "sizeBytes": str(obj["bytes"]),
-            "createTime": _iso(obj["created_at"]),
-            "updateTime": _iso(obj["created_at"]),
-            "expirationTime": _iso(obj["created_at"] + 48 * 3600),
+            "createTime": rfc3339(obj["created_at"]),
+            "updateTime": rfc3339(obj["created_at"]),
+            "expirationTime": rfc3339(obj["created_at"] + 48 * 3600),
             "uri": f"{request.url.origin()}/{version}/files/{obj['id']}",
             "state": "ACTIVE",
             "source": "GENERATED" if obj["purpose"] == "batch_output" else "UPLOADED",
