@@ -28,6 +28,13 @@ class Problem:
             f"{where}: {self.field}: {self.message}" if self.field else f"{where}: {self.message}"
         )
 
+    @classmethod
+    def bad_json(
+        cls, path: str, line: int | None, exc: Exception, field: str | None = None
+    ) -> Problem:
+        """A line that does not decode: the one wording every reader of a file uses."""
+        return cls(path, line, field, f"bad JSON: {exc}")
+
 
 #: Stop collecting after this many problems: the user fixes the pattern, not each line.
 MAX_PROBLEMS = 1000

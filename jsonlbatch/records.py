@@ -207,9 +207,7 @@ def parse_request(raw: bytes | str, *, path: str, line: int, require_model: bool
     try:
         obj = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise InputError(
-            "invalid request", [Problem(path, line, None, f"bad JSON: {exc}")]
-        ) from None
+        raise InputError("invalid request", [Problem.bad_json(path, line, exc)]) from None
     problems = check_request(obj, require_model=require_model)
     if problems:
         raise InputError("invalid request", [Problem(path, line, f, m) for f, m in problems])

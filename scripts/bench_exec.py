@@ -201,7 +201,25 @@ def run_client(name: str, url: str, path: Path, concurrency: int) -> None:
     print(json.dumps({"requests": n, "seconds": time.perf_counter() - start}))
 
 
+def children_cpu() -> float:
+    """CPU seconds (user + system) of the child processes that ended so far."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def measure(
+    name: str, url: str, path: Path, concurrency: int, out: Path, baseline: str | None = None
+) -> dict:
+    """{"requests", "seconds" (wall), "cpu" (the client process's CPU seconds, start-up
+    included: on a loaded machine a steadier measure of client cost than wall time)}."""
+    before = children_cpu()
+    result = _measure(name, url, path, concurrency, out, baseline)
+    return result | {"cpu": children_cpu() - before}
+
+
+def _measure(
     name: str, url: str, path: Path, concurrency: int, out: Path, baseline: str | None = None
 ) -> dict:
     if name == "jsonlbatch":
@@ -256,6 +274,7 @@ def main() -> None:
         clients += [("baseline", big)] if args.baseline else []
         clients += [("openai", small)] if args.openai_requests else []
         seen: dict[str, list[float]] = {name: [] for name, _ in clients}
+        cpu: dict[str, list[float]] = {name: [] for name, _ in clients}
         try:
             for _ in range(args.runs):  # alternating: load changes weigh on every client alike
                 for name, path in clients:
@@ -263,6 +282,7 @@ def main() -> None:
                         name, url, path, args.concurrency, tmpdir / "out.jsonl", args.baseline
                     )
                     seen[name].append(r["requests"] / r["seconds"])
+                    cpu[name].append(r["requests"] / r["cpu"])
             for name, runs in seen.items():
                 rates[name] = median(runs)
                 if args.json:
@@ -274,6 +294,12 @@ def main() -> None:
                     pairs = [r / a for r, a in zip(seen[name], seen["aiohttp"], strict=True)]
                     shown = ", ".join(f"{r:.2f}" for r in pairs)
                     print(f"{name:>10} / aiohttp, run by run: median {median(pairs):.2f} ({shown})")
+            if not args.json:
+                print("requests per CPU-second of the client process (start-up included):")
+                for name, runs in cpu.items():
+                    ratio = median(runs) / median(cpu["aiohttp"])
+                    shown = ", ".join(f"{r:.0f}" for r in runs)
+                    print(f"{name:>10}: {median(runs):8.0f}  {ratio:.2f}x aiohttp  ({shown})")
         finally:
             server.terminate()
             server.wait(timeout=10)

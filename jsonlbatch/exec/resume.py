@@ -258,7 +258,7 @@ def _response_line(
     try:
         obj = orjson.loads(line)
     except orjson.JSONDecodeError as exc:
-        problems.append(Problem(path, number, None, f"bad JSON: {exc}"))
+        problems.append(Problem.bad_json(path, number, exc))
         return None
     if isinstance(obj, dict) and "response" not in obj and "error" not in obj:
         problems.append(

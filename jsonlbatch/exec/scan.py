@@ -117,7 +117,7 @@ def scan_input(
         try:
             obj = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
-            problems.append(Problem(scan.path, number, None, f"bad JSON: {exc}"))
+            problems.append(Problem.bad_json(scan.path, number, exc))
             if len(problems) >= MAX_PROBLEMS:
                 break
             continue

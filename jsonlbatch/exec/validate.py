@@ -86,9 +86,9 @@ def _validate_responses(path: str, name: str) -> ValidationReport:
         except orjson.JSONDecodeError as exc:
             if number == torn:
                 message = "torn last line (no newline at its end: a write cut short); exec cuts it"
+                report.problems.append(Problem(name, number, None, message))
             else:
-                message = f"bad JSON: {exc}"
-            report.problems.append(Problem(name, number, None, message))
+                report.problems.append(Problem.bad_json(name, number, exc))
         else:
             found = check_response(obj)
             report.problems += [Problem(name, number, f, m) for f, m in found]

@@ -79,7 +79,7 @@ class RequestIndex:
                 obj = orjson.loads(raw)
             except orjson.JSONDecodeError as exc:
                 raise InputError(
-                    "bad request file", [Problem(path, lineno, None, f"bad JSON: {exc}")]
+                    "bad request file", [Problem.bad_json(path, lineno, exc)]
                 ) from None
             cid = obj.get("custom_id") if isinstance(obj, dict) else None
             if not isinstance(cid, str) or not isinstance(obj.get("body"), dict):

@@ -170,9 +170,7 @@ def _jsonl_rows(stream: IO[bytes], path: str) -> Iterator[Row]:
         try:
             obj = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
-            raise InputError(
-                "bad data row", [Problem(path, number, None, f"bad JSON: {exc}")]
-            ) from None
+            raise InputError("bad data row", [Problem.bad_json(path, number, exc)]) from None
         yield _checked(Row(path, index, number, obj))
         index += 1
 

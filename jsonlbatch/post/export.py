@@ -274,7 +274,7 @@ def _lines(path: str, required: Sequence[str]) -> Iterator[dict[str, Any]]:
         try:
             obj = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
-            problems.append(Problem(path, number, None, f"bad JSON: {exc}"))
+            problems.append(Problem.bad_json(path, number, exc))
             continue
         missing = [k for k in required if not isinstance(obj, dict) or k not in obj]
         if missing:

@@ -74,7 +74,7 @@ def json_lines(path: str, problems: list[Problem]) -> Iterator[tuple[int, Any]]:
         try:
             obj = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
-            problems.append(Problem(path, lineno, None, f"bad JSON: {exc}"))
+            problems.append(Problem.bad_json(path, lineno, exc))
             continue
         yield lineno, obj
 
@@ -95,7 +95,7 @@ def _lines(paths: Sequence[str]) -> Iterator[tuple[int, str, int, dict[str, Any]
                     source,
                     path,
                     lineno,
-                    Problem(path, lineno, "torn" if torn else None, f"bad JSON: {exc}"),
+                    Problem.bad_json(path, lineno, exc, "torn" if torn else None),
                 )
                 continue
             if isinstance(obj, dict) and is_answer_line(obj):

@@ -258,7 +258,7 @@ class _JsonLines:
             try:
                 obj = orjson.loads(raw)
             except orjson.JSONDecodeError as exc:
-                pending = Problem(self.path, number, None, f"bad JSON: {exc}")
+                pending = Problem.bad_json(self.path, number, exc)
             else:
                 yield number, obj
         if pending is not None:
