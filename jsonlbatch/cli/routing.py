@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import functools
 import sys
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -33,7 +34,7 @@ def run_with_fleet(job: Job, plan: dict[str, Any]) -> RunSummary:
     fleet = plan.pop("fleet")
     if job.options.model is None:
         check_served([PoolSpec((), tuple(e.options.served_names)) for e in fleet.entries],
-                     job.input.models if job.input else {})  # fmt: skip
+                     job.input.models if job.input else Counter())  # fmt: skip
     with serving_fleet(fleet, **plan) as servers:
         specs = [
             PoolSpec(
@@ -54,7 +55,7 @@ def run_with_fleet(job: Job, plan: dict[str, Any]) -> RunSummary:
 def route_by_listing(
     job: Job,
     urls: Sequence[str],
-    keys: dict[str, str | None],
+    keys: Mapping[str, str | None],
     watchdog: Callable[[], None] | None = None,
 ) -> None:
     """Several URLs: ask each what it serves; if they differ, a pool per model."""
