@@ -13,57 +13,18 @@ from __future__ import annotations
 
 from typing import Any
 
-Problems = list[tuple[str, str]]
+from jsonlbatch.batchapi.chat_turns import Problems, chat_turns
+
 _SAME = ("temperature", "top_p", "top_k")
 _IGNORED = frozenset({"model", "user", "metadata", "store", "stream_options"})
-
-
-def _text(content: Any, where: str, problems: Problems) -> str | None:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = []
-        for i, part in enumerate(content):
-            if (
-                isinstance(part, dict)
-                and part.get("type") == "text"
-                and isinstance(part.get("text"), str)
-            ):
-                texts.append(part["text"])
-            else:
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                problems.append(
-                    (f"{where}.{i}", f"a {kind!s} part is not translated to Messages (text only)")
-                )
-        return "".join(texts)
-    problems.append((where, "must be text or a list of text parts"))
-    return None
 
 
 def chat_to_messages(body: dict[str, Any]) -> tuple[dict[str, Any], Problems]:
     """A chat-completion body as a Messages body, and what could not be translated."""
     problems: Problems = []
     out: dict[str, Any] = {"model": body.get("model")}
-    system: list[str] = []
-    turns: list[dict[str, Any]] = []
-    for i, message in enumerate(body.get("messages") or []):
-        where = f"body.messages.{i}"
-        if not isinstance(message, dict):
-            problems.append((where, "must be an object"))
-            continue
-        role = message.get("role")
-        if message.get("tool_calls") or role in ("tool", "function"):
-            problems.append((where, "tool calls and tool results are not translated to Messages"))
-            continue
-        text = _text(message.get("content"), f"{where}.content", problems)
-        if text is None:
-            continue
-        if role in ("system", "developer"):
-            system.append(text)
-        elif role in ("user", "assistant"):
-            turns.append({"role": role, "content": text})
-        else:
-            problems.append((f"{where}.role", f"role {role!r} is not translated to Messages"))
+    system, pairs = chat_turns(body, "Messages", problems)
+    turns = [{"role": role, "content": text} for role, text in pairs]
     if not turns:
         problems.append(("body.messages", "a chat request with user messages is needed"))
     out["messages"] = turns

@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 
+from jsonlbatch.batchapi.chat_turns import Problems, chat_turns
 from jsonlbatch.batchapi.objects import new_id, now
 
 #: Sampling fields: chat name -> Gemini `generationConfig` name.
@@ -41,62 +42,17 @@ _FINISH = {
 }
 _REASONS = {v: k for k, v in _FINISH.items() if k in ("STOP", "MAX_TOKENS", "SAFETY")}
 
-Problems = list[tuple[str, str]]
-
-
-def _text(content: Any, where: str, problems: Problems) -> str | None:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = []
-        for i, part in enumerate(content):
-            if (
-                isinstance(part, dict)
-                and part.get("type") == "text"
-                and isinstance(part.get("text"), str)
-            ):
-                texts.append(part["text"])
-            else:
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                problems.append(
-                    (f"{where}.{i}", f"a {kind!s} part is not translated to Gemini (text only)")
-                )
-        return "".join(texts)
-    problems.append((where, "must be text or a list of text parts"))
-    return None
-
 
 def chat_to_gemini(body: dict[str, Any]) -> tuple[dict[str, Any], Problems]:
     """A chat-completion body as a `GenerateContentRequest`, and what could not be translated
     (`(field, reason)` pairs; the request must not be sent when there are any)."""
     problems: Problems = []
     request: dict[str, Any] = {}
-    system: list[str] = []
-    contents: list[dict[str, Any]] = []
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        problems.append(("body.messages", "a chat request with messages is needed for Gemini"))
-        messages = []
-    for i, message in enumerate(messages):
-        where = f"body.messages.{i}"
-        if not isinstance(message, dict):
-            problems.append((where, "must be an object"))
-            continue
-        role = message.get("role")
-        if message.get("tool_calls") or role in ("tool", "function"):
-            problems.append((where, "tool calls and tool results are not translated to Gemini"))
-            continue
-        text = _text(message.get("content"), f"{where}.content", problems)
-        if text is None:
-            continue
-        if role in ("system", "developer"):
-            system.append(text)
-        elif role in ("user", "assistant"):
-            contents.append(
-                {"role": "user" if role == "user" else "model", "parts": [{"text": text}]}
-            )
-        else:
-            problems.append((f"{where}.role", f"role {role!r} is not translated to Gemini"))
+    system, turns = chat_turns(body, "Gemini", problems)
+    contents = [
+        {"role": "user" if role == "user" else "model", "parts": [{"text": text}]}
+        for role, text in turns
+    ]
     request["contents"] = contents
     if system:
         request["systemInstruction"] = {"parts": [{"text": "\n\n".join(system)}]}

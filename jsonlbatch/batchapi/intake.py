@@ -119,3 +119,26 @@ def queued_requests(store: Store) -> int:
         counts = batch.get("request_counts") or {}
         total += counts.get("total") or batch.get("queued", 0)
     return total
+
+
+class ProviderFront:
+    """What the Anthropic and Gemini routes share: the store and the runner, how long their
+    batches live (`expiry`, seconds) and the queue limit (`max_queued` requests)."""
+
+    default_expiry = 24 * 3600.0
+
+    def __init__(
+        self,
+        store: Store,
+        runner: BatchRunner,
+        *,
+        expiry: float | None = None,
+        max_queued: int | None = None,
+    ) -> None:
+        self.store, self.runner = store, runner
+        self.expiry = expiry or self.default_expiry
+        self.max_queued = max_queued
+
+    def queue_full(self, count: int) -> bool:
+        """Whether `count` more requests would pass the queue limit."""
+        return self.max_queued is not None and queued_requests(self.store) + count > self.max_queued

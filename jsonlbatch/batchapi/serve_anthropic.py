@@ -19,10 +19,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from jsonlbatch.batchapi.intake import new_batch, queued_requests, request_line, store_file
+from jsonlbatch.batchapi.intake import ProviderFront, new_batch, request_line, store_file
 from jsonlbatch.batchapi.objects import TERMINAL, new_id, now, rfc3339
-from jsonlbatch.batchapi.runner import BatchRunner
-from jsonlbatch.batchapi.store import Store
 from jsonlbatch.batchapi.web import ApiError, json_body, json_response
 from jsonlbatch.jsonl import iter_lines
 from jsonlbatch.records import MESSAGES_URL, json_object
@@ -44,18 +42,8 @@ def error(status: int, kind: str, message: str) -> ApiError:
     return ApiError(status, message, body=body)
 
 
-class AnthropicBatches:
-    def __init__(
-        self,
-        store: Store,
-        runner: BatchRunner,
-        *,
-        expiry: float = DEFAULT_EXPIRY,
-        max_queued: int | None = None,
-    ) -> None:
-        self.store, self.runner = store, runner
-        self.expiry = expiry
-        self.max_queued = max_queued
+class AnthropicBatches(ProviderFront):
+    default_expiry = DEFAULT_EXPIRY
 
     def add_routes(self, app: web.Application) -> None:
         add = app.router
@@ -106,10 +94,7 @@ class AnthropicBatches:
                 )
             if not isinstance(params.get("model"), str):
                 raise error(400, "invalid_request_error", f"{where}.params.model: required")
-        if (
-            self.max_queued is not None
-            and queued_requests(self.store) + len(requests) > self.max_queued
-        ):
+        if self.queue_full(len(requests)):
             raise error(429, "rate_limit_error",
                         f"the number of queued batch requests would exceed {self.max_queued}; "
                         "wait for earlier batches to end")  # fmt: skip

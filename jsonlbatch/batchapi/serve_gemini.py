@@ -22,10 +22,8 @@ from jsonlbatch.batchapi.gemini_format import (
     error_status,
     gemini_to_chat,
 )
-from jsonlbatch.batchapi.intake import new_batch, queued_requests, request_line, store_file
+from jsonlbatch.batchapi.intake import ProviderFront, new_batch, request_line, store_file
 from jsonlbatch.batchapi.objects import TERMINAL, new_id, now, rfc3339
-from jsonlbatch.batchapi.runner import BatchRunner
-from jsonlbatch.batchapi.store import Store
 from jsonlbatch.batchapi.web import ApiError, json_body, json_response
 from jsonlbatch.jsonl import iter_lines
 from jsonlbatch.records import CHAT_URL, json_object
@@ -58,18 +56,8 @@ def is_gemini(request: web.Request) -> bool:
     )
 
 
-class GeminiBatches:
-    def __init__(
-        self,
-        store: Store,
-        runner: BatchRunner,
-        *,
-        expiry: float = DEFAULT_EXPIRY,
-        max_queued: int | None = None,
-    ) -> None:
-        self.store, self.runner = store, runner
-        self.expiry = expiry
-        self.max_queued = max_queued
+class GeminiBatches(ProviderFront):
+    default_expiry = DEFAULT_EXPIRY
 
     def add_routes(self, app: web.Application) -> None:
         add = app.router
@@ -116,7 +104,7 @@ class GeminiBatches:
             meta, mode = [], "file"
         else:
             raise error(400, "batch.inputConfig: give requests.requests or fileName")
-        if self.max_queued is not None and queued_requests(self.store) + count > self.max_queued:
+        if self.queue_full(count):
             raise error(429, f"Resource has been exhausted: the batch queue holds at most "
                         f"{self.max_queued} requests; wait for earlier batches to end")  # fmt: skip
         batch_id = new_id("")

@@ -26,9 +26,7 @@ from aiohttp import web
 from jsonlbatch.batchapi.intake import new_batch, queued_requests
 from jsonlbatch.batchapi.objects import new_id, now, window_seconds
 from jsonlbatch.batchapi.runner import BatchRunner, RunnerOptions
-from jsonlbatch.batchapi.serve_anthropic import DEFAULT_EXPIRY as anthropic_expiry
 from jsonlbatch.batchapi.serve_anthropic import AnthropicBatches
-from jsonlbatch.batchapi.serve_gemini import DEFAULT_EXPIRY as gemini_expiry
 from jsonlbatch.batchapi.serve_gemini import GeminiBatches, is_gemini
 from jsonlbatch.batchapi.store import Store, StoreError
 from jsonlbatch.batchapi.web import ApiError, json_response
@@ -93,7 +91,7 @@ class _Api:
         self.runner = runner
         #: Gemini shares `/v1/batches` and `/v1/files/...` with OpenAI: its calls go there.
         self.gemini = GeminiBatches(
-            store, runner, expiry=options.expiry or gemini_expiry, max_queued=options.max_queued
+            store, runner, expiry=options.expiry, max_queued=options.max_queued
         )
         self.session: aiohttp.ClientSession | None = None
         self.upstreams = itertools.cycle([parse_endpoint(u) for u in options.runner.urls])
@@ -413,7 +411,7 @@ def create_app(options: BatchServerOptions) -> web.Application:
     AnthropicBatches(
         store,
         runner,
-        expiry=options.expiry or anthropic_expiry,
+        expiry=options.expiry,
         max_queued=options.max_queued,
     ).add_routes(app)
     api.gemini.add_routes(app)
