@@ -16,8 +16,10 @@ import orjson
 import pytest
 from batchutil import ENV, chat_body, cli, exec_cli, read_results, start_exec
 
+from jsonlbatch import execute
 from jsonlbatch.cache import cache_stats
 from jsonlbatch.cache.store import decode_entry, entry_path
+from jsonlbatch.exec.summary import RunSummary
 from jsonlbatch.records import request_line
 
 CHAT = "/v1/chat/completions"
@@ -27,6 +29,11 @@ def sent(url: str) -> int:
     """Chat requests the mock has answered so far."""
     with urllib.request.urlopen(url.replace("/v1", "/mock/stats"), timeout=10) as resp:
         return json.loads(resp.read())["requests"].get(CHAT, 0)
+
+
+def run_exec(requests: Path, output: Path, url: str, **options: object) -> RunSummary:
+    """`jsonlbatch.execute` in this process (no interpreter to start: quicker than the CLI)."""
+    return execute(str(requests), str(output), urls=[url], quiet=True, **options)
 
 
 def write(path: Path, bodies: list[dict], prefix: str = "r") -> list[bytes]:
@@ -127,16 +134,13 @@ def test_samples_are_drawn_one_to_one(tmp_path, mock_server):
     greedy = chat_body(2, temperature=0, max_tokens=4)
     seeded = chat_body(3, temperature=0.9, seed=5, max_tokens=4)
     write(tmp_path / "two.jsonl", [sample, greedy, sample, seeded])
-    assert exec_cli(tmp_path / "two.jsonl", tmp_path / "two-out.jsonl", "--url", url,
-                    "--cache", cache).returncode == 0  # fmt: skip
+    run_exec(tmp_path / "two.jsonl", tmp_path / "two-out.jsonl", url, cache=cache)
     assert sent(url) == 4
     two = bodies_by_id(tmp_path / "two-out.jsonl")
     # five copies of the sample, two of the greedy and seeded bodies, in another order
     write(tmp_path / "five.jsonl",
           [greedy, sample, seeded, sample, sample, greedy, sample, seeded, sample])  # fmt: skip
-    run = exec_cli(tmp_path / "five.jsonl", tmp_path / "five-out.jsonl", "--url", url,
-                   "--cache", cache)  # fmt: skip
-    assert run.returncode == 0, run.stderr
+    run_exec(tmp_path / "five.jsonl", tmp_path / "five-out.jsonl", url, cache=cache)
     assert sent(url) == 4 + 3  # only the three missing draws of the sample
     five = bodies_by_id(tmp_path / "five-out.jsonl")
     assert five["r1"] == two["r0"] and five["r3"] == two["r2"]  # draws 0 and 1, reused
@@ -148,9 +152,8 @@ def test_samples_are_drawn_one_to_one(tmp_path, mock_server):
     assert [keys[c].rsplit(".", 1)[1] for c in ("r1", "r3", "r4", "r6", "r8")] == list("01234")
     # shards count copies over the whole file: each shard gets the same draws
     for k in range(2):
-        shard = exec_cli(tmp_path / "five.jsonl", tmp_path / f"shard{k}.jsonl", "--url", url,
-                         "--cache", cache, "--shard", f"{k}/2")  # fmt: skip
-        assert shard.returncode == 0, shard.stderr
+        run_exec(tmp_path / "five.jsonl", tmp_path / f"shard{k}.jsonl", url, cache=cache,
+                 shard=(k, 2))  # fmt: skip
     assert sent(url) == 7
     merged = {**bodies_by_id(tmp_path / "shard0.jsonl"), **bodies_by_id(tmp_path / "shard1.jsonl")}
     assert merged == five
@@ -163,22 +166,24 @@ def test_modes_errors_retry_failed_and_the_url_in_the_key(tmp_path, mock_server)
     req = tmp_path / "req.jsonl"
     write(req, [chat_body(i, temperature=0, max_tokens=4) for i in range(4)])
 
-    def run(out: str, *args: str, target: str = url) -> subprocess.CompletedProcess:
-        return exec_cli(req, tmp_path / out, "--url", target, "--cache", cache, *args)
+    def run(out: str, target: str = url, **options: object) -> RunSummary:
+        return run_exec(req, tmp_path / out, target, cache=cache, **options)
 
     # read: looks up, stores nothing (and the directory must exist)
-    missing = run("r.jsonl", "--cache-mode", "read")
+    missing = exec_cli(req, tmp_path / "r.jsonl", "--url", url, "--cache", cache,
+                       "--cache-mode", "read")  # fmt: skip
     assert missing.returncode == 1 and "does not exist" in missing.stderr
     assert "Traceback" not in missing.stderr
-    assert run("w.jsonl", "--cache-mode", "write").returncode == 0
+    run("w.jsonl", cache_mode="write")
     assert sent(url) == 4
-    assert run("w2.jsonl", "--cache-mode", "write").returncode == 0  # write never reads
+    run("w2.jsonl", cache_mode="write")  # write never reads
     assert sent(url) == 8
-    assert run("r.jsonl", "--cache-mode", "read").returncode == 0
+    assert run("r.jsonl", cache_mode="read").cache_hits == 4
     assert sent(url) == 8
     # the server's URL is not in the key, unless asked
-    assert run("o.jsonl", target=other).returncode == 0 and sent(other) == 0
-    assert run("u.jsonl", "--cache-key-url", target=other).returncode == 0 and sent(other) == 4
+    assert run("o.jsonl", target=other).cache_hits == 4 and sent(other) == 0
+    run("u.jsonl", target=other, cache_key_url=True)
+    assert sent(other) == 4
     # failed lines of an earlier run: --retry-failed looks them up before sending
     out = tmp_path / "failed.jsonl"
     out.write_bytes(
@@ -188,8 +193,7 @@ def test_modes_errors_retry_failed_and_the_url_in_the_key(tmp_path, mock_server)
             for i in range(4)
         )
     )  # fmt: skip
-    retried = run("failed.jsonl", "--retry-failed")
-    assert retried.returncode == 0, retried.stderr
+    assert run("failed.jsonl", retry_failed=True).cache_hits == 4
     assert sent(url) == 8
     lines = read_results(out)
     assert all(line["metrics"]["cache"] == "hit" for line in lines.values()) and len(lines) == 4
@@ -210,7 +214,7 @@ def test_a_corrupt_entry_is_a_miss_and_is_replaced(tmp_path, mock_server):
     cache = tmp_path / "cache"
     req = tmp_path / "req.jsonl"
     write(req, [chat_body(i, temperature=0) for i in range(4)])
-    assert exec_cli(req, tmp_path / "a.jsonl", "--url", url, "--cache", str(cache)).returncode == 0
+    run_exec(req, tmp_path / "a.jsonl", url, cache=str(cache))
     keys = {c: x["metrics"]["cache_key"] for c, x in read_results(tmp_path / "a.jsonl").items()}
     torn = Path(entry_path(str(cache), keys["r1"]))
     torn.write_bytes(torn.read_bytes()[:-5])
@@ -218,13 +222,12 @@ def test_a_corrupt_entry_is_a_miss_and_is_replaced(tmp_path, mock_server):
     data = bytearray(flipped.read_bytes())
     data[-3] ^= 0xFF
     flipped.write_bytes(bytes(data))
-    run = exec_cli(req, tmp_path / "b.jsonl", "--url", url, "--cache", str(cache))
-    assert run.returncode == 0, run.stderr
-    assert sent(url) == 6 and "2 corrupt" in run.stderr
+    summary = run_exec(req, tmp_path / "b.jsonl", url, cache=str(cache))
+    assert sent(url) == 6 and "2 corrupt" in summary.cache
     b = read_results(tmp_path / "b.jsonl")
     assert [b[c]["metrics"]["cache"] for c in ("r0", "r1", "r2", "r3")] == ["hit", "stored", "stored", "hit"]  # fmt: skip
     assert cache_stats(cache).corrupt == 0
-    assert exec_cli(req, tmp_path / "c.jsonl", "--url", url, "--cache", str(cache)).returncode == 0
+    assert run_exec(req, tmp_path / "c.jsonl", url, cache=str(cache)).cache_hits == 4
     assert sent(url) == 6
 
 

@@ -143,8 +143,14 @@ class RunCache:
             result.metrics["cache_key"] = name
 
     def notes(self) -> list[str]:
-        """Things the user should hear once (a read-only cache, a failed store)."""
-        return list(self.counts.notes)
+        """What the user should hear as the run starts: the cache used (every pending request
+        is looked up before the first is sent) and anything wrong with it (read-only)."""
+        cache = self.cache
+        what = ", ".join(
+            (["looking requests up"] if cache.readable else [])
+            + (["storing answers"] if cache.writable else [])
+        )
+        return [f"answer cache {cache.root}: {what}", *self.counts.notes]
 
     def finish(self, output: str) -> None:
         """Record this run's counts in the cache's `runs/` (for `cache stats`)."""
