@@ -155,7 +155,7 @@ def _fill(root: Path, n: int, model: str, age_s: float) -> Cache:
     cache = Cache(root)
     for i in range(n):
         name = cache.put(f"{model[:1]}{i:031x}", 0, True, b'{"x":%d}' % i, {"model": model})
-        then = time.time() - age_s
+        then = time.time() - age_s - i  # distinct ages: --max-size removes the oldest first
         os.utime(entry_path(cache.root, name), (then, then))
     return cache
 
