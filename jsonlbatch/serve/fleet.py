@@ -135,7 +135,8 @@ def serve_options(mapping: Mapping[str, Any]) -> ServeEntry:
         backend=values.pop("backend"),
         served_model_name=(names,) if isinstance(names, str) else tuple(names),
         seed=values.pop("server_seed", None),
-        server_args=tuple(a for item in _listed(args) for a in _split(item)),
+        # a string is split like a shell would; a list is the arguments, one item each
+        server_args=tuple(_split(args) if isinstance(args, str) else args),
         gpus=_gpu_ids(gpus),
         api_key=api_key,
         env=tuple((str(k), _env_value(k, v)) for k, v in env.items()),
@@ -284,10 +285,6 @@ def place(
 def slug(name: str) -> str:
     """A model name as one folder or file name part ("Qwen/Qwen3-8B" -> "Qwen--Qwen3-8B")."""
     return re.sub(r"[^A-Za-z0-9._-]+", "--", name).strip("-.") or "model"
-
-
-def _listed(value: Any) -> list[str]:
-    return [value] if isinstance(value, str) else list(value or ())
 
 
 def _split(item: str) -> list[str]:
