@@ -190,6 +190,11 @@ def test_mistakes_are_refused_before_any_server_starts(standins: Standins) -> No
     assert done.returncode == 2
     assert "Error: GPU 3 is given to both fast and mid" in done.stderr
     assert "Traceback" not in done.stderr
+    placed = standins.tmp / "nodes.yaml"
+    placed.write_text(FLEET.format(mid_latency=0, mid_c=1).replace("gpus: [3]", "node: n2"))
+    done = run("exec", str(requests), "-o", str(output), "--fleet", str(placed))
+    assert done.returncode == 2
+    assert "exec --fleet launches every model here, but mid run on other nodes" in done.stderr
     assert standins.records() == [] and not output.exists()
 
 

@@ -192,3 +192,13 @@ def test_stagger_starts_models_one_after_another_and_ctrl_c_stops_them(
     assert proc.wait(timeout=60) == 130
     assert "starting server m1/0" not in err.rest()
     assert wait_no_survivors(standins.tag) == []
+
+
+def test_nodes_choose_what_runs_where(tmp_path: Path) -> None:
+    text = FLEET.replace("served_model_name: agent", "served_model_name: agent\n    node: n1")
+    fleet = load_fleet(write(tmp_path, text))
+    gpus = GpuList(tuple("01234567"), "CUDA_VISIBLE_DEVICES")
+    assert [e.name for e in place(fleet, gpus, node="n1")] == ["agent"]
+    assert [e.name for e in place(fleet, gpus)] == ["expert", "small"]
+    with pytest.raises(UsageError, match=r"no model of the fleet runs on node 'n2' \(nodes: n1\)"):
+        place(fleet, gpus, node="n2")

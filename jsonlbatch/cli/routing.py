@@ -32,6 +32,13 @@ def run_with_fleet(job: Job, plan: dict[str, Any]) -> RunSummary:
     from jsonlbatch.serve.fleetrun import serving_fleet
 
     fleet = plan.pop("fleet")
+    elsewhere = [e.name for e in fleet.entries if e.node is not None]
+    if elsewhere and not (plan.get("defaults") or {}).get("ray"):
+        raise UsageError(
+            f"exec --fleet launches every model here, but {', '.join(elsewhere)} run on other "
+            "nodes (node:): start each node's models there with `jsonlbatch serve --fleet FILE "
+            "--node NAME --endpoints-out DIR/NAME.json`, then run exec with --endpoints DIR"
+        )
     if job.options.model is None:
         check_served([PoolSpec((), tuple(e.options.served_names)) for e in fleet.entries],
                      job.input.models if job.input else Counter())  # fmt: skip

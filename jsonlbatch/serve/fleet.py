@@ -237,7 +237,12 @@ def place(
     """
     here = list(fleet.entries) if ray else [e for e in fleet.entries if e.node == node]
     if not here:
-        nodes = sorted({e.node or "(none)" for e in fleet.entries})
+        nodes = sorted({e.node for e in fleet.entries if e.node is not None})
+        if node is None:
+            raise UsageError(
+                f"every model of the fleet names a node ({', '.join(nodes)}): start each node's "
+                "models there with --node NAME"
+            )
         raise UsageError(f"no model of the fleet runs on node {node!r} (nodes: {', '.join(nodes)})")
     placed = []
     owner: dict[str, str] = {}
