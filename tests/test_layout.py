@@ -269,6 +269,11 @@ def test_help_imports_no_stage_and_gen_help_no_executor():
     assert "jsonlbatch.gen" in loaded
     wrong = loaded & ({"aiohttp", "tqdm", "jsonlbatch.exec", "jsonlbatch.serve"} | _STAGE_MODULES)
     assert wrong == {"jsonlbatch.gen"}, sorted(wrong)
+    # exec loads what sending needs, not the launcher or the mock's web server (`--serve` does)
+    loaded = _imported_by(_main_help(), "exec", "--help")
+    assert "jsonlbatch.exec.run" in loaded
+    wrong = loaded & {"jsonlbatch.serve.launch", "jsonlbatch.mock", "aiohttp.web", "jinja2"}
+    assert not wrong, sorted(wrong)
 
 
 def test_the_import_check_sees_an_import():

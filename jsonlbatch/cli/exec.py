@@ -44,7 +44,6 @@ from jsonlbatch.exec.shard import parse_shard
 from jsonlbatch.exec.summary import RunSummary
 from jsonlbatch.redact import register_secret
 from jsonlbatch.serve.backends import ServeOptions
-from jsonlbatch.serve.start import serving
 
 #: Exit status of a run that finished but recorded failed requests.
 EXIT_SOME_FAILED = 3
@@ -429,6 +428,8 @@ def _run(
         else:
             if serve.backend == "mock" and not serve.served_model_name:
                 serve = replace(serve, served_model_name=tuple(job.models) or ("mock",))
+            from jsonlbatch.serve.start import serving  # only a run that launches servers
+
             with serving(serve, quiet=options.quiet, log_stem=output) as servers:
                 # Each endpoint gets its own key: the launched servers theirs, the --urls the
                 # user's --api-key (which must never reach a local server's logs, nor the

@@ -12,9 +12,31 @@ of jsonlbatch itself.
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from jsonlbatch.serve.backends import BACKEND_NAMES, DP_MODES, ServeOptions, build_command
-from jsonlbatch.serve.launch import Servers, plan_servers
-from jsonlbatch.serve.start import serving
+
+#: Loaded on first use: naming the backends and their options (the CLI's `--serve` flags) must
+#: not import the launcher.
+_LAZY = {
+    "Servers": "jsonlbatch.serve.launch",
+    "plan_servers": "jsonlbatch.serve.launch",
+    "serving": "jsonlbatch.serve.start",
+}
+
+if TYPE_CHECKING:
+    from jsonlbatch.serve.launch import Servers, plan_servers
+    from jsonlbatch.serve.start import serving
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'jsonlbatch.serve' has no attribute {name!r}")
+
 
 __all__ = [
     "BACKEND_NAMES",

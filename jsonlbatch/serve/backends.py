@@ -18,7 +18,6 @@ from importlib.machinery import PathFinder
 
 from jsonlbatch.errors import UsageError
 from jsonlbatch.extras import MissingExtra
-from jsonlbatch.mock.app import MOCK_API_KEY_ENV
 from jsonlbatch.redact import redact, register_secret
 
 BACKEND_NAMES = ("mock", "vllm", "sglang")
@@ -208,6 +207,9 @@ def _sglang(opts: ServeOptions, port: int, dp: int) -> tuple[list[str], dict[str
 
 
 def _mock(opts: ServeOptions, port: int, dp: int) -> tuple[list[str], dict[str, str]]:
+    # imported here: naming the backends must not load the mock's web server (aiohttp.web)
+    from jsonlbatch.mock.app import MOCK_API_KEY_ENV
+
     # Without a name to pin, the mock lists "mock" and answers whatever model a request names
     # (as `exec --serve mock` does), so generated requests run against `serve --backend mock`.
     names = opts.served_names or (MOCK_NAME,)
