@@ -65,6 +65,7 @@ class Request:
     line: int = 0
     method: str = "POST"
     fingerprint: str | None = None  # of the line as read (see `fingerprint`), for `metrics`
+    priority: int | None = None  # the line's own (higher = more important); None: --priority
 
 
 def check_messages(messages: Any, field_name: str = "body.messages") -> list[tuple[str, str]]:
@@ -99,6 +100,17 @@ def check_messages(messages: Any, field_name: str = "body.messages") -> list[tup
     return out
 
 
+#: `--priority` and a request line's `priority` are within this (a 32-bit integer, which every
+#: server's field holds).
+PRIORITY_RANGE = (-(2**31) + 1, 2**31 - 1)
+
+
+def is_priority(value: Any) -> bool:
+    """An integer priority in `PRIORITY_RANGE` (not a bool, not a float)."""
+    low, high = PRIORITY_RANGE
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
 def check_request(obj: Any, *, require_model: bool = True) -> list[tuple[str, str]]:
     """Problems with one decoded request line, as (field, message) pairs."""
     if not isinstance(obj, dict):
@@ -110,6 +122,9 @@ def check_request(obj: Any, *, require_model: bool = True) -> list[tuple[str, st
     method = obj.get("method", "POST")
     if method != "POST":
         out.append(("method", f"must be 'POST', got {method!r}"))
+    priority = obj.get("priority")
+    if priority is not None and not is_priority(priority):
+        out.append(("priority", f"must be an integer (higher = more important), got {priority!r}"))
     url = obj.get("url")
     if not isinstance(url, str):
         out.append(("url", "missing or not a string"))

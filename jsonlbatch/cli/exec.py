@@ -19,7 +19,7 @@ from jsonlbatch.cli.batch_options import (
 from jsonlbatch.cli.exec_watch import add_watch_options, pop_watch_kwargs, watching
 from jsonlbatch.cli.params import (
     BYTES,
-    COUNT,
+    COUNT_OR_AUTO,
     COUNT_OR_ZERO,
     SECONDS,
     SECONDS_OR_ZERO,
@@ -42,6 +42,7 @@ from jsonlbatch.exec.router import POLICIES, RouteOptions
 from jsonlbatch.exec.seams import Seams
 from jsonlbatch.exec.shard import parse_shard
 from jsonlbatch.exec.summary import RunSummary
+from jsonlbatch.records import PRIORITY_RANGE
 from jsonlbatch.redact import register_secret
 from jsonlbatch.serve.backends import ServeOptions
 
@@ -108,7 +109,12 @@ _EXAMPLES = (
     help="OpenAI-compatible base URL, e.g. http://localhost:8000/v1 (repeat for several).",
 )
 @click.option(
-    "-c", "--concurrency", type=COUNT, default=256, show_default=True, help="Requests in flight."
+    "-c",
+    "--concurrency",
+    type=COUNT_OR_AUTO,
+    default=None,
+    help="Requests in flight, or auto: tuned per endpoint from the server's load. Default: "
+    "auto for launched servers and URLs with vLLM/SGLang /metrics, else 256.",
 )
 @click.option(
     "--model",
@@ -248,7 +254,15 @@ _EXAMPLES = (
     type=click.Choice(["on", "off"]),
     default="on",
     show_default=True,
-    help="Learn limits from OpenAI/Azure/Anthropic rate-limit headers and pace by them.",
+    help="Learn limits from OpenAI/Azure/Anthropic rate-limit headers and pace by them, and "
+    "slow down on evidence of a limit in 429s; off: only --rpm/--tpm pace the run.",
+)
+@click.option(
+    "--priority",
+    type=click.IntRange(*PRIORITY_RANGE),
+    metavar="N",
+    help="Every request's priority, higher = more important (-1: yield to live traffic at 0); "
+    "sent as vLLM's or SGLang's own priority field. A line's 'priority' wins.",
 )
 @click.option(
     "--price",

@@ -110,3 +110,17 @@ COUNT = click.IntRange(min=1)
 COUNT_OR_ZERO = click.IntRange(min=0)
 #: Bytes, with a unit if wished (`64MiB`).
 BYTES = ByteSize()
+
+
+class CountOrAuto(click.ParamType):
+    """A count of at least 1, or `auto`."""
+
+    name = "N|auto"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, int) or str(value).strip().lower() != "auto":
+            return COUNT.convert(value, param, ctx)
+        return "auto"
+
+
+COUNT_OR_AUTO = CountOrAuto()

@@ -15,6 +15,7 @@ import socket
 import time
 import urllib.parse
 import urllib.request
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,6 +56,7 @@ class Endpoint:
     proxy: str | None = None
     in_flight: int = 0
     launched: bool = False  # a server this run started: its name may not resolve yet
+    priority_sign: int = 0  # a priority goes as -N (vLLM), N (SGLang) or not at all (0)
     up: bool = True
     failures: int = 0
     failing_since: float = 0.0  # monotonic time of the first failure in the current run of them
@@ -160,7 +162,10 @@ class EndpointPool:
         self._ready_timeout = ready_timeout
         self._watchdog = watchdog
         self._changed = asyncio.Event()
-        self._room = asyncio.Event()  # set when a request ends: an endpoint may have room again
+        #: Requests waiting for room (every endpoint at its limit), oldest first. A release
+        #: wakes one, not all: with `-c auto` hundreds of workers may wait, and waking them all
+        #: at every answer costs more CPU than the sending.
+        self._waiters: deque[asyncio.Future[None]] = deque()
         self._all_down_since: float | None = None
         self.status: str = ""  # shown by the progress display while waiting
         #: Called with (endpoint, its model list or None) when an endpoint is first seen or comes
@@ -174,24 +179,41 @@ class EndpointPool:
     async def acquire(self, key: PrefixKey | None = None) -> Endpoint:
         """An endpoint for a request with prefix `key` (see `Router.key`); waits while none
         is up."""
-        while True:
-            up = [ep for ep in self.endpoints if ep.up]
-            if up:
-                room = [ep for ep in up if ep.in_flight < ep.controller.limit]
-                if room:
-                    best: Endpoint = self.router.choose(room, key)
-                    best.in_flight += 1
-                    return best
-                # every endpoint that is up is at its controller's limit: wait for a release
-                self._room.clear()
-                with contextlib.suppress(asyncio.TimeoutError):  # limits may change meanwhile
-                    await asyncio.wait_for(self._room.wait(), timeout=1.0)
-                continue
-            await self._wait_for_change()
+        waiter: asyncio.Future[None] | None = None
+        try:
+            while True:
+                up = [ep for ep in self.endpoints if ep.up]
+                if up:
+                    room = [ep for ep in up if ep.in_flight < ep.controller.limit]
+                    if room:
+                        best: Endpoint = self.router.choose(room, key)
+                        best.in_flight += 1
+                        if len(room) > 1 or best.in_flight < best.controller.limit:
+                            self._wake_one()  # room left (a limit grew): the next one takes it
+                        return best
+                    # every endpoint that is up is at its controller's limit: wait for a
+                    # release, in line (the same place across re-checks)
+                    if waiter is None or waiter.done():
+                        waiter = asyncio.get_running_loop().create_future()
+                        self._waiters.append(waiter)
+                    await asyncio.wait((waiter,), timeout=1.0)  # limits may change meanwhile
+                    continue
+                await self._wait_for_change()
+        finally:
+            if waiter is not None and not waiter.done():
+                waiter.cancel()  # left the line: a release skips it
 
     def release(self, endpoint: Endpoint) -> None:
         endpoint.in_flight -= 1
-        self._room.set()
+        self._wake_one()
+
+    def _wake_one(self) -> None:
+        waiters = self._waiters
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():  # a timed-out waiter's future is cancelled: skip it
+                waiter.set_result(None)
+                return
 
     async def _wait_for_change(self) -> None:
         now = time.monotonic()

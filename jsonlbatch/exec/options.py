@@ -15,6 +15,10 @@ from jsonlbatch.errors import UsageError
 from jsonlbatch.exec.bodies import MAX_RESPONSE_BYTES, STREAM_STALL_S
 from jsonlbatch.exec.router import RouteOptions
 from jsonlbatch.exec.scan import CHANGED_POLICIES
+from jsonlbatch.records import is_priority
+
+DEFAULT_CONCURRENCY = 256  # requests in flight when none is given and nothing is tuned
+AUTO_MAX_CONCURRENCY = 1024  # the most requests in flight a tuned run has, over all endpoints
 
 
 @dataclass
@@ -22,7 +26,9 @@ class ExecOptions:
     """Everything that shapes a run besides its two files. Field docs are the CLI's help."""
 
     urls: Sequence[str] = ()
-    concurrency: int = 256
+    #: Requests in flight: a number (fixed), "auto" (tuned per endpoint, exec/adaptive.py), or
+    #: None: auto for launched servers and URLs with vLLM/SGLang /metrics, else 256.
+    concurrency: int | str | None = None
     model: str | None = None  # override every body's model; "auto" = the one served
     api_key: str | None = field(default=None, repr=False)
     headers: Mapping[str, str] = field(default_factory=dict, repr=False)
@@ -45,6 +51,9 @@ class ExecOptions:
     balance_rel_threshold: float = RouteOptions.balance_rel_threshold
     rpm: float | None = None  # requests per minute, across all workers and endpoints
     tpm: float | None = None  # tokens per minute (prompt estimate + output cap, then real usage)
+    #: Every request's priority, higher = more important (exec/priority.py); a line's own
+    #: `priority` wins. None: none sent.
+    priority: int | None = None
     rate_limits: bool = True  # learn limits from the providers' rate-limit headers
     price: Price | None = None  # dollars per million tokens: spend shown, --max-cost enforced
     max_cost: float | None = None  # dollars for the whole output file, resumed runs included
@@ -58,8 +67,12 @@ class ExecOptions:
 
     def __post_init__(self) -> None:
         self.route_options()  # checks the routing options
-        if self.concurrency < 1:
-            raise UsageError("--concurrency must be at least 1")
+        if self.concurrency == "auto" or self.concurrency is None:
+            pass
+        elif not isinstance(self.concurrency, int) or self.concurrency < 1:
+            raise UsageError("--concurrency must be at least 1, or auto")
+        if self.priority is not None and not is_priority(self.priority):
+            raise UsageError(f"--priority must be an integer, got {self.priority!r}")
         if self.max_retries < 0:
             raise UsageError("--max-retries must be 0 or more")
         if self.timeout <= 0 or self.ready_timeout < 0:
@@ -90,5 +103,10 @@ class ExecOptions:
     def route_options(self) -> RouteOptions:
         return RouteOptions(
             self.route, self.balance_abs_threshold, self.balance_rel_threshold,
-            order_window=self.order_window, concurrency=self.concurrency,
+            order_window=self.order_window, concurrency=self.fixed_concurrency,
         )  # fmt: skip
+
+    @property
+    def fixed_concurrency(self) -> int:
+        """The number of requests in flight where it is not tuned."""
+        return self.concurrency if isinstance(self.concurrency, int) else DEFAULT_CONCURRENCY

@@ -29,6 +29,7 @@ from jsonlbatch.errors import (
     ServerUnavailableError,
     UsageError,
 )
+from jsonlbatch.exec import adaptive
 from jsonlbatch.exec.admit import preflight
 from jsonlbatch.exec.answer_check import AnswerChecker
 from jsonlbatch.exec.budget import Budget, BudgetReached, Meter, spent_in_output
@@ -39,8 +40,9 @@ from jsonlbatch.exec.events import Answered, EventBus, Snapshot
 from jsonlbatch.exec.limits import RateLimiter
 from jsonlbatch.exec.lookup import AnswerStore, occurrences
 from jsonlbatch.exec.modelroute import split_pending, unavailable
-from jsonlbatch.exec.options import ExecOptions
+from jsonlbatch.exec.options import AUTO_MAX_CONCURRENCY, ExecOptions
 from jsonlbatch.exec.pools import ModelPools, PoolSpec
+from jsonlbatch.exec.priority import sign_of
 from jsonlbatch.exec.progress import Progress
 from jsonlbatch.exec.record import Recorder
 from jsonlbatch.exec.router import Router, ordered_lines
@@ -117,6 +119,8 @@ class Run:
         )  # fmt: skip
         self.recorder.on_error = self._stop
         self.sender: Sender | None = None
+        self.endpoints: list[Endpoint] = []
+        self.n_workers = self.opts.fixed_concurrency  # workers; more when concurrency is tuned
         self.pools: ModelPools | None = None
         self.model_override: str | None = None
         self.run_id = os.urandom(4).hex()  # marks this run's lines (metrics.run)
@@ -199,7 +203,7 @@ class Run:
     ) -> None:
         make = self.seams.concurrency
         for ep in by_url.values():
-            ep.controller = make(ep.name) if make else FixedConcurrency(self.opts.concurrency)
+            ep.controller = make(ep.name) if make else FixedConcurrency(self.opts.fixed_concurrency)
         headers = {
             ep: (
                 auth_headers(ep, self.keys[url])
@@ -221,8 +225,10 @@ class Run:
         if self.opts.model is None:
             pools.check_models(self.scan.models)
         endpoints = list(by_url.values())
+        self.endpoints = endpoints
         ticker = asyncio.ensure_future(self._tick())
         syncer = asyncio.ensure_future(self.recorder.sync_every())
+        tuners: list[asyncio.Task[None]] = []
         try:
             self.preflight = asyncio.ensure_future(
                 preflight(pools, self.opts.model, self.scan.models, self.progress.note)
@@ -237,6 +243,15 @@ class Run:
                 self.summary.started_at = time.time()
                 self.progress.start()
                 before = await scrape_all(session, endpoints, headers)
+                for ep, found in zip(endpoints, before, strict=True):
+                    ep.priority_sign = sign_of(found.kind if found is not None else None)
+                    if self.opts.priority is not None and not ep.priority_sign:
+                        self.progress.note(f"--priority: {ep.name} shows no vLLM or SGLang "
+                                           "/metrics; no priority is sent to it")  # fmt: skip
+                if make is None:  # -c auto, or the default for launched and vLLM/SGLang servers
+                    tuners = adaptive.start(self.opts.concurrency, AUTO_MAX_CONCURRENCY,
+                                            endpoints, before, session, headers)  # fmt: skip
+                self.n_workers = AUTO_MAX_CONCURRENCY if tuners else self.opts.fixed_concurrency
                 self.sender = Sender(
                     self.opts, session, pools, self.meter, self.stopping, self.summary,
                     self.bus, chain(self.contract, self.seams.check),
@@ -248,9 +263,9 @@ class Run:
                     if not keep_servers(self.job.output, self.summary):
                         self.progress.note("cannot keep the servers' metrics")
         finally:
-            for task in (ticker, syncer):
+            for task in (ticker, syncer, *tuners):
                 task.cancel()
-            await asyncio.gather(ticker, syncer, return_exceptions=True)
+            await asyncio.gather(ticker, syncer, *tuners, return_exceptions=True)
             await pools.close()
 
     def _meter_summary(self) -> None:
@@ -287,9 +302,9 @@ class Run:
     def _parts(self) -> list[tuple[Sequence[int], int]]:
         """The pending lines and workers of each pool (`modelroute.split_pending`)."""
         if self.pools is None or len(self.pools.pools) < 2:
-            return [(self.pending, min(self.opts.concurrency, len(self.pending)))]
+            return [(self.pending, min(self.n_workers, len(self.pending)))]
         return split_pending(
-            self.pools, self.job.source, self.pending, self.model_override, self.opts.concurrency
+            self.pools, self.job.source, self.pending, self.model_override, self.n_workers
         )
 
     def _check_source(self) -> None:
@@ -306,7 +321,7 @@ class Run:
         mark = fingerprint(raw, url, body)  # of the request as the file asks it
         if self.model_override is not None:
             body["model"] = self.model_override
-        return Request(obj["custom_id"], url, body, fingerprint=mark)
+        return Request(obj["custom_id"], url, body, fingerprint=mark, priority=obj.get("priority"))
 
     async def _answer(self, store: AnswerStore) -> None:
         """Before anything is sent: write what the store answers, in file order, and keep only
@@ -385,7 +400,7 @@ class Run:
             return
         status = self.pools.status if self.pools is not None else ""
         retrying = self.sender.retrying if self.sender is not None and not final else 0
-        extra = self.meter.status()
+        extra = " ".join(p for p in (adaptive.shown(self.endpoints), self.meter.status()) if p)
         shown = getattr(self.seams.store, "progress", None)  # e.g. the cache's hits, savings
         if shown is not None:
             extra = f"{extra} {shown()}".strip()

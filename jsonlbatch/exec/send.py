@@ -14,7 +14,6 @@ import time
 from typing import Any
 
 import aiohttp
-import orjson
 
 from jsonlbatch.answers import unusable_reason
 from jsonlbatch.errors import AuthenticationError
@@ -27,6 +26,7 @@ from jsonlbatch.exec.endpoints import EndpointPool, describe_exception
 from jsonlbatch.exec.events import EventBus, RateLimited, Retried, Sent
 from jsonlbatch.exec.options import ExecOptions
 from jsonlbatch.exec.pools import ModelPools
+from jsonlbatch.exec.priority import Payloads
 from jsonlbatch.exec.results import http_result
 from jsonlbatch.exec.retry import Backoff, Verdict, parse_retry_after
 from jsonlbatch.exec.streaming import STREAM_URLS, StreamError, StreamReader, stream_body
@@ -93,11 +93,7 @@ class Sender:
 
     async def _attempts(self, req: Request, pool: EndpointPool, ticket: Ticket) -> Result:
         """Send one request until it succeeds, fails for good, or runs out of retries."""
-        if self.opts.stream and req.url in STREAM_URLS:
-            stream_body(req.body)
-        payload = orjson.dumps(req.body)
-        route_key = pool.router.key(req.body)
-        streaming = req.body.get("stream") is True
+        payloads, route_key, streaming = self._prepared(req, pool)
         attempts = 0
         raced = False
         while True:
@@ -117,7 +113,7 @@ class Sender:
             try:
                 async with self.session.post(
                     endpoint.url_for(req.url),
-                    data=payload,
+                    data=payloads.for_sign(endpoint.priority_sign),
                     headers=pool.headers[endpoint],
                     proxy=endpoint.proxy,
                     timeout=self.timeout,
@@ -202,7 +198,7 @@ class Sender:
                     if fit is None:
                         return result
                     req = fit
-                    payload, route_key, streaming = self._prepared(req, pool)
+                    payloads, route_key, streaming = self._prepared(req, pool)
                     await self._retry(req, attempts, "context_length", 0.0)
                     continue
                 elif status == 503:  # starting or overloaded: probe /health until it is ready
@@ -229,9 +225,9 @@ class Sender:
                     return result
                 req = Request(
                     req.custom_id, req.url, verdict_of_check.body, req.line,
-                    fingerprint=req.fingerprint,
+                    fingerprint=req.fingerprint, priority=req.priority,
                 )  # fmt: skip
-                payload, route_key, streaming = self._prepared(req, pool)
+                payloads, route_key, streaming = self._prepared(req, pool)
                 await self._retry(req, attempts, verdict_of_check.reason, 0.0)
                 continue
             if attempts > self.opts.max_retries:
@@ -241,11 +237,14 @@ class Sender:
             reason = (result.error or {}).get("code", "error")
             await self._retry(req, attempts, reason, delay)
 
-    def _prepared(self, req: Request, pool: EndpointPool) -> tuple[bytes, Any, bool]:
-        """A new body's payload, route key and streaming flag (`--stream` applied to it)."""
+    def _prepared(self, req: Request, pool: EndpointPool) -> tuple[Payloads, Any, bool]:
+        """A new body's payloads (per server's priority terms), route key and streaming flag
+        (`--stream` applied to it)."""
         if self.opts.stream and req.url in STREAM_URLS:
             stream_body(req.body)
-        return orjson.dumps(req.body), pool.router.key(req.body), req.body.get("stream") is True
+        priority = req.priority if req.priority is not None else self.opts.priority
+        payloads = Payloads(req.body, priority)
+        return payloads, pool.router.key(req.body), req.body.get("stream") is True
 
     def _fit(self, req: Request, result: Result) -> Request | None:
         """With --fit-context, once per request: the request with `max_tokens` cut to what the
@@ -256,7 +255,10 @@ class Sender:
         if found is None:
             return None
         body, self._fitted[req.custom_id] = found
-        return Request(req.custom_id, req.url, body, req.line, fingerprint=req.fingerprint)
+        return Request(
+            req.custom_id, req.url, body, req.line, fingerprint=req.fingerprint,
+            priority=req.priority,
+        )  # fmt: skip
 
     async def _retry(self, req: Request, attempts: int, reason: str, delay: float) -> None:
         self.summary.retries += 1

@@ -120,10 +120,10 @@ class ServerStats:
         return cls(endpoint, after.kind, delta("requests"), queries, hits, rate)
 
 
-async def scrape(
+async def fetch(
     session: aiohttp.ClientSession, url: str, headers: Mapping[str, str], proxy: str | None
-) -> ServerCounters | None:
-    """One endpoint's counters, or None when it has no usable `/metrics` (or is too slow)."""
+) -> dict[str, float] | None:
+    """A parsed `/metrics` scrape, or None when there is none (or it is too slow)."""
     try:
         async with session.get(
             url,
@@ -137,7 +137,47 @@ async def scrape(
             raw = await resp.content.read(_MAX_BYTES)
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
         return None
-    return counters(parse_prometheus(raw.decode("utf-8", "replace")))
+    return parse_prometheus(raw.decode("utf-8", "replace"))
+
+
+async def scrape(
+    session: aiohttp.ClientSession, url: str, headers: Mapping[str, str], proxy: str | None
+) -> ServerCounters | None:
+    """One endpoint's counters, or None when it has no usable `/metrics` (or is too slow)."""
+    samples = await fetch(session, url, headers, proxy)
+    return None if samples is None else counters(samples)
+
+
+#: (waiting, running, KV-cache usage 0-1) gauge names per server kind; the first present wins.
+_LOAD: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
+    "vllm": (
+        ("vllm:num_requests_waiting",),
+        ("vllm:num_requests_running",),
+        ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+    ),
+    "sglang": (("sglang:num_queue_reqs",), ("sglang:num_running_reqs",), ("sglang:token_usage",)),
+}
+
+
+@dataclass(frozen=True)
+class ServerLoad:
+    """How busy a server says it is now: its queue, its running batch, its KV cache."""
+
+    kind: str
+    waiting: float
+    running: float | None
+    kv_usage: float | None
+
+
+def load(samples: Mapping[str, float]) -> ServerLoad | None:
+    """The load gauges of a parsed scrape; None without a queue gauge of vLLM or SGLang."""
+    for kind, names in _LOAD.items():
+        waiting, running, kv = (
+            next((samples[n] for n in group if n in samples), None) for group in names
+        )
+        if waiting is not None:
+            return ServerLoad(kind, waiting, running, kv)
+    return None
 
 
 async def scrape_all(
