@@ -67,7 +67,7 @@ def parse_headers(values: tuple[str, ...]) -> dict[str, str]:
 
 _SECTIONS: list[Section] = [
     ("Input and output", ("output", "retry_failed", "changed", "shard", "dry_run", "quiet")),
-    ("Sending", ("urls", "model", "api_key", "headers", "concurrency", "timeout", "stream",
+    ("Sending", ("urls", "model", "api_key", "headers", "concurrency", "priority", "timeout", "stream",
                  "max_response_bytes", "stream_stall_timeout", "fit_context", "reask",
                  "reask_feedback", "schema_check")),
     ("Retries and limits", ("max_retries", "ready_timeout", "backoff_base", "rpm", "tpm",

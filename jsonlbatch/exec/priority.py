@@ -42,9 +42,14 @@ class Payloads:
 
     def for_sign(self, sign: int) -> bytes:
         """The body to send to a server of this sign (encoded once per sign)."""
-        key = sign if self._priority is not None else 0
+        priority = self._priority
+        key = sign if priority is not None else 0
         payload = self._by_sign.get(key)
         if payload is None:
-            body = self._body if key == 0 else {**self._body, "priority": key * self._priority}
+            body = (
+                self._body
+                if priority is None or key == 0
+                else {**self._body, "priority": key * priority}
+            )
             payload = self._by_sign[key] = orjson.dumps(body)
         return payload
