@@ -141,8 +141,8 @@ def test_replicas_get_their_own_gpu_groups_and_serve_one_output(
     assert len(results) == 40 and all(r["error"] is None for r in results.values())
     records = standins.records()
     assert sorted(r["env"]["CUDA_VISIBLE_DEVICES"] for r in records) == ["0,1", "2,3"]
-    endpoints = {r["metrics"]["endpoint"] for r in results.values()}
-    assert len(endpoints) == 2 and all(e.startswith("http://127.0.0.1:") for e in endpoints)
+    # launched servers are named by index in the lines (their ports change every run)
+    assert {r["metrics"]["endpoint"] for r in results.values()} == {"server 0", "server 1"}
     assert wait_no_survivors(standins.tag) == []
     assert _all_gpus_free(cluster)
 
