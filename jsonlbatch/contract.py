@@ -95,7 +95,7 @@ def declared_schema(url: str, body: Any) -> Declared | None:
 
 
 #: Body fields that may declare the answer's schema: a body without any needs no look.
-_SCHEMA_KEYS = frozenset(
+SCHEMA_KEYS = frozenset(
     {"response_format", "text", "output_config", "structured_outputs", "guided_json", "tools"}
 )
 
@@ -105,7 +105,7 @@ def check_declared(url: Any, body: Any) -> list[tuple[str, str]]:
     valid JSON Schema, since exec checks every answer against it (compiled once per distinct
     schema). exec's input scan (so `validate` too) and gen's writer call it beside
     `records.check_request`, so a bad schema stops them before anything is sent or written."""
-    if not isinstance(body, dict) or _SCHEMA_KEYS.isdisjoint(body) or not isinstance(url, str):
+    if not isinstance(body, dict) or SCHEMA_KEYS.isdisjoint(body) or not isinstance(url, str):
         return []
     field_name = "body"
     try:

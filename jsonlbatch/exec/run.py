@@ -131,7 +131,8 @@ class Run:
         self.preflight: asyncio.Task[str | None] | None = None
         self.repeats: dict[str, int] = {}  # custom_id -> occurrence, with a lookup only
         self.pending = self.scan.pending  # byte offsets of the lines still to send
-        #: The answer contract (answer_check.py), checked before any check of the caller's.
+        #: The answer contract (answer_check.py), checked before any check of the caller's,
+        #: when a request to send may declare a schema (else the path stays as it was).
         self.contract = AnswerChecker(
             job.output, reask=opts.reask, feedback=opts.reask_feedback,
             done=(job.existing.ok, job.existing.failed), enabled=opts.schema_check,
@@ -254,7 +255,8 @@ class Run:
                 self.n_workers = AUTO_MAX_CONCURRENCY if tuners else self.opts.fixed_concurrency
                 self.sender = Sender(
                     self.opts, session, pools, self.meter, self.stopping, self.summary,
-                    self.bus, chain(self.contract, self.seams.check),
+                    self.bus, chain(self.contract if self.scan.schemas else None,
+                                    self.seams.check),
                 )  # fmt: skip
                 await self._send_all()
                 if not self.signals and self.abort is None:

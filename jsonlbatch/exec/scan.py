@@ -18,7 +18,7 @@ from zlib import crc32
 
 import orjson
 
-from jsonlbatch.contract import check_declared
+from jsonlbatch.contract import SCHEMA_KEYS, check_declared
 from jsonlbatch.errors import MAX_PROBLEMS, InputError, Problem, problems_text
 
 # the output pass, re-exported: callers ask `scan` for both passes
@@ -66,6 +66,7 @@ class InputScan:
     failed_before: int = 0  # of those, failures
     replace: IdSet = field(default_factory=IdSet)  # ids whose old lines go before sending
     retried: int = 0  # failures sent again (--retry-failed)
+    schemas: int = 0  # lines that may declare an answer schema (the contract check runs)
     changed: int = 0  # requests edited since their result was written
     changed_ids: list[str] = field(default_factory=list)  # the first few of them
     unfingerprinted: int = 0  # done requests whose result predates fingerprints
@@ -151,9 +152,10 @@ def scan_input(
                 continue
             if at >= 0:
                 done_met[at] = 1
-        found = check_request(obj, require_model=require_model) or check_declared(
-            obj.get("url"), obj.get("body")
-        )
+        found = check_request(obj, require_model=require_model)
+        if not found and not SCHEMA_KEYS.isdisjoint(obj["body"]):  # it may declare a schema
+            found = check_declared(obj["url"], obj["body"])
+            scan.schemas += 1
         if found:
             problems += [Problem(scan.path, number, f, m) for f, m in found]
             if len(problems) >= MAX_PROBLEMS:
