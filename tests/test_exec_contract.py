@@ -14,6 +14,7 @@ from contractutil import SCHEMA
 
 from jsonlbatch.contract import compile_schema, judge, with_schema
 from jsonlbatch.exec.answer_check import FEEDBACK, journal_path
+from jsonlbatch.gen import response_rows
 from jsonlbatch.mock.content import json_answer
 from jsonlbatch.records import CHAT_URL, COMPLETIONS_URL, MESSAGES_URL, RESPONSES_URL
 
@@ -292,3 +293,7 @@ def test_export_fields_and_votes_read_the_recorded_value(tmp_path, mock_server):
         if record["valid"] and not results[vote["id"]]["error"]:
             assert vote["answer"] == record["choices"][0]["value"]["label"]
     assert len(lines) == 12
+    for row in response_rows(str(out)):  # a judge or repair prompt reads the value as data
+        record = results[row.data["custom_id"]]["metrics"]["contract"]
+        assert row.data["valid"] is record["valid"]
+        assert row.data["json"] == (record["choices"][0]["value"] if record["valid"] else None)

@@ -12,6 +12,7 @@ template reads like any data field:
 | `choice`, `choices` | the choice's index and how many the response had |
 | `finish_reason`, `usage`, `model`, `tool_calls` | from the response body |
 | `prompt_tokens`, `completion_tokens`, `reasoning_tokens` | where `answers` says the endpoint puts them (numbers only; null when absent) |
+| `json`, `valid` | answers under a schema: the JSON value exec read and validated (null unless valid), and whether it held (null without a schema) |
 | `failed`, `error` | whether the request failed (or its 2xx body holds no usable answer, by `answers`' rules), and why |
 | `messages`, `prompt`, `body` | with `requests=`: the request's messages (chat) or prompt, and its whole body |
 | `conversation` | with `requests=` (chat): the messages plus the assistant's answer, ready to continue |
@@ -34,6 +35,7 @@ from typing import IO, Any
 import orjson
 
 from jsonlbatch.answers import unusable_reason, usage_metrics
+from jsonlbatch.contract import recorded, recorded_value
 from jsonlbatch.errors import InputError, Problem, UsageError
 from jsonlbatch.gen.sources import Row, iter_rows
 from jsonlbatch.jsonl import iter_lines, iter_lines_at, read_lines_at
@@ -223,8 +225,13 @@ def _samples(
 
 
 def _sample_fields(s: Sample) -> dict[str, Any]:
+    valid, value = recorded_value(s.metrics, s.index)
     return {
         "answer": s.text,
+        # answers under a schema: the value exec read and validated (contract.py), for a judge
+        # or a repair prompt; `valid` is null for an answer exec checked against no schema
+        "json": value if valid else None,
+        "valid": valid if recorded(s.metrics) is not None else None,
         "reasoning": s.reasoning,
         "finish_reason": s.finish_reason,
         "usage": s.usage,
