@@ -258,3 +258,18 @@ def test_exec_view_is_refused_with_the_batch_api(tmp_path: Path) -> None:
                  "--url", "http://127.0.0.1:9/v1", "--view")  # fmt: skip
     assert result.returncode != 0 and "--view" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_schema_and_judge_verdicts_and_cache_hits_are_shown(tmp_path: Path) -> None:
+    lines = [response_line(i) for i in (1, 2, 3, 4)]
+    lines[0]["metrics"]["contract"] = {"valid": True, "asks": 1, "choices": []}
+    lines[1]["metrics"]["contract"] = {"valid": False, "asks": 3, "choices": []}
+    lines[2]["metrics"]["cache"] = "hit"
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    index = _index(path)
+    searcher = Searcher(index)
+    assert searcher.page(Query(status="valid"))[1] == [0]
+    assert searcher.page(Query(status="invalid"))[1] == [1]
+    assert searcher.page(Query(status="cached"))[1] == [2]
+    assert searcher.facets()["status"]["invalid"] == 1
