@@ -13,7 +13,9 @@ from batchutil import cli, exec_cli, read_results, start_exec
 from contractutil import SCHEMA
 
 from jsonlbatch.contract import compile_schema, judge, with_schema
+from jsonlbatch.cost import parse_price
 from jsonlbatch.exec.answer_check import FEEDBACK, journal_path
+from jsonlbatch.exec.budget import spent_in_output
 from jsonlbatch.gen import response_rows
 from jsonlbatch.mock.content import json_answer
 from jsonlbatch.records import CHAT_URL, COMPLETIONS_URL, MESSAGES_URL, RESPONSES_URL
@@ -139,18 +141,33 @@ def test_broken_answers_fail_then_retry_failed_reasks_them(tmp_path, mock_server
 
 def test_reask_fresh_samples_until_valid(tmp_path, mock_server):
     requests, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
-    schema_requests(requests, 40)
-    proc = exec_cli(requests, out, "--url", mock_server(break_json=0.6), "--reask", "4", "-q")
+    lines = {x["custom_id"]: x for x in schema_requests(requests, 40)}
+    price = "in=1000000,out=1000000"  # a dollar a token: the spend counts tokens
+    proc = exec_cli(requests, out, "--url", mock_server(break_json=0.6), "--reask", "4",
+                    "--price", price)  # fmt: skip
     results = read_results(out)
     asks = [r["metrics"]["contract"]["asks"] for r in results.values()]
     assert max(asks) > 1 and len(results) == 40
-    for line in results.values():
+    paid = 0
+    for cid, line in results.items():
         record = line["metrics"]["contract"]
         if record["valid"]:
             assert not line["error"] and record["asks"] <= 5
         else:  # five broken answers in a row: the last is kept, failed
             assert line["error"]["code"] == "schema_invalid" and record["asks"] == 5
+        # every ask is paid for: the first ask's answer is the mock's to the request as written
+        first = json_answer(SCHEMA, lines[cid]["body"], 0, 0.6)
+        last = line["metrics"]["completion_tokens"]
+        usage = record.get("usage", {"completion_tokens": last})
+        assert usage["completion_tokens"] >= last + (
+            len(first.split()) if record["asks"] > 1 else 0
+        )
+        paid += usage["completion_tokens"] + usage.get(
+            "prompt_tokens", line["metrics"]["prompt_tokens"]
+        )
     assert proc.returncode == (3 if any(r["error"] for r in results.values()) else 0)
+    assert f"spent: ${paid:,.4f}" in proc.stderr  # re-asks and kept failures included
+    assert spent_in_output(str(out), parse_price(price)) == paid  # what a resume counts
     summary = cli("report", str(out), "--format", "md")
     assert summary.returncode == 0, summary.stderr
     assert "schema valid" in summary.stdout and "requests re-asked" in summary.stdout

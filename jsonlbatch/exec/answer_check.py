@@ -69,6 +69,8 @@ class _State:
     original: dict[str, Any]  # the body as the file asks it
     fingerprint: str | None
     asks: int = 1  # the ask now in flight (1: the first)
+    prompt_tokens: int | float = 0  # over the answers received so far (every ask is paid for)
+    completion_tokens: int | float = 0
 
 
 class AnswerChecker:
@@ -124,12 +126,19 @@ class AnswerChecker:
             return ACCEPT
         verdicts = judge_body(compile_schema(declared.schema), answer.body(), declared.tool)
         bad = next((v for v in verdicts if not v.valid), None)
-        answer.result.metrics["contract"] = {
+        metrics = answer.result.metrics
+        record: dict[str, Any] = {
             "valid": bad is None,
             "asks": state.asks,
             "choices": [v.as_json() for v in verdicts],
             "schema": declared.schema,
         }
+        state.prompt_tokens += metrics.get("prompt_tokens", 0)
+        state.completion_tokens += metrics.get("completion_tokens", 0)
+        if state.asks > 1:  # what every ask cost, for --max-cost (budget.py reads it)
+            record["usage"] = {"prompt_tokens": state.prompt_tokens,
+                               "completion_tokens": state.completion_tokens}  # fmt: skip
+        metrics["contract"] = record
         if bad is None:
             return ACCEPT
         asks = "answer" if state.asks == 1 else f"all {state.asks} answers"

@@ -122,6 +122,10 @@ def spent_in_output(path: str, price: Price) -> float:
             obj = orjson.loads(raw)
         except orjson.JSONDecodeError:
             continue
+        paid = paid_usage(obj.get("metrics")) if isinstance(obj, dict) else None
+        if paid is not None and not _from_cache(obj):
+            total += price.of(*paid)
+            continue
         if (
             not isinstance(obj, dict)
             or obj.get("error")
@@ -132,6 +136,17 @@ def spent_in_output(path: str, price: Price) -> float:
         prompt, completion = _usage_of(obj)
         total += price.of(prompt, completion)
     return total
+
+
+def paid_usage(metrics: Any) -> tuple[float, float] | None:
+    """(prompt, completion) tokens paid for an answer under a schema (exec/answer_check.py):
+    every ask's, the broken ones re-asked and a last one kept as a failure too; None for a line
+    without the contract record."""
+    record = metrics.get("contract") if isinstance(metrics, dict) else None
+    if not isinstance(record, dict):
+        return None
+    usage = record.get("usage") if isinstance(record.get("usage"), dict) else metrics
+    return _num(usage.get("prompt_tokens")), _num(usage.get("completion_tokens"))
 
 
 def _from_cache(line: dict[str, Any]) -> bool:
@@ -221,8 +236,9 @@ class Meter:
             self.limiter.settle(ticket.cost, prompt, completion, ok=result.ok)
             if result.ok and ticket.raw_prompt and prompt:
                 self.limiter.calibrate(ticket.raw_prompt, prompt)
-        if self.budget is not None:
-            self.budget.settle(ticket.reserved, prompt, completion)
+        if self.budget is not None:  # under a schema: every ask is paid for, kept or not
+            paid = paid_usage(metrics)
+            self.budget.settle(ticket.reserved, *(paid or (prompt, completion)))
 
     def abandon(self, ticket: Ticket) -> None:
         if self.budget is not None:
