@@ -96,9 +96,20 @@ def test_a_stream_of_pings_without_output_stalls_out(tmp_path):
 
 
 def test_the_size_option_takes_units_and_refuses_nonsense(tmp_path):
+    import click
     from batchutil import cli
 
-    for bad in ("12", "lots", "2TiB"):
-        done = cli("exec", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "o.jsonl"),
-                   "--url", "http://127.0.0.1:9/v1", "--max-response-bytes", bad)  # fmt: skip
-        assert done.returncode == 2 and "--max-response-bytes" in done.stderr, done.stderr
+    from jsonlbatch.cli.params import BYTES
+
+    assert [BYTES.convert(v, None, None) for v in ("2048", "64MiB", "500KB", "1g")] == [
+        2048,
+        64 << 20,
+        500_000,
+        1 << 30,
+    ]
+    for bad in ("12", "lots", "2TiB", "-5M"):
+        with pytest.raises(click.BadParameter):
+            BYTES.convert(bad, None, None)
+    done = cli("exec", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "o.jsonl"),
+               "--url", "http://127.0.0.1:9/v1", "--max-response-bytes", "lots")  # fmt: skip
+    assert done.returncode == 2 and "--max-response-bytes" in done.stderr, done.stderr

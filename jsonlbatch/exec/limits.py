@@ -258,7 +258,10 @@ class RateLimiter:
                 if wait <= 0:
                     break
                 self.paced_at = now
-                await asyncio.sleep(min(wait, 1.0))  # re-check: limits change while we wait
+                nap = min(wait, 1.0)  # re-check: limits change while we wait
+                if now < believed_until:
+                    nap = min(nap, believed_until - now + 1e-3)
+                await asyncio.sleep(nap)
             for kind, bucket in self.buckets.items():
                 bucket.level -= getattr(cost, kind)
             if self.throttle is not None:
