@@ -145,7 +145,9 @@ def paid_usage(metrics: Any) -> tuple[float, float] | None:
     record = metrics.get("contract") if isinstance(metrics, dict) else None
     if not isinstance(record, dict):
         return None
-    usage = record.get("usage") if isinstance(record.get("usage"), dict) else metrics
+    usage = record.get("usage")
+    if not isinstance(usage, dict):
+        usage = metrics
     return _num(usage.get("prompt_tokens")), _num(usage.get("completion_tokens"))
 
 
