@@ -40,7 +40,8 @@ def _create(client: openai.OpenAI, data: bytes, **extra) -> openai.types.Batch:
 
 
 def test_out_of_range_values_are_a_400_naming_the_field(tmp_path, mock_server):
-    client = BatchServer(tmp_path / "state", mock_server()).start().client()
+    server = BatchServer(tmp_path / "state", mock_server()).start()
+    client = server.client()
     with pytest.raises(openai.BadRequestError) as caught:
         _create(client, _lines(1), completion_window="99999999999999999999d")
     assert "completion_window" in str(caught.value)
@@ -52,6 +53,23 @@ def test_out_of_range_values_are_a_400_naming_the_field(tmp_path, mock_server):
             completion_window="24h",
         )
     assert "endpoint" in str(caught.value)
+    import urllib.error
+    import urllib.request
+
+    broken = urllib.request.Request(
+        server.url + "/files",
+        data=b"--x\r\n",
+        headers={"Content-Type": "multipart/form-data; boundary=x"},
+    )
+    with pytest.raises(urllib.error.HTTPError) as http:
+        urllib.request.urlopen(broken, timeout=30)
+    assert http.value.code == 400 and b"multipart" in http.value.read()
+    with pytest.raises(urllib.error.HTTPError) as http:
+        urllib.request.urlopen(server.url + "/batches/" + "a" * 9000, timeout=30)
+    assert http.value.code == 400
+    server.kill()
+    log = server.proc.stderr.read()  # type: ignore[union-attr]
+    assert "Traceback" not in log and "bad request from a client" in log, log
 
 
 def test_a_database_locked_for_a_while_is_waited_out(tmp_path, mock_server):

@@ -22,6 +22,7 @@ from typing import Any
 import aiohttp
 import orjson
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from jsonlbatch.batchapi.intake import new_batch, queued_requests
 from jsonlbatch.batchapi.objects import new_id, now, window_seconds
@@ -33,6 +34,7 @@ from jsonlbatch.batchapi.web import ApiError, json_response
 from jsonlbatch.errors import UsageError
 from jsonlbatch.exec.endpoints import parse_endpoint
 from jsonlbatch.records import KNOWN_URLS
+from jsonlbatch.redact import redact
 
 _FILE_PURPOSES = ("batch", "batch_output", "assistants", "fine-tune", "vision", "user_data")
 _HOP_HEADERS = frozenset(
@@ -104,20 +106,23 @@ class _Api:
         reader = await request.multipart()
         purpose, filename, size, tmp = None, None, 0, None
         try:
-            while (part := await reader.next()) is not None:
-                if not isinstance(part, aiohttp.BodyPartReader):
-                    continue
-                if part.name == "purpose":
-                    purpose = (await part.text()).strip()
-                elif part.name == "file":
-                    filename = part.filename or "upload.jsonl"
-                    fd, tmp = tempfile.mkstemp(dir=self.store.files_dir, suffix=".upload")
-                    with os.fdopen(fd, "wb") as f:
-                        while chunk := await part.read_chunk(_CHUNK):
-                            f.write(chunk)
-                            size += len(chunk)
-                        f.flush()
-                        os.fsync(f.fileno())
+            try:
+                while (part := await reader.next()) is not None:
+                    if not isinstance(part, aiohttp.BodyPartReader):
+                        continue
+                    if part.name == "purpose":
+                        purpose = (await part.text()).strip()
+                    elif part.name == "file":
+                        filename = part.filename or "upload.jsonl"
+                        fd, tmp = tempfile.mkstemp(dir=self.store.files_dir, suffix=".upload")
+                        with os.fdopen(fd, "wb") as f:
+                            while chunk := await part.read_chunk(_CHUNK):
+                                f.write(chunk)
+                                size += len(chunk)
+                            f.flush()
+                            os.fsync(f.fileno())
+            except (ValueError, RuntimeError, LookupError) as exc:  # aiohttp's multipart parser
+                raise _Error(400, f"the multipart body is malformed: {str(exc)[:200]}") from None
             if tmp is None:
                 raise _Error(400, "missing the 'file' part", "file")
             if purpose not in _FILE_PURPOSES:
@@ -430,6 +435,18 @@ def create_app(options: BatchServerOptions) -> web.Application:
     return app
 
 
+class _OneLineBadRequests(logging.Filter):
+    """aiohttp logs a request it cannot parse (a 9 KB URL, a broken header) with a traceback:
+    a client's mistake is one masked line in the server's log, and the client gets its 400."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            record.msg, record.args = "bad request from a client: %s", (redact(str(exc), 200),)
+            record.exc_info = record.exc_text = None
+        return True
+
+
 async def serve_batch_api(
     options: BatchServerOptions,
     *,
@@ -438,6 +455,9 @@ async def serve_batch_api(
 ) -> None:
     """Run the front until SIGINT/SIGTERM; `check` is called every second (a launcher's
     watchdog, which raises when its backend died for good)."""
+    server_log = logging.getLogger("aiohttp.server")
+    if not any(isinstance(f, _OneLineBadRequests) for f in server_log.filters):
+        server_log.addFilter(_OneLineBadRequests())
     runner = web.AppRunner(create_app(options), access_log=None)
     await runner.setup()
     try:
