@@ -112,7 +112,7 @@ class Sender:
             status: int | None = None
             try:
                 async with self.session.post(
-                    endpoint.url_for(req.url),
+                    endpoint.target(req.url),
                     data=payloads.for_sign(endpoint.priority_sign),
                     headers=pool.headers[endpoint],
                     proxy=endpoint.proxy,
