@@ -172,3 +172,45 @@ def test_client_credentials_are_not_passed_to_the_upstream(tmp_path):
     [headers] = seen
     assert headers["x-trace"] == "kept" and headers["authorization"] == "Bearer sk-up"
     assert not any("client-secret" in v for v in headers.values()), headers
+
+
+def test_the_runner_logs_a_failure_and_goes_on(tmp_path, monkeypatch, caplog):
+    """Any failure in the runner's loop (here the database raising twice) is one log line and
+    a restart from the stored state, never a silent end of the runner task."""
+    import asyncio
+    import logging
+
+    from jsonlbatch.batchapi import runner as runner_module
+    from jsonlbatch.batchapi.runner import BatchRunner, RunnerOptions
+    from jsonlbatch.batchapi.store import Store
+
+    monkeypatch.setattr(runner_module, "_RETRY_BACKEND", 0.01)
+    store = Store(tmp_path / "state")
+    calls: list[str] = []
+    real = store.batches_where
+
+    def flaky(condition: str):
+        calls.append(condition)
+        if len(calls) <= 2:
+            raise sqlite3.OperationalError("database is locked")
+        return real(condition)
+
+    monkeypatch.setattr(store, "batches_where", flaky)
+
+    async def scenario() -> bool:
+        runner = BatchRunner(store, RunnerOptions(urls=["http://127.0.0.1:9/v1"]))
+        task = asyncio.ensure_future(runner.run_forever())
+        for _ in range(500):  # bounded
+            runner.wake.set()
+            await asyncio.sleep(0.01)
+            if len(calls) > 6 or task.done():
+                break
+        alive = not task.done()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return alive
+
+    with caplog.at_level(logging.ERROR, logger="jsonlbatch.batchapi"):
+        assert asyncio.run(scenario()), "the runner task ended"
+    store.close()
+    assert len(calls) > 6 and "batch runner failed (OperationalError" in caplog.text
