@@ -145,6 +145,7 @@ def test_max_cost_stops_sending_and_a_higher_budget_resumes(tmp_path, mock_serve
     assert proc.returncode == EXIT_BUDGET, proc.stderr
     assert "stopped by --max-cost" in proc.stderr
     assert "spent: $4.0000" in proc.stderr
+    assert "nothing in flight, and the next request (up to $1.0000) could pass" in proc.stderr
     assert len(read_results(out)) == 4
     assert spent_in_output(str(out), parse_price("in=0,out=100000")) == 4.0
 

@@ -46,6 +46,7 @@ class Budget:
         self.reserved = 0.0
         self.holders = 0  # reservations not yet settled (a count: float sums never reach 0.0)
         self.reached = False
+        self.next_worst = 0.0  # the worst case of the request that found the budget reached
         self.waiting = 0  # requests held back until reservations settle (for the status line)
         self._changed: asyncio.Event | None = None  # set when a reservation settles
 
@@ -60,6 +61,7 @@ class Budget:
             raise BudgetReached
         if not self._fits(worst):
             if self.holders == 0:  # nothing in flight to wait for: the budget is reached
+                self.next_worst = worst
                 self._reach()
                 raise BudgetReached
             return None

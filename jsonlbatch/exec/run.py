@@ -423,8 +423,9 @@ class Run:
         budget = self.meter.budget
         assert budget is not None
         self.progress.note(
-            f"budget: ${budget.spent:,.4f} spent and up to ${budget.reserved:,.4f} in flight; the "
-            f"next request could pass --max-cost ${budget.max_cost:,.2f}: sending nothing more"
+            f"budget: ${budget.spent:,.4f} spent, nothing in flight, and the next request (up to "
+            f"${budget.next_worst:,.4f}) could pass --max-cost ${budget.max_cost:,.2f}: sending "
+            "nothing more"
         )
         self._stop(cancel=False)
 
