@@ -18,6 +18,7 @@ import orjson
 
 from jsonlbatch.cost import UNCAPPED_OUTPUT_TOKENS, Price, estimate_prompt_tokens, max_output_tokens
 from jsonlbatch.exec.limits import Cost, RateLimiter
+from jsonlbatch.exec.summary import RunSummary
 from jsonlbatch.jsonl import iter_lines
 from jsonlbatch.records import Request, Result
 
@@ -247,6 +248,13 @@ class Meter:
     def abandon(self, ticket: Ticket) -> None:
         if self.budget is not None:
             self.budget.release(ticket.reserved)
+
+    def summarize(self, summary: RunSummary) -> None:
+        """Put what the meter saw into the run's summary: 429s, the limits in force, spend."""
+        summary.rate_limited = self.limiter.rate_limited
+        summary.limits = self.limiter.describe()
+        if self.budget is not None:
+            summary.spent = self.budget.spent
 
     def status(self) -> str:
         parts = [self.limiter.status()]

@@ -13,12 +13,17 @@ sent, so a missing route is a usage error, not a thousand failed lines.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
+
 from jsonlbatch.errors import UsageError
-from jsonlbatch.exec.endpoints import EndpointPool
+from jsonlbatch.exec.concurrency import ConcurrencyController, FixedConcurrency
+from jsonlbatch.exec.endpoints import Endpoint, EndpointPool, auth_headers, parse_endpoint
+from jsonlbatch.exec.options import ExecOptions
+from jsonlbatch.exec.router import Router
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,8 @@ class ModelPools:
         self._default = next((pool for spec, pool in pools if spec.models is None), None)
         only = len(pools) == 1 and pools[0][0].models is None
         self._single = self.pools[0] if only else None
+        #: Each endpoint's request headers (credentials included), set by `build_pools`.
+        self.headers: Mapping[Endpoint, dict[str, str]] = {}
         self._caps = {
             id(pool): asyncio.Semaphore(spec.concurrency)
             for spec, pool in pools
@@ -105,3 +112,61 @@ class ModelPools:
     async def close(self) -> None:
         for pool in self.pools:
             await pool.close()
+
+
+def parse_endpoints(
+    specs: Sequence[PoolSpec], urls: Sequence[str], keys: Mapping[str, str | None]
+) -> dict[str, Endpoint]:
+    """Every URL of every pool parsed once (a URL in two pools is one endpoint). A URL in
+    `keys` is a server launched for this run: its port changes every run, so lines name it by
+    its index, in a fleet by its model (`mid/0`)."""
+    endpoints: dict[str, Endpoint] = {}
+    for spec in specs:
+        for i, url in enumerate(spec.urls or urls):
+            if url not in endpoints:
+                endpoint = endpoints[url] = parse_endpoint(url)
+                if url in keys:
+                    endpoint.launched = True
+                    endpoint.name = (
+                        f"{spec.name}/{i}" if spec.name and spec.urls
+                        else f"server {list(keys).index(url)}"
+                    )  # fmt: skip
+    return endpoints
+
+
+def build_pools(
+    session: aiohttp.ClientSession,
+    specs: Sequence[PoolSpec],
+    urls: Sequence[str],
+    by_url: Mapping[str, Endpoint],
+    keys: Mapping[str, str | None],
+    opts: ExecOptions,
+    controller: Callable[[str], ConcurrencyController] | None,
+    watchdog: Callable[[], None] | None,
+) -> ModelPools:
+    """The run's pools over `by_url`'s endpoints: each endpoint with its concurrency controller
+    (the seam's, else a fixed limit) and its credentials (a launched server's own key; the
+    user's key and headers for every other URL, never for a local server)."""
+    for ep in by_url.values():
+        ep.controller = (
+            controller(ep.name) if controller else FixedConcurrency(opts.fixed_concurrency)
+        )
+    headers = {
+        ep: (
+            auth_headers(ep, keys[url])
+            if url in keys
+            else auth_headers(ep, opts.api_key, opts.headers)
+        )
+        for url, ep in by_url.items()
+    }
+    built = []
+    for spec in specs:
+        eps = [by_url[url] for url in spec.urls or urls]
+        pool = EndpointPool(
+            eps, session, headers, ready_timeout=opts.ready_timeout,
+            watchdog=spec.watchdog or watchdog, router=Router(eps, opts.route_options()),
+        )  # fmt: skip
+        built.append((spec, pool))
+    pools = ModelPools(built)
+    pools.headers = headers
+    return pools

@@ -14,7 +14,6 @@ import asyncio
 import os
 import signal
 import time
-from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -34,24 +33,23 @@ from jsonlbatch.exec.admit import preflight
 from jsonlbatch.exec.answer_check import AnswerChecker
 from jsonlbatch.exec.budget import Budget, BudgetReached, Meter, spent_in_output
 from jsonlbatch.exec.checks import chain
-from jsonlbatch.exec.concurrency import FixedConcurrency
-from jsonlbatch.exec.endpoints import Endpoint, EndpointPool, auth_headers, parse_endpoint
+from jsonlbatch.exec.endpoints import Endpoint
 from jsonlbatch.exec.events import Answered, EventBus, Snapshot
 from jsonlbatch.exec.limits import RateLimiter
-from jsonlbatch.exec.lookup import AnswerStore, occurrences
+from jsonlbatch.exec.lookup import AnswerStore, answer_stored, occurrences
 from jsonlbatch.exec.modelroute import split_pending, unavailable
 from jsonlbatch.exec.options import AUTO_MAX_CONCURRENCY, ExecOptions
-from jsonlbatch.exec.pools import ModelPools, PoolSpec
+from jsonlbatch.exec.pools import ModelPools, PoolSpec, build_pools, parse_endpoints
 from jsonlbatch.exec.priority import sign_of
 from jsonlbatch.exec.progress import Progress
 from jsonlbatch.exec.record import Recorder
-from jsonlbatch.exec.router import Router, ordered_lines
+from jsonlbatch.exec.router import ordered_lines
 from jsonlbatch.exec.scan import InputScan, OutputScan, stat_input
 from jsonlbatch.exec.seams import Seams
 from jsonlbatch.exec.send import Sender, Stop
 from jsonlbatch.exec.server_metrics import compare, keep_servers, scrape_all
 from jsonlbatch.exec.summary import RunSummary
-from jsonlbatch.jsonl import OutputLock, read_lines_at
+from jsonlbatch.jsonl import OutputLock
 from jsonlbatch.records import Request, Result, fingerprint
 
 
@@ -145,18 +143,7 @@ class Run:
         specs = list(self.seams.pools or [PoolSpec()])
         if self.scan.pending and not (self.urls or all(spec.urls for spec in specs)):
             raise UsageError("no endpoint: give --url (or --serve to launch a server)")
-        # every URL parsed once, before the output is touched; a URL in two pools is one endpoint
-        endpoints: dict[str, Endpoint] = {}
-        for spec in specs:
-            for i, url in enumerate(spec.urls or self.urls):
-                if url not in endpoints:
-                    endpoints[url] = parse_endpoint(url)
-                    if url in self.keys:  # launched for this run: its port changes every run,
-                        endpoints[url].launched = True  # so lines name it by its index
-                        endpoints[url].name = (  # in a fleet, by its model: `mid/0`
-                            f"{spec.name}/{i}" if spec.name and spec.urls
-                            else f"server {list(self.keys).index(url)}"
-                        )  # fmt: skip
+        endpoints = parse_endpoints(specs, self.urls, self.keys)  # before the output is touched
         if not self.scan.pending:
             self.recorder.prepare()
             self.recorder.close()
@@ -181,7 +168,7 @@ class Run:
                     loop.remove_signal_handler(sig)
             self.recorder.close()
             self.contract.close(complete=self.summary.complete and self.abort is None)
-            self._meter_summary()
+            self.meter.summarize(self.summary)
             describe = getattr(self.seams.store, "describe", None)
             if describe is not None:
                 self.summary.cache = describe()
@@ -203,26 +190,10 @@ class Run:
         self, session: aiohttp.ClientSession, specs: list[PoolSpec], by_url: dict[str, Endpoint]
     ) -> None:
         make = self.seams.concurrency
-        for ep in by_url.values():
-            ep.controller = make(ep.name) if make else FixedConcurrency(self.opts.fixed_concurrency)
-        headers = {
-            ep: (
-                auth_headers(ep, self.keys[url])
-                if url in self.keys
-                else auth_headers(ep, self.opts.api_key, self.opts.headers)
-            )
-            for url, ep in by_url.items()
-        }
-        built = []
-        for spec in specs:
-            eps = [by_url[url] for url in spec.urls or self.urls]
-            pool = EndpointPool(
-                eps, session, headers, ready_timeout=self.opts.ready_timeout,
-                watchdog=spec.watchdog or self.watchdog,
-                router=Router(eps, self.opts.route_options()),
-            )  # fmt: skip
-            built.append((spec, pool))
-        self.pools = pools = ModelPools(built)
+        self.pools = pools = build_pools(
+            session, specs, self.urls, by_url, self.keys, self.opts, make, self.watchdog
+        )
+        headers = pools.headers
         if self.opts.model is None:
             pools.check_models(self.scan.models)
         endpoints = list(by_url.values())
@@ -269,13 +240,6 @@ class Run:
                 task.cancel()
             await asyncio.gather(ticker, syncer, *tuners, return_exceptions=True)
             await pools.close()
-
-    def _meter_summary(self) -> None:
-        limiter, budget = self.meter.limiter, self.meter.budget
-        self.summary.rate_limited = limiter.rate_limited
-        self.summary.limits = limiter.describe()
-        if budget is not None:
-            self.summary.spent = budget.spent
 
     async def _send_all(self) -> None:
         store = self.seams.store
@@ -326,29 +290,16 @@ class Run:
         return Request(obj["custom_id"], url, body, fingerprint=mark, priority=obj.get("priority"))
 
     async def _answer(self, store: AnswerStore) -> None:
-        """Before anything is sent: write what the store answers, in file order, and keep only
-        the rest pending. No router, queue or server is involved in a stored answer, so a run
-        the store answers whole costs a read per request, not a request."""
+        """Before anything is sent: write what the store answers (`lookup.answer_stored`) and
+        keep only the rest pending."""
         self._check_source()
         notes = getattr(store, "notes", None)
         for note in notes() if notes is not None else ():
             self.progress.note(note)
-        repeats, missed = self.repeats, array("Q")
-        pending = self.pending
-        for n, raw in enumerate(read_lines_at(self.job.source, pending)):
-            request = self._request(raw)
-            stored = store.lookup(request, repeats.get(request.custom_id, 0))
-            if stored is None:
-                missed.append(pending[n])
-            else:
-                stored.custom_id = request.custom_id
-                self._record(request, stored)
-            if n % 1024 == 1023:
-                await asyncio.sleep(0)  # progress, signals, the writer's flushes
-                if self.stopping.is_set():
-                    missed.extend(pending[n + 1 :])
-                    break
-        self.pending = missed
+        self.pending = await answer_stored(
+            store, self.job.source, self.pending, self.repeats, self._request, self._record,
+            self.stopping,
+        )  # fmt: skip
 
     async def _read(
         self, queue: asyncio.Queue[Request | None], n_workers: int, offsets: Sequence[int]
