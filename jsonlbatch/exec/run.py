@@ -1,11 +1,12 @@
 """The run loop: one `Job.run`, from the pending lines to the last written result.
 
-One request's path: `_read` reads its line (in the router's order) and puts it on a bounded
-queue; a worker (`_work`) takes it, asks the before-send lookup (`lookup.py`) for a stored
-answer, else hands it to `send.Sender` (pool, meter, attempts, on-answer check); the result is
-given to the store, then to `record.Recorder`, which appends its line. Around that, `main` opens
-the HTTP session, builds the endpoint pools, runs the preflight (`admit.py`), ticks the event
-stream (`events.py`) and stops cleanly on Ctrl-C, a budget stop or a fatal error.
+One request's path: the before-send lookup (`lookup.answer_stored`) writes what a store
+already answers; `_read` reads each other pending line (in the router's order) onto a bounded
+queue; a worker (`_work`) takes it and hands it to `send.Sender` (pool, meter, attempts,
+on-answer check); the result is given to the store, then to `record.Recorder`, which appends its
+line. Around that, `main` opens the HTTP session, has the pools built (`pools.build_pools`),
+runs the preflight (`admit.py`), ticks the event stream (`events.py`) and stops cleanly on
+Ctrl-C, a budget stop or a fatal error.
 """
 
 from __future__ import annotations
