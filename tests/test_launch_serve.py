@@ -183,6 +183,8 @@ def test_a_restarted_server_that_never_gets_ready_ends_the_run(
 ) -> None:
     # 5 s: a first start on a loaded machine can take more than a second
     opts = ServeOptions("vllm", model_path="M", restart=3, ready_timeout=5.0)
+    # as on this busy machine, another process takes the first pick's port: a move, no start
+    monkeypatch.setenv("STANDIN_PORT_TAKEN", str(standins.tmp / "taken"))
     with serving(opts, quiet=True) as servers:
         (first,) = standins.records()
         os.kill(first["pid"], signal.SIGKILL)  # the server dies; its reaper stays

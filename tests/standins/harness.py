@@ -37,10 +37,16 @@ class Standins:
     record: Path  # one JSON line per server start (see standin.py)
     tmp: Path
 
-    def records(self) -> list[dict]:
+    def records(self, *, moved: bool = False) -> list[dict]:
+        """One record per server start, in order. A start whose port another process took
+        before it could bind it (the launcher then starts it again on another port,
+        serve/ports.py) is left out unless `moved`: on this shared machine that can happen to
+        any test, and it is no start the test made."""
         if not self.record.exists():
             return []
-        return [orjson.loads(line) for line in self.record.read_bytes().splitlines()]
+        lines = [orjson.loads(line) for line in self.record.read_bytes().splitlines()]
+        lost = {r["pid"] for r in lines if "lost_port" in r}
+        return [r for r in lines if "lost_port" not in r and (moved or r["pid"] not in lost)]
 
     def env(self, **knobs: object) -> dict[str, str]:
         """The environment for a CLI subprocess, with STANDIN_* knobs (READY_DELAY=2, ...)."""

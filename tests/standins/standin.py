@@ -3,7 +3,8 @@
 vLLM and SGLang cannot run without GPUs, so the tests launch these instead: they parse the real
 flags (and reject unknown ones as argparse does), then behave as the environment tells them:
 
-  STANDIN_RECORD=PATH       append one JSON line per start: argv, pid, process group, env
+  STANDIN_RECORD=PATH       append one JSON line per start: argv, pid, process group, env;
+                            and {"pid", "lost_port"} when that start could not bind its port
   STANDIN_READY_DELAY=S     "load the model" for S seconds before binding the port
   STANDIN_WARMUP=S          answer /health 503 for S seconds after binding
   STANDIN_LATENCY=S         answer each request after S seconds
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import os
 import signal
 import socket
@@ -73,6 +75,8 @@ def run(
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
     except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:  # the launcher moves it (serve/ports.py)
+            _append(env.get("STANDIN_RECORD"), {"pid": os.getpid(), "lost_port": port})
         print(f"ERROR: [Errno {exc.errno}] error while attempting to bind on address "
               f"({host!r}, {port}): {exc.strerror}", file=sys.stderr, flush=True)  # fmt: skip
         return 1
@@ -163,5 +167,10 @@ def _record(path: str | None, grandchild: int | None) -> None:
         "env": {k: os.environ[k] for k in keys if k in os.environ},
         "grandchild": grandchild,
     }
-    with open(path, "ab") as f:
-        f.write(orjson.dumps(entry) + b"\n")
+    _append(path, entry)
+
+
+def _append(path: str | None, entry: dict[str, object]) -> None:
+    if path:
+        with open(path, "ab") as f:
+            f.write(orjson.dumps(entry) + b"\n")
