@@ -123,6 +123,10 @@ def test_a_rerun_is_answered_by_the_cache(tmp_path, mock_server, shm_dir):
     report = cli("report", str(tmp_path / "b.jsonl"), "--price", "in=1,out=2", "--format", "md")
     assert report.returncode == 0, report.stderr
     assert "from the answer cache" in report.stdout and "saved by the answer cache" in report.stdout
+    # each run that used the cache left its counts for `cache stats` (the resume used it too:
+    # nothing to look up, nothing recorded)
+    stats = cache_stats(cache)
+    assert (stats.runs, stats.hits, stats.misses, stats.stored) == (2, 6, 6, 6)
 
 
 def test_samples_are_drawn_one_to_one(tmp_path, mock_server):

@@ -173,6 +173,9 @@ class Run:
             describe = getattr(self.seams.store, "describe", None)
             if describe is not None:
                 self.summary.cache = describe()
+            finish = getattr(self.seams.store, "finish", None)
+            if finish is not None:  # the cache keeps this run's counts for `cache stats`
+                finish(self.job.output)
             self._snapshot(final=True)
             self.progress.close()
             self.summary.wall_s = time.monotonic() - started
