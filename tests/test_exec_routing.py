@@ -45,6 +45,11 @@ def test_prefix_routing_keeps_samples_together_and_reports_the_servers(tmp_path,
         urls = [mock_server(gpu=FAST) for _ in range(2)]  # fresh, cold replicas
         out = tmp_path / f"{policy}.jsonl"
         args = ["exec", str(tmp_path / "req.jsonl"), "-o", str(out), "--route", policy, "-c", "8"]
+        if policy == "prefix":
+            # A given threshold holds the load guard off (see test_router for the guard): the
+            # automatic one also sends a sample to a replica that is idle at that instant, which
+            # depends on when answers come back, and on a loaded machine cost ~0.1 of the rate.
+            args += ["--balance-abs-threshold", "64"]
         done = cli(*args, *(a for u in urls for a in ("--url", u)))
         assert done.returncode == 0, done.stderr
         assert len(read_results(out)) == 52
@@ -54,8 +59,9 @@ def test_prefix_routing_keeps_samples_together_and_reports_the_servers(tmp_path,
             assert url.removesuffix("/v1") in done.stderr
         assert "server counted" in done.stderr
         assert "per_endpoint=" in done.stderr  # the progress bar's spread, in --url order
-    # the ideal is 3/4 of each task's prompt tokens (whole blocks only)
-    assert rates["prefix"] > 0.65
+    # the ideal is 3/4 of each task's prompt tokens (whole blocks only): 0.72 here; without the
+    # guard every later sample of a task reaches the replica its first one went to
+    assert rates["prefix"] > 0.7
     assert rates["prefix"] > rates["round-robin"] + 0.15
 
 
