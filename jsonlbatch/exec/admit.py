@@ -13,7 +13,8 @@ from collections import Counter
 from collections.abc import Callable
 
 from jsonlbatch.errors import ModelNotServedError, UsageError
-from jsonlbatch.exec.endpoints import Endpoint, EndpointPool
+from jsonlbatch.exec.endpoint_pool import EndpointPool
+from jsonlbatch.exec.endpoints import Endpoint
 from jsonlbatch.exec.pools import ModelPools
 
 

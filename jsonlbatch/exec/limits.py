@@ -32,18 +32,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as _dt
-import email.utils
 import math
-import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from jsonlbatch.exec.retry import parse_retry_after
+from jsonlbatch.exec.limit_headers import (
+    ANTHROPIC_HEADERS,
+    OPENAI_HEADERS,
+    header_number,
+    parse_reset,
+    server_now,
+)
 
-#: Kinds of limit, in the order a `Cost` lists them.
-KINDS = ("requests", "tokens", "input_tokens", "output_tokens")
 _SHORT = {
     "requests": "rpm",
     "tokens": "tpm",
@@ -71,70 +72,12 @@ _MAX_LEARNED_WAIT_S = 20.0  # a limit learned from headers holds one request at 
 #: hold a run up, and a hosted API must not see a burst of hundreds before its limits are known.
 FIRST_ANSWER_WAIT_S = 2.0
 
-_OPENAI: dict[str, tuple[str, ...]] = {
-    kind: (
-        f"x-ratelimit-limit-{kind}",
-        f"x-ratelimit-remaining-{kind}",
-        f"x-ratelimit-reset-{kind}",
-    )
-    for kind in ("requests", "tokens")
-}
-_ANTHROPIC = {
-    kind: tuple(f"anthropic-ratelimit-{kind.replace('_', '-')}-{part}"
-                for part in ("limit", "remaining", "reset"))
-    for kind in KINDS
-}  # fmt: skip
 #: A limit whose reset is this much longer than a per-minute refill would take is a longer
 #: window (requests per day): the rate then follows from what is used and when it is back.
 _LONG_WINDOW = 2.0
 #: The longest window a provider counts in (requests per day): a reset further away than this
 #: is a broken header (99,999 h), not a window.
 _MAX_WINDOW_S = 86400.0
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
-_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-
-def parse_reset(value: str | None, now: float | None = None) -> float | None:
-    """Seconds until a limit resets: OpenAI's Go-style durations (`1s`, `6m0s`, `250ms`,
-    `1h2m3.5s`), a bare number of seconds, or Anthropic's RFC 3339 time."""
-    if not value:
-        return None
-    value = value.strip()
-    if value.replace(".", "", 1).isdigit():
-        return parse_retry_after(value, now)
-    parts = _DURATION.findall(value)
-    if parts and "".join(n + u for n, u in parts) == value:
-        return sum(float(n) * _DURATION_UNITS[u] for n, u in parts)
-    try:
-        when = _dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=_dt.timezone.utc)
-    return max(0.0, when.timestamp() - (time.time() if now is None else now))
-
-
-def _number(value: str | None) -> float | None:
-    if value is None:
-        return None
-    try:
-        number = float(value)
-    except ValueError:
-        return None
-    return number if math.isfinite(number) and number >= 0 else None
-
-
-def server_now(headers: Mapping[str, str]) -> float | None:
-    """The answer's `Date` header as a timestamp: absolute reset times are measured against
-    the server's own clock, so a server clock an hour ahead (or ours jumping back) does not make
-    every reset look an hour away."""
-    date = headers.get("date") or headers.get("Date")
-    if not date:
-        return None
-    try:
-        return email.utils.parsedate_to_datetime(date).timestamp()
-    except (TypeError, ValueError, IndexError):
-        return None
 
 
 @dataclass(slots=True)
@@ -337,17 +280,17 @@ class RateLimiter:
 
     def _learn_from(self, headers: Mapping[str, str], ticket: tuple[int, float]) -> bool:
         if "x-ratelimit-limit-requests" in headers or "x-ratelimit-limit-tokens" in headers:
-            family = _OPENAI
+            family = OPENAI_HEADERS
         elif "anthropic-ratelimit-requests-limit" in headers:
-            family = _ANTHROPIC
+            family = ANTHROPIC_HEADERS
         else:
             return False
         now = None
         for kind, (limit_name, remaining_name, reset_name) in family.items():
-            limit = _number(headers.get(limit_name))
+            limit = header_number(headers.get(limit_name))
             if limit is None or limit < 1:  # no count of requests or tokens: not a limit
                 continue
-            remaining = _number(headers.get(remaining_name))
+            remaining = header_number(headers.get(remaining_name))
             if remaining is not None and remaining < limit:
                 if now is None:
                     now = server_now(headers) or time.time()

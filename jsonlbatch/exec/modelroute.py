@@ -23,7 +23,8 @@ import aiohttp
 import orjson
 
 from jsonlbatch.errors import JsonlbatchError, ModelNotServedError, UsageError
-from jsonlbatch.exec.endpoints import EndpointPool, auth_headers, parse_endpoint
+from jsonlbatch.exec.endpoint_pool import EndpointPool
+from jsonlbatch.exec.endpoints import auth_headers, parse_endpoint
 from jsonlbatch.exec.modelmap import ModelEndpoints
 from jsonlbatch.exec.pools import ModelPools, PoolSpec
 from jsonlbatch.jsonl import read_lines_at

@@ -21,7 +21,8 @@ import aiohttp
 
 from jsonlbatch.errors import UsageError
 from jsonlbatch.exec.concurrency import ConcurrencyController, FixedConcurrency
-from jsonlbatch.exec.endpoints import Endpoint, EndpointPool, auth_headers, parse_endpoint
+from jsonlbatch.exec.endpoint_pool import EndpointPool
+from jsonlbatch.exec.endpoints import Endpoint, auth_headers, parse_endpoint
 from jsonlbatch.exec.options import ExecOptions
 from jsonlbatch.exec.router import Router
 

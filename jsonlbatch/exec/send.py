@@ -22,7 +22,8 @@ from jsonlbatch.exec.bodies import TOO_LARGE, read_answer, read_body
 from jsonlbatch.exec.budget import BudgetReached, Meter, Ticket
 from jsonlbatch.exec.checks import Accept, Answer, AnswerCheck, AskAgain, begin, end, refused
 from jsonlbatch.exec.concurrency import Outcome
-from jsonlbatch.exec.endpoints import EndpointPool, describe_exception
+from jsonlbatch.exec.endpoint_pool import EndpointPool
+from jsonlbatch.exec.endpoints import describe_exception
 from jsonlbatch.exec.events import EventBus, RateLimited, Retried, Sent
 from jsonlbatch.exec.options import ExecOptions
 from jsonlbatch.exec.pools import ModelPools
