@@ -16,8 +16,7 @@ or a script that only writes requests never pays for aiohttp or the executor.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from jsonlbatch.errors import (
     AuthenticationError,
@@ -32,6 +31,7 @@ from jsonlbatch.errors import (
     ServerUnavailableError,
     UsageError,
 )
+from jsonlbatch.lazy import lazy
 
 #: Public name -> the module that defines it (a stage, imported on first use).
 _LAZY = {
@@ -47,9 +47,10 @@ _LAZY = {
     "RequestWriter": "jsonlbatch.gen",
     "ServeOptions": "jsonlbatch.serve",
     "serving": "jsonlbatch.serve",
+    # stages reachable as attributes (`jsonlbatch.post.run_votes(...)`) without importing first
+    "post": "jsonlbatch.post",
+    "report": "jsonlbatch.report",
 }
-#: Stages reachable as attributes (`jsonlbatch.post.votes(...)`) without importing them first.
-_STAGES = ("post", "report")
 
 if TYPE_CHECKING:  # what the lazy names are, for type checkers and IDEs
     from jsonlbatch import post, report
@@ -67,20 +68,7 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and IDEs
     from jsonlbatch.serve import ServeOptions, serving
 
 
-def __getattr__(name: str) -> Any:
-    """Load a stage's public name on first use and keep it (the next access is a plain one)."""
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-    elif name in _STAGES:
-        value = importlib.import_module(f"jsonlbatch.{name}")
-    else:
-        raise AttributeError(f"module 'jsonlbatch' has no attribute {name!r}")
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY, *_STAGES})
+__getattr__, __dir__ = lazy(__name__, _LAZY)
 
 
 __all__ = [

@@ -17,7 +17,7 @@ import jsonlbatch
 
 ROOT = Path(jsonlbatch.__file__).parent
 CORE = {
-    "answers", "contract", "cost", "errors", "extras", "filecheck", "idset", "jsonl", "prices",
+    "answers", "contract", "cost", "errors", "extras", "filecheck", "idset", "jsonl", "lazy", "prices",
     "records", "redact", "safe_names", "samples", "stats",
 }  # fmt: skip
 STAGES = {

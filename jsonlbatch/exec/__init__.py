@@ -14,8 +14,9 @@ whole line per finished request, `events` tells the progress bar and any listene
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from jsonlbatch.lazy import lazy
 
 #: Public name -> its module, imported on first use: `import jsonlbatch.exec.scan` (validate,
 #: report, batchapi) must not import the run loop and aiohttp with it.
@@ -44,16 +45,7 @@ if TYPE_CHECKING:
     from jsonlbatch.exec.validate import ValidationReport, validate_file
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'jsonlbatch.exec' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+__getattr__, __dir__ = lazy(__name__, _LAZY)
 
 
 __all__ = [

@@ -12,9 +12,9 @@ of jsonlbatch itself.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from jsonlbatch.lazy import lazy
 from jsonlbatch.serve.backends import BACKEND_NAMES, DP_MODES, ServeOptions, build_command
 
 #: Loaded on first use: naming the backends and their options (the CLI's `--serve` flags) must
@@ -30,12 +30,7 @@ if TYPE_CHECKING:
     from jsonlbatch.serve.start import serving
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'jsonlbatch.serve' has no attribute {name!r}")
+__getattr__, __dir__ = lazy(__name__, _LAZY)
 
 
 __all__ = [
