@@ -119,11 +119,15 @@ def run(
     finally:
         if not args.vllm:
             stop(procs)
-    first, last, ttfts = float("inf"), 0.0, []
+    first, last, ttfts, failed = float("inf"), 0.0, [], []
     per_endpoint: dict[str, int] = {}
     with output.open("rb") as f:
         for raw in f:
-            metrics = orjson.loads(raw)["metrics"]
+            line = orjson.loads(raw)
+            metrics = line["metrics"]
+            if "ttft_s" not in metrics:  # a failed request: say why, leave it out of the figures
+                failed.append((line.get("error") or {}).get("message", "no token streamed")[:200])
+                continue
             first = min(first, metrics["start_time"])
             last = max(last, metrics["start_time"] + metrics["latency_s"])
             ttfts.append(metrics["ttft_s"])
@@ -137,6 +141,8 @@ def run(
         "ttft_p99_s": round(percentile(ttfts, 0.99), 3),
         "per_replica": [per_endpoint.get(url, 0) for url in urls],  # fastest first
         "auto_limits_last": limits[-1] if limits else None,
+        "failed": len(failed),
+        "first_failure": failed[0] if failed else None,
         "load": round(os.getloadavg()[0], 1),
     }
 
