@@ -204,3 +204,30 @@ def test_an_option_typed_short_suggests_the_options_it_begins():
     result = run("gen", "--temp", "0.5")
     assert result.exit_code == 2
     assert "No such option '--temp'. Did you mean '--template', '--temperature'?" in result.output
+
+
+@pytest.mark.parametrize(
+    ("given", "named"),
+    [
+        (["--cache", "answers"], "--cache"),
+        (["--reask", "2"], "--reask"),
+        (["--reask-feedback"], "--reask-feedback"),
+        (["--priority", "3"], "--priority"),
+        (["--fleet", "fleet.yaml"], "--fleet"),
+        (["--endpoints", "endpoints.json"], "--endpoints"),
+        (["--stream"], "--stream"),
+    ],
+)
+def test_live_only_options_are_refused_with_batch_api(tmp_path, given, named):
+    # a Batch API run would ignore them (the cache looked nothing up, nothing was re-asked)
+    requests = tmp_path / "req.jsonl"
+    requests.write_text("")
+    (tmp_path / "endpoints.json").write_text("{}")
+    out = tmp_path / "out.jsonl"
+    args = ["exec", str(requests), "-o", str(out), "--batch-api", "--url", "http://127.0.0.1:9/v1"]
+    given = [str(tmp_path / g) if g[0] != "-" and not g.isdigit() else g for g in given]
+    result = CliRunner().invoke(main, [*args, *given])
+    assert result.exit_code == 2, result.output
+    assert f"Error: {named} does not go with --batch-api" in result.output
+    assert "Traceback" not in result.output and not out.exists()
+    assert not (tmp_path / "answers").exists()

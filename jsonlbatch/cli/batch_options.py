@@ -92,8 +92,18 @@ BATCH_NAMES = _NAMES = (
     "price_file",
     "poll_interval",
 )
-#: exec options that mean nothing to a Batch API run (name -> default): refused with it.
-_LIVE_ONLY = {"stream": False, "backend": None, "changed": "refuse"}
+#: exec options that mean nothing to a Batch API run (name -> (option, default)): refused with
+#: it rather than silently ignored (a cache never looked up, answers never re-asked).
+_LIVE_ONLY = {
+    "stream": ("--stream", False),
+    "backend": ("--serve", None),
+    "changed": ("--changed", "refuse"),
+    "reask": ("--reask", 0),
+    "reask_feedback": ("--reask-feedback", False),
+    "priority": ("--priority", None),
+    "fleet": ("--fleet", None),
+    "endpoint_files": ("--endpoints", ()),
+}
 
 
 def batch_api_options(func: _F) -> _F:
@@ -121,9 +131,9 @@ def run_batch_api(
     from jsonlbatch.cost import parse_price
     from jsonlbatch.prices import load_price_file
 
-    for name, default in _LIVE_ONLY.items():
+    for name, (option, default) in _LIVE_ONLY.items():
         if kwargs.get(name, default) != default:
-            raise UsageError(f"--{name} {kwargs[name]} does not go with --batch-api")
+            raise UsageError(f"{option} does not go with --batch-api")
     if len(urls) != 1:
         raise UsageError("--batch-api takes exactly one --url: the Batch API's base URL")
     metadata = {}

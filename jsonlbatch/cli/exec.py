@@ -379,6 +379,8 @@ def exec_(
     if batch["batch_api"]:
         if shard:
             raise UsageError("--shard does not go with --batch-api")
+        if cache and not no_cache:  # $JSONLBATCH_CACHE, a default for every run, is left alone
+            raise UsageError("--cache does not go with --batch-api")
         if dry_run:
             raise UsageError("--dry-run counts a direct run: leave out --batch-api to count")
         run_batch_api(
