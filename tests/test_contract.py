@@ -3,7 +3,9 @@ JSON answers and `gen --schema` (real files, the real CLI in a subprocess)."""
 
 from __future__ import annotations
 
+import os
 from collections import Counter
+from pathlib import Path
 
 import orjson
 import pytest
@@ -271,3 +273,31 @@ def test_reask_needs_the_attempts():
     with pytest.raises(UsageError, match="--reask 9 needs --max-retries 9"):
         ExecOptions(reask=9)
     assert ExecOptions(reask=9, max_retries=9).reask == 9
+
+
+def test_reask_journal_resumes_pending_requests_only(tmp_path):
+    """Entries of requests whose line is written (a failure `--retry-failed` sends again, a
+    success) are dropped at the start; a torn last entry is cut; a pending one resumes at the
+    ask after the journaled one, unless the request changed since (its fingerprint)."""
+    from jsonlbatch.exec.answer_check import AnswerChecker, journal_path
+    from jsonlbatch.idset import IdSet
+    from jsonlbatch.records import Request
+
+    out = tmp_path / "out.jsonl"
+    journal = journal_path(str(out))
+    entries = [{"custom_id": cid, "fingerprint": "f", "asks": 2, "answer": "{}", "error": "bad"}
+               for cid in ("done", "pending", "edited")]  # fmt: skip
+    with open(journal, "wb") as f:
+        f.write(b"".join(orjson.dumps(e) + b"\n" for e in entries) + b'{"custom_id": "to')
+    done = IdSet()
+    done.add("done")
+    checker = AnswerChecker(str(out), reask=3, done=(done,))
+    kept = [orjson.loads(x)["custom_id"] for x in Path(journal).read_bytes().splitlines()]
+    assert kept == ["pending", "edited"]
+    body = {"model": "m", "messages": [{"role": "user", "content": "q"}], "seed": 5}
+    resumed = checker.begin(Request("pending", CHAT_URL, body, fingerprint="f"))
+    assert resumed.body["seed"] != 5 and checker._states["pending"].asks == 3
+    fresh = checker.begin(Request("edited", CHAT_URL, body, fingerprint="g"))
+    assert fresh.body is body and checker._states["edited"].asks == 1
+    checker.close(complete=True)
+    assert not os.path.exists(journal)
