@@ -48,7 +48,7 @@ from jsonlbatch.serve.gpus import (
     pick_ports,
     visible_gpus,
 )
-from jsonlbatch.serve.ports import lost_its_port, move, port_of
+from jsonlbatch.serve.ports import fresh_port, lost_its_port, move
 from jsonlbatch.serve.readiness import wait_all
 from jsonlbatch.serve.reaper import SECRETS_ENV, group_pids, wait_group_gone
 
@@ -295,9 +295,7 @@ class Servers:
         on another free port (`ports`). False when it failed for another reason."""
         if not lost_its_port(p):
             return False
-        stride = BACKENDS[self.options.backend].port_stride
-        first = max(port_of(s.url) for s in self.processes) + stride
-        (port,) = pick_ports(self.options.host, 1, first, stride=stride)
+        port = fresh_port(self.options.host)
         self.note(f"server {p.label}: port {move(p, port)} was taken before it could bind it; "
                   f"starting it again on port {port}")  # fmt: skip
         p.start()

@@ -11,6 +11,8 @@ keeps its port (`Servers.check`).
 from __future__ import annotations
 
 import re
+import socket
+import threading
 from typing import Protocol
 from urllib.parse import urlsplit
 
@@ -38,6 +40,25 @@ def lost_its_port(server: ServerProcess) -> bool:
     """Whether `server` (which exited before it was ready) could not bind its port, and may
     move once more. Its own words in its log are the evidence."""
     return server.moves < MAX_MOVES and bool(_IN_USE.search(server.log_tail()))
+
+
+_GIVEN: set[int] = set()  # ports this process handed out for moves: never twice
+_LOCK = threading.Lock()
+
+
+def fresh_port(host: str) -> int:
+    """A port for a server that must move: one the kernel deems free (an ephemeral one, away
+    from the crowded default ports every launcher starts from) and not handed out before by
+    this process, so the servers of two groups (a fleet's models) cannot move onto one port."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with _LOCK:
+        while True:
+            with socket.socket(family, socket.SOCK_STREAM) as sock:
+                sock.bind((host.strip("[]"), 0))
+                port = int(sock.getsockname()[1])
+            if port not in _GIVEN:
+                _GIVEN.add(port)
+                return port
 
 
 def port_of(url: str) -> int:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import sys
 import time
 from collections.abc import Sequence
@@ -39,7 +38,7 @@ from jsonlbatch.serve.launch import (
     log_paths,
     stop_all,
 )
-from jsonlbatch.serve.ports import MAX_MOVES, lost_its_port, move, port_of
+from jsonlbatch.serve.ports import MAX_MOVES, fresh_port, lost_its_port, move, port_of
 from jsonlbatch.serve.rayauth import RayAuth
 
 #: Settings of the servers themselves, forwarded from the driver to every replica's actor.
@@ -105,7 +104,7 @@ class ReplicaServer:
             options = replace(options, host=ray.util.get_node_ip_address())
         host = options.host
         if port is None:  # several actors may pick at once on one node: an ephemeral port
-            port = _ephemeral_port(host)
+            port = fresh_port(host)
         replicas = options.dp_mode == "replicas"
         command = build_command(
             options, port=port, data_parallel=1 if replicas else options.dp_size
@@ -132,16 +131,13 @@ class ReplicaServer:
         return {"url": s.url, "command": s.command, "gpus": s.gpus, "starts": s.starts,
                 "moves": s.moves, "pid": s.pid, "node": _node_id()}  # fmt: skip
 
-    def rebind(self, first: int | None, stride: int) -> dict[str, Any] | None:
-        """The server could not bind its port (taken meanwhile): start it again on another,
-        from `first` on (a one-machine cluster) or an ephemeral one; None: another failure."""
+    def rebind(self) -> dict[str, Any] | None:
+        """The server could not bind its port (taken meanwhile): start it again on another
+        free one on this node; None: it failed for another reason."""
         s = self.server
         if not lost_its_port(s):
             return None
-        host = urlsplit(s.url).hostname or "127.0.0.1"
-        port = (
-            _ephemeral_port(host) if first is None else pick_ports(host, 1, first, stride=stride)[0]
-        )
+        port = fresh_port(urlsplit(s.url).hostname or "127.0.0.1")
         move(s, port)
         s.start()
         return self.info()
@@ -158,12 +154,6 @@ class ReplicaServer:
 
     def stop(self, grace: float) -> list[int]:
         return stop_all([self.server], grace=grace)
-
-
-def _ephemeral_port(host: str) -> int:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def _node_id() -> str:
@@ -293,7 +283,6 @@ class RayServers(Servers):
         self._joined = False
         self._head: ServerProcess | None = None  # the local cluster this run started
         self._auth = RayAuth()  # token authentication: a local head's own token, or read
-        self._local = True  # every node on this machine's loopback (known once connected)
 
     @property
     def replicas(self) -> list[RayReplica]:
@@ -306,7 +295,7 @@ class RayServers(Servers):
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        local = self._local = self._local_cluster(ray)
+        local = self._local_cluster(ray)
         ports = self._ports(local)
         env = forwarded_env()
         bundle = {"GPU": self.gpus_per_replica} if self.gpus_per_replica else {"CPU": 0.01}
@@ -396,10 +385,9 @@ class RayServers(Servers):
         """The replica's server could not bind its port: its actor starts it on another."""
         if not isinstance(p, RayReplica) or p.actor is None or p.moves >= MAX_MOVES:
             return False
-        first = max(port_of(r.url) for r in self.replicas) + self.stride if self._local else None
         old = port_of(p.url)
         try:
-            info = p._call("rebind", first, self.stride)
+            info = p._call("rebind")
         except Exception:  # the actor is gone: the usual failure report follows
             return False
         if info is None:
