@@ -4,16 +4,21 @@ is started again on another free port (serve/ports.py), and the run goes on."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import orjson
 import pytest
 from batchutil import read_results, write_requests
-from standins.harness import Standins, standin_session, wait_no_survivors
+from standins.harness import Standins, standin_session, wait_no_survivors, wait_until
 
 import jsonlbatch
 from jsonlbatch.errors import LaunchError
-from jsonlbatch.serve.launch import ServeOptions
+from jsonlbatch.serve.launch import ServeOptions, Servers, plan_servers, running
+from jsonlbatch.serve.ports import port_of
 from jsonlbatch.serve.start import serving
 
 pytestmark = pytest.mark.timeout(120, method="thread")
@@ -64,3 +69,40 @@ def test_a_server_that_fails_otherwise_is_not_moved(
     ):
         pass
     assert len(standins.records()) == 1
+
+
+def test_a_server_of_the_same_model_on_the_taken_port_is_not_taken_for_ours(
+    standins: Standins,
+) -> None:
+    """Another user's server of the same model name takes the port between the pick and our
+    server's bind: its answers must not count as ours being ready (nor serve the run)."""
+    options = ServeOptions("mock", served_model_name=("m",), ready_timeout=60.0)
+    (ours,) = plan_servers(options, log_stem=str(standins.tmp / "o.jsonl"))
+    taken = port_of(ours.url)
+    foreign = subprocess.Popen(
+        [sys.executable, "-m", "jsonlbatch.mock", "--host", "127.0.0.1", "--port", str(taken),
+         "--served-model-name", "m"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        assert wait_until(lambda: _serves(taken))  # the other one serves "m" there
+        requests, output = standins.tmp / "req.jsonl", standins.tmp / "resp.jsonl"
+        write_requests(requests, 5, model="m")
+        servers = Servers(options, [ours], quiet=True)
+        with running(servers):
+            summary = jsonlbatch.execute(requests, output, urls=servers.urls, quiet=True)
+        assert summary.succeeded == 5
+        assert ours.moves == 1 and port_of(ours.url) != taken  # ours lost the port: moved
+        with urllib.request.urlopen(f"http://127.0.0.1:{taken}/mock/stats", timeout=10) as r:
+            sent = orjson.loads(r.read())["requests"]
+        assert sent.get("/v1/chat/completions", 0) == 0  # the other server got none of ours
+    finally:
+        foreign.kill()
+        foreign.wait()
+
+
+def _serves(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5) as r:
+            return b'"m"' in r.read()
+    except OSError:
+        return False

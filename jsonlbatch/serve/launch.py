@@ -48,7 +48,7 @@ from jsonlbatch.serve.gpus import (
     pick_ports,
     visible_gpus,
 )
-from jsonlbatch.serve.ports import fresh_port, lost_its_port, move
+from jsonlbatch.serve.ports import answered_elsewhere, fresh_port, lost_its_port, move, port_of
 from jsonlbatch.serve.readiness import wait_all
 from jsonlbatch.serve.reaper import SECRETS_ENV, group_pids, wait_group_gone
 
@@ -164,6 +164,16 @@ class ServerProcess:
         )
 
     def probe(self) -> str | None:
+        """None once `/health` answers 200, `/v1/models` lists our model and it is this server
+        that answers on its port (`ports.answered_elsewhere`); else why not."""
+        reason = self._answers()
+        if reason is None and self.pid is not None:
+            other = answered_elsewhere(self.pid, port_of(self.url))
+            if other is not None:  # its port was taken before it bound it: not ours answering
+                return f"its port is answered by {other}, not by this server"
+        return reason
+
+    def _answers(self) -> str | None:
         """None once `/health` answers 200 and `/v1/models` lists our model; else why not."""
         root = self.url[: -len("/v1")] if self.url.endswith("/v1") else self.url
         status, _ = _get(f"{root}/health", self.api_key)
