@@ -38,7 +38,7 @@ from pathlib import Path
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_routing import prompt, stop
+from bench_routing import prompt, start_mocks, stop
 
 from jsonlbatch.records import request_line
 
@@ -56,22 +56,14 @@ def write_requests(path: Path, n: int, seed: int = 0, words: tuple[int, int] = (
 
 
 def start(args: argparse.Namespace) -> tuple[list[subprocess.Popen], list[str]]:
-    procs = []
-    for speed in SPEEDS:
-        cmd = [sys.executable, "-m", "jsonlbatch.mock", "--port", "0", "--gpu-model",
-               "--default-max-tokens", "256", "--gpu-max-batch", str(args.max_batch),
-               "--gpu-time-scale", str(args.time_scale * speed)]  # fmt: skip
-        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True,
-                                      start_new_session=True))  # fmt: skip
-    urls = []
-    for proc in procs:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        if "ready on" not in line:
-            stop(procs)
-            raise SystemExit(f"mock replica did not start: {line!r}")
-        urls.append(line.split("ready on", 1)[1].strip())
-    return procs, urls
+    return start_mocks(
+        [
+            [sys.executable, "-m", "jsonlbatch.mock", "--port", "0", "--gpu-model",
+             "--default-max-tokens", "256", "--gpu-max-batch", str(args.max_batch),
+             "--gpu-time-scale", str(args.time_scale * speed)]
+            for speed in SPEEDS
+        ]
+    )  # fmt: skip
 
 
 def percentile(values: list[float], q: float) -> float:

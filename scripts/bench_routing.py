@@ -111,9 +111,14 @@ def start_replicas(
         "--default-max-tokens", str(2 * args.output_tokens),  # requests cut it shorter
         "--gpu-time-scale", str(args.time_scale),
     ]  # fmt: skip
+    return start_mocks([cmd] * count)
+
+
+def start_mocks(commands: list[list[str]]) -> tuple[list[subprocess.Popen], list[str]]:
+    """Start one mock per command line (port 0) at once; their processes and base URLs."""
     procs = [
         subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, start_new_session=True)
-        for _ in range(count)
+        for cmd in commands
     ]
     urls = []
     for proc in procs:

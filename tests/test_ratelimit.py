@@ -207,16 +207,22 @@ def test_rate_limits_off_turns_off_every_pacing_not_asked_for():
     assert list(limiter.buckets) == ["requests"] and limiter.describe() == "600 rpm (--rpm)"
 
 
-def test_stray_429s_finish_the_run_unpaced(tmp_path, mock_server):
-    url = mock_server(rate_limit_rate=0.2, retry_after=None, seed=5)
-    write_requests(tmp_path / "req.jsonl", 300, max_tokens=2)
+def _all_answered(tmp_path, url: str, count: int, *args: str) -> str:
+    """`exec` of `count` small requests to `url`; every one answered once; its stderr."""
+    write_requests(tmp_path / "req.jsonl", count, max_tokens=2)
     out = tmp_path / "out.jsonl"
-    proc = exec_cli(tmp_path / "req.jsonl", out, "--url", url, "-c", "32", "--backoff", "0.01",
-                    "--max-retries", "20")  # fmt: skip
+    proc = exec_cli(tmp_path / "req.jsonl", out, "--url", url, *args)
     assert proc.returncode == 0, proc.stderr
     results = read_results(out)
-    assert len(results) == 300 and not failures(results)
-    assert "after 429s" not in proc.stderr
+    assert len(results) == count and not failures(results)
+    return proc.stderr
+
+
+def test_stray_429s_finish_the_run_unpaced(tmp_path, mock_server):
+    url = mock_server(rate_limit_rate=0.2, retry_after=None, seed=5)
+    stderr = _all_answered(tmp_path, url, 300, "-c", "32", "--backoff", "0.01",
+                           "--max-retries", "20")  # fmt: skip
+    assert "after 429s" not in stderr
 
 
 def test_a_server_answering_429_to_everything_ends_with_failure_lines(
@@ -240,15 +246,10 @@ def test_a_server_answering_429_to_everything_ends_with_failure_lines(
 
 def test_a_429_storm_is_slowed_for_all_workers_and_paced_is_shown(tmp_path, mock_server):
     url = mock_server(rpm=600)
-    write_requests(tmp_path / "req.jsonl", 40, max_tokens=2)
-    out = tmp_path / "out.jsonl"
-    proc = exec_cli(tmp_path / "req.jsonl", out, "--url", url, "-c", "16", "--backoff", "0.05",
-                    "--max-retries", "40")  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    results = read_results(out)
-    assert len(results) == 40 and not failures(results)
-    assert "paced: 600 rpm" in proc.stderr
-    assert "rate limits: 600 rpm (headers)" in proc.stderr
+    stderr = _all_answered(tmp_path, url, 40, "-c", "16", "--backoff", "0.05",
+                           "--max-retries", "40")  # fmt: skip
+    assert "paced: 600 rpm" in stderr
+    assert "rate limits: 600 rpm (headers)" in stderr
 
 
 def test_a_reset_far_beyond_a_minute_reveals_a_daily_window():
