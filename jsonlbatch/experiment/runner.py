@@ -120,14 +120,11 @@ def run_experiment(
 
 def _check_extras(exp: Experiment, say: Callable[[str], None]) -> None:
     """Steps that need an optional extra: checked before the first one runs, not after an exec
-    of hours (gen checks a Parquet data file itself, and it is the first step)."""
+    of hours (gen checks a Parquet data file itself, and it is the first step; a server to
+    launch is checked for when it starts, which is the first thing the exec step does)."""
     export = exp.step("export")
     if export and (export.settings.get("format") == "parquet" or export.settings.get("into")):
         require("pyarrow.parquet", extra="parquet", for_what="the export step")
-    for cond in exp.conditions:
-        serve = cond.settings.get("serve")
-        if isinstance(serve, dict) and (serve.get("ray") or serve.get("ray_address")):
-            require("ray", extra="ray", for_what=f"condition {cond.name!r}: serve with Ray")
     report = exp.step("report")
     if report and "html" in (report.settings.get("formats") or []):
         missing = charts_missing()
