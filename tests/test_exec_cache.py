@@ -335,8 +335,12 @@ def test_experiment_conditions_that_share_requests_pay_once(tmp_path, mock_serve
         "steps": [{"exec": {"concurrency": 4}}],
     }
     (folder / "experiment.yaml").write_text(json.dumps(spec))  # JSON is YAML
-    run_experiment(str(folder / "experiment.yaml"), runs_dir=str(tmp_path / "runs"), quiet=True)
+    result = run_experiment(
+        str(folder / "experiment.yaml"), runs_dir=str(tmp_path / "runs"), quiet=True
+    )
     assert sent(url) == 10  # baseline's five, once; sampled's five
+    said = {o.condition: o.detail for o in result.outcomes if o.step == "exec"}
+    assert said["again"] == "0 sent, 5 from the answer cache" and said["baseline"] == "5 sent"
     root = tmp_path / "runs" / "shared"
     hits = read_results(root / "again" / "responses.jsonl")
     assert {line["metrics"]["cache"] for line in hits.values()} == {"hit"}

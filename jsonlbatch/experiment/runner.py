@@ -303,14 +303,18 @@ class _ConditionRun:
             )
             done = {
                 "requests": summary.requests,
-                "sent": summary.written,
+                "sent": summary.written - summary.cache_hits,
+                "from_cache": summary.cache_hits,
                 "already_done": summary.already_done,
                 "failed": summary.failed + summary.failed_before,
                 "wall_s": round(summary.wall_s, 3),
             }
             self.state.finish("exec", digest, done)
             status = "resumed" if resuming else "ran"
-            return Outcome(self.cond.name, "exec", status, f"{summary.written} sent")
+            sent = f"{summary.written - summary.cache_hits} sent"
+            if summary.cache_hits:
+                sent += f", {summary.cache_hits} from the answer cache"
+            return Outcome(self.cond.name, "exec", status, sent)
 
     def judge(self, step: Step) -> Outcome:
         s = step.settings
