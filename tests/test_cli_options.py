@@ -231,3 +231,12 @@ def test_live_only_options_are_refused_with_batch_api(tmp_path, given, named):
     assert f"Error: {named} does not go with --batch-api" in result.output
     assert "Traceback" not in result.output and not out.exists()
     assert not (tmp_path / "answers").exists()
+
+
+def test_concurrency_names_both_forms_when_neither_is_given(tmp_path):
+    requests = tmp_path / "req.jsonl"
+    requests.write_text("")
+    for bad in ("autoo", "0", "-3"):
+        result = run("exec", str(requests), "-o", str(tmp_path / "o.jsonl"), "-c", bad)
+        assert result.exit_code == 2
+        assert f"{bad!r}: give a number of at least 1, or auto" in result.output, result.output

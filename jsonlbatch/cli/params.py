@@ -118,9 +118,15 @@ class CountOrAuto(click.ParamType):
     name = "N|auto"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if isinstance(value, int) or str(value).strip().lower() != "auto":
-            return COUNT.convert(value, param, ctx)
-        return "auto"
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            return "auto"
+        try:
+            count = int(value)
+        except (TypeError, ValueError):
+            count = 0
+        if count < 1:  # not "is not a valid integer range": auto is as good an answer
+            self.fail(f"{value!r}: give a number of at least 1, or auto", param, ctx)
+        return count
 
 
 COUNT_OR_AUTO = CountOrAuto()
