@@ -61,12 +61,12 @@ def _show(output: str, url: str | None, api_key: str | None, cancel: bool) -> No
 @batches.command("status", cls=Sectioned, examples=("jsonlbatch batches status responses.jsonl",))
 @_common
 def status(output: str, url: str | None, api_key: str | None) -> None:
-    """Each batch of OUT with its live status and request counts."""
+    """Each batch of OUTPUT with its live status and request counts."""
     _show(output, url, api_key, cancel=False)
 
 
 @batches.command("cancel", cls=Sectioned, examples=("jsonlbatch batches cancel responses.jsonl",))
 @_common
 def cancel(output: str, url: str | None, api_key: str | None) -> None:
-    """Cancel OUT's batches that are still running (finished work is kept)."""
+    """Cancel OUTPUT's batches that are still running (finished work is kept)."""
     _show(output, url, api_key, cancel=True)
