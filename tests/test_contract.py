@@ -273,6 +273,8 @@ def test_reask_needs_the_attempts():
     with pytest.raises(UsageError, match="--reask 9 needs --max-retries 9"):
         ExecOptions(reask=9)
     assert ExecOptions(reask=9, max_retries=9).reask == 9
+    with pytest.raises(UsageError, match="--reask-feedback says how to re-ask: give --reask N"):
+        ExecOptions(reask_feedback=True)  # alone it would change nothing
 
 
 def test_reask_journal_resumes_pending_requests_only(tmp_path):

@@ -94,6 +94,8 @@ class ExecOptions:
                 f"--reask {self.reask} needs --max-retries {self.reask} or more: each re-ask "
                 "is an attempt of its request"
             )
+        if self.reask_feedback and not self.reask:
+            raise UsageError("--reask-feedback says how to re-ask: give --reask N too")
         if self.max_cost is not None:
             if self.max_cost < 0:
                 raise UsageError("--max-cost must not be negative")
