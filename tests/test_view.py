@@ -174,10 +174,14 @@ def test_the_api_is_read_only_and_checks_the_host(viewer: tuple[ViewProcess, Pat
     assert "script-src 'self'" in policy and "unsafe-inline" not in policy.split("style-src")[0]
 
 
-def test_view_refuses_a_missing_file(tmp_path: Path) -> None:
+def test_view_refuses_a_missing_file_and_a_request_file(tmp_path: Path) -> None:
     result = cli("view", str(tmp_path / "nope.jsonl"))
     assert result.returncode == 2 and "nope.jsonl" in result.stderr
     assert "Traceback" not in result.stderr
+    requests = write_requests(tmp_path / "q.jsonl", 3)
+    result = cli("view", str(requests))
+    assert result.returncode == 2 and "holds requests, not responses" in result.stderr
+    assert f"--requests {requests}" in result.stderr
 
 
 def _read_until(proc: object, marker: str, timeout: float = 60.0) -> str:

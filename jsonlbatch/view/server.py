@@ -90,6 +90,12 @@ class Viewer:
         for path in [*paths, *requests]:
             if os.path.isdir(path):
                 raise UsageError(f"{path}: a directory, not a JSONL file")
+        for path in paths:
+            if _holds_requests(path):
+                raise UsageError(
+                    f"{path} holds requests, not responses: view reads what `jsonlbatch exec` "
+                    f"wrote (give the requests with --requests {path})"
+                )
         self.requests = [LineIndex(p) for p in requests]
         self.files = []
         for path, label in zip(paths, _labels(paths), strict=True):
@@ -306,6 +312,17 @@ class Viewer:
             html = f"<p>No report: {_escape(redact(str(exc)))}</p>"
         return web.Response(text=html, content_type="text/html",
                             headers={"Content-Security-Policy": _REPORT_CSP})  # fmt: skip
+
+
+def _holds_requests(path: str) -> bool:
+    """Whether the file's first line is a request line (a user's mix-up of the two files)."""
+    try:
+        with open(path, "rb") as fh:
+            first = next((line for line in fh if line.strip()), b"")
+        obj = orjson.loads(first) if first else None
+    except (OSError, orjson.JSONDecodeError):
+        return False
+    return isinstance(obj, dict) and "body" in obj and "url" in obj and "response" not in obj
 
 
 async def _no_icon(request: web.Request) -> web.Response:
