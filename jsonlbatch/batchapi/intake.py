@@ -139,6 +139,29 @@ class ProviderFront:
         self.expiry = expiry or self.default_expiry
         self.max_queued = max_queued
 
+    def make_batch(
+        self,
+        batch_id: str,
+        lines: Iterable[bytes],
+        endpoint: str,
+        count: int,
+        extra: Mapping[str, Any],
+    ) -> dict[str, Any]:
+        """Store a provider's translated requests as an input file and make the batch the
+        runner executes, expiring after this front's `expiry`."""
+        made = store_file(self.store, lines, filename=f"{batch_id}.input.jsonl")
+        return new_batch(
+            self.store,
+            self.runner,
+            input_file_id=made["id"],
+            endpoint=endpoint,
+            window=f"{self.expiry:g}s",
+            seconds=self.expiry,
+            metadata=None,
+            batch_id=batch_id,
+            extra={**extra, "queued": count},
+        )
+
     def queue_full(self, count: int) -> bool:
         """Whether `count` more requests would pass the queue limit."""
         return self.max_queued is not None and queued_requests(self.store) + count > self.max_queued

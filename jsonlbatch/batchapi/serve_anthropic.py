@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from jsonlbatch.batchapi.intake import ProviderFront, new_batch, request_line, store_file
+from jsonlbatch.batchapi.intake import ProviderFront, request_line
 from jsonlbatch.batchapi.objects import TERMINAL, new_id, now, rfc3339
 from jsonlbatch.batchapi.web import ApiError, json_body, json_response
 from jsonlbatch.jsonl import iter_lines
@@ -100,17 +100,8 @@ class AnthropicBatches(ProviderFront):
                         "wait for earlier batches to end")  # fmt: skip
         batch_id = new_id("msgbatch_")
         lines = (request_line(r["custom_id"], MESSAGES_URL, r["params"]) for r in requests)
-        made = store_file(self.store, lines, filename=f"{batch_id}.input.jsonl")
-        batch = new_batch(
-            self.store,
-            self.runner,
-            input_file_id=made["id"],
-            endpoint=MESSAGES_URL,
-            window=f"{self.expiry:g}s",
-            seconds=self.expiry,
-            metadata=None,
-            batch_id=batch_id,
-            extra={"provider": "anthropic", "queued": len(requests)},
+        batch = self.make_batch(
+            batch_id, lines, MESSAGES_URL, len(requests), {"provider": "anthropic"}
         )
         return json_response(self._view(batch, request))
 

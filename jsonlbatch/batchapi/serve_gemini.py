@@ -22,7 +22,7 @@ from jsonlbatch.batchapi.gemini_format import (
     error_status,
     gemini_to_chat,
 )
-from jsonlbatch.batchapi.intake import ProviderFront, new_batch, request_line, store_file
+from jsonlbatch.batchapi.intake import ProviderFront, request_line, store_file
 from jsonlbatch.batchapi.objects import TERMINAL, new_id, now, rfc3339
 from jsonlbatch.batchapi.web import ApiError, json_body, json_response
 from jsonlbatch.jsonl import iter_lines
@@ -108,19 +108,10 @@ class GeminiBatches(ProviderFront):
             raise error(429, f"Resource has been exhausted: the batch queue holds at most "
                         f"{self.max_queued} requests; wait for earlier batches to end")  # fmt: skip
         batch_id = new_id("")
-        made = store_file(self.store, lines, filename=f"gemini-{batch_id}.input.jsonl")
-        stored = new_batch(
-            self.store,
-            self.runner,
-            input_file_id=made["id"],
-            endpoint=CHAT_URL,
-            window=f"{self.expiry:g}s",
-            seconds=self.expiry,
-            metadata=None,
-            batch_id=batch_id,
-            extra={"provider": "gemini", "queued": count,
-                   "gemini": {"displayName": name, "model": model, "mode": mode, "meta": meta}},
-        )  # fmt: skip
+        info = {"displayName": name, "model": model, "mode": mode, "meta": meta}
+        stored = self.make_batch(
+            batch_id, lines, CHAT_URL, count, {"provider": "gemini", "gemini": info}
+        )
         return json_response(self._view(stored))
 
     def _inline(self, items: list[Any], model: str) -> tuple[list[bytes], list[Any], int]:
