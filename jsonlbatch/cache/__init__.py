@@ -7,9 +7,17 @@ writing them (docs/exec.md, "Answer cache").
 """
 
 from jsonlbatch.cache.draws import Draws, count_draws
-from jsonlbatch.cache.keys import ANSWER_NEUTRAL, body_key, entry_name, key_scope, one_draw
+from jsonlbatch.cache.keys import (
+    ANSWER_NEUTRAL,
+    body_digest,
+    body_key,
+    entry_name,
+    key_scope,
+    one_draw,
+)
 from jsonlbatch.cache.manage import CacheStats, PruneResult, cache_stats, prune
-from jsonlbatch.cache.store import MODES, Cache, CacheCounts, Entry
+from jsonlbatch.cache.pack import Entry
+from jsonlbatch.cache.store import MODES, Cache, CacheCounts
 
 __all__ = [
     "ANSWER_NEUTRAL",
@@ -20,6 +28,7 @@ __all__ = [
     "Draws",
     "Entry",
     "PruneResult",
+    "body_digest",
     "body_key",
     "cache_stats",
     "count_draws",

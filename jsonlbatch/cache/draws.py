@@ -17,7 +17,8 @@ from array import array
 
 import orjson
 
-from jsonlbatch.cache.keys import body_key, one_draw
+from jsonlbatch.cache.keys import body_digest, one_draw
+from jsonlbatch.cache.pack import key64
 from jsonlbatch.idset import IdSet
 from jsonlbatch.jsonl import iter_lines
 
@@ -32,10 +33,10 @@ class Draws:
         self._hashes = array("q")
         self._repeats = IdSet(values=True)  # ids of second and later copies -> copy number
 
-    def add(self, custom_id: str, key: str) -> None:
-        """A sampling line with body key `key` (hex); call in file order."""
+    def add(self, custom_id: str, key: bytes) -> None:
+        """A sampling line with body key `key` (`body_digest`); call in file order."""
         self._ids.append(hash(custom_id))
-        self._hashes.append(int(key[:16], 16) - (1 << 63))
+        self._hashes.append(key64(key))
 
     def finish(self) -> Draws:
         """Count the copies (one pass over the hashes); frees the per-line hashes."""
@@ -89,5 +90,5 @@ def count_draws(
         if model is not None:
             body["model"] = model
         if not one_draw(url, body):
-            draws.add(cid, body_key(url, body, scope))
+            draws.add(cid, body_digest(url, body, scope))
     return draws.finish()

@@ -88,11 +88,17 @@ def key_scope(urls: Sequence[str]) -> bytes:
     return b"\0".join(sorted({u.rstrip("/").encode() for u in urls}))
 
 
-def body_key(url: str, body: dict[str, Any], scope: bytes = b"") -> str:
-    """The key of a request, as 32 hex digits (BLAKE2b-128 of scope, endpoint path and
-    canonical body): the same for every copy; `entry_name` adds the draw."""
+def body_digest(url: str, body: dict[str, Any], scope: bytes = b"") -> bytes:
+    """The key of a request: BLAKE2b-128 of scope, endpoint path and canonical body, the same
+    for every copy (a draw number tells copies of a sampled body apart)."""
     head = b"%s%s\0%s\0" % (_VERSION, scope, url.encode())
-    return hashlib.blake2b(head + canonical_body(body), digest_size=16).hexdigest()
+    return hashlib.blake2b(head + canonical_body(body), digest_size=16).digest()
+
+
+def body_key(url: str, body: dict[str, Any], scope: bytes = b"") -> str:
+    """`body_digest` as 32 hex digits, as in `metrics.cache_key` (`entry_name` adds the
+    draw)."""
+    return body_digest(url, body, scope).hex()
 
 
 def entry_name(key: str, draw: int) -> str:

@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 
 from jsonlbatch.cache.draws import Draws, count_draws
-from jsonlbatch.cache.keys import body_key, key_scope, one_draw
+from jsonlbatch.cache.keys import body_digest, key_scope, one_draw
 from jsonlbatch.cache.store import Cache, CacheCounts
 from jsonlbatch.cost import Price
 from jsonlbatch.records import Request, Result
@@ -74,9 +74,9 @@ class RunCache:
     def counts(self) -> CacheCounts:
         return self.cache.counts
 
-    def _draw(self, request: Request) -> tuple[str, int, bool]:
+    def _draw(self, request: Request) -> tuple[bytes, int, bool]:
         """(key, draw, whether the body is one draw) of a request as it will be sent."""
-        key = body_key(request.url, request.body, self.scope)
+        key = body_digest(request.url, request.body, self.scope)
         if one_draw(request.url, request.body):
             return key, 0, True
         if self._draws is None:  # counted on first need: after --model auto is resolved
@@ -94,13 +94,12 @@ class RunCache:
             self.counts.misses += 1
             return None
         key, draw, _ = self._draw(request)
-        name = f"{key}.{draw}"
-        entry = self.cache.get(name)
+        entry = self.cache.get(key, draw)
         if entry is None:
             self.counts.misses += 1
             return None
         meta = entry.meta
-        metrics: dict[str, Any] = {"cache": "hit", "cache_key": name}
+        metrics: dict[str, Any] = {"cache": "hit", "cache_key": f"{key.hex()}.{draw}"}
         usage = meta.get("usage")
         if isinstance(usage, dict):
             metrics.update((k, v) for k, v in usage.items() if k in _USAGE_KEYS)
@@ -137,10 +136,10 @@ class RunCache:
             "request_id": result.request_id,
             "usage": {k: result.metrics[k] for k in _USAGE_KEYS if k in result.metrics},
         }
-        name = self.cache.put(key, draw, single, raw, meta)
-        if name:
+        stored = self.cache.put(key, draw, single, raw, meta)
+        if stored >= 0:
             result.metrics["cache"] = "stored"
-            result.metrics["cache_key"] = name
+            result.metrics["cache_key"] = f"{key.hex()}.{stored}"
 
     def notes(self) -> list[str]:
         """What the user should hear as the run starts: the cache used (every pending request
@@ -153,8 +152,12 @@ class RunCache:
         return [f"answer cache {cache.root}: {what}", *self.counts.notes]
 
     def finish(self, output: str) -> None:
-        """Record this run's counts in the cache's `runs/` (for `cache stats`)."""
-        self.cache.record_run(output)
+        """Seal what this run stored (its pack's index) and record its counts in the cache's
+        `runs/` (for `cache stats`)."""
+        try:
+            self.cache.close()
+        finally:
+            self.cache.record_run(output)
 
     def progress(self) -> str:
         """For the progress bar: hits so far and what they saved."""

@@ -1,97 +1,72 @@
-"""The answer cache on disk: one small compressed file per stored answer.
+"""The answer cache on disk: append-only packs of compressed answers, and indexes over them.
 
-Why files and not a database (SQLite, `diskcache`): the cache is meant to be shared by several
-processes and several machines over a network file system, where file locks (which SQLite
-needs) are unreliable. Files need no lock at all:
+Why not a database (SQLite, `diskcache`): the cache is meant to be shared by several processes
+and several machines over a network file system, where file locks (which SQLite needs) are
+unreliable. Packs need no lock at all (`pack.py` has the format):
 
-- an entry is written to a temporary file beside its final name and then hard-linked there
-  (`os.link` fails if the name is taken, so no answer ever overwrites another), or renamed
-  where a file system has no hard links; readers see the old state or the whole new entry;
-- every entry carries its length and a CRC-32 and is a zlib stream (which has its own
-  checksum): a torn or corrupt file (a copy cut short, a disk error) is a miss, and the next
-  store replaces it;
-- a lookup is one `open` and one read of `answers/<k0k1>/<k2k3>/<key>.<draw>`: no index to
-  load, so a million entries cost a run nothing before its first lookup.
+- every process that stores answers appends them to a pack of its own; a record is one `write`,
+  made before the answer's output line, so an answer in any output is in the cache;
+- every record carries a CRC-32 and is a zlib stream: a torn or corrupt record (a kill -9, a
+  copy cut short, a disk error) is a miss, and the next store adds a good copy;
+- when it ends, a process writes an index of its pack (a hash table, written whole under a
+  temporary name and renamed), and when a cache has more than a few indexes, one index over
+  all of them, which replaces them;
+- a reader maps the indexes (a lookup is a probe into a table the kernel caches, then one
+  `pread` of the record) and walks only what no index covers yet: the packs of running or
+  killed processes.
 
 Layout of a cache directory::
 
     jsonlbatch-cache.json        marks the directory as a cache (prune removes nothing elsewhere)
     CACHEDIR.TAG                 tells backup tools to skip it (bford.info/cachedir)
-    answers/ab/cd/<key>.<draw>   the entries
+    packs/<time>-<host>-<pid>-<random>.pack   answers, appended by one process each
+    packs/<time>-<host>-<pid>-<random>.idx    indexes over the packs
     runs/<time>-<host>-<pid>.json  one line of counts per run (hits, misses, stored): `cache stats`
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import socket
-import struct
 import time
-import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
+from jsonlbatch.cache.pack import (
+    INDEX_SUFFIX,
+    PACK_SUFFIX,
+    Cover,
+    Entry,
+    Index,
+    Table,
+    decode_record,
+    encode_record,
+    iter_records,
+    key64,
+    read_record,
+    write_index,
+)
 from jsonlbatch.errors import OutputError, UsageError
 
 MODES = ("rw", "read", "write")
 MARKER = "jsonlbatch-cache.json"
-ANSWERS = "answers"
+FORMAT = 2
+PACKS = "packs"
 RUNS = "runs"
 _TAG = (
     "Signature: 8a477f597d28d172789f06886806bc55\n"
     "# This directory is a jsonlbatch answer cache: see `jsonlbatch cache stats`.\n"
 )
-_MAGIC = b"JBC1"
-_HEADER = struct.Struct("<4sII")  # magic, CRC-32 of the payload, payload length
 _READ = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
-_CHUNK = 1 << 16
-#: How many draw numbers past the wanted one a store tries when others took them meanwhile.
+#: How many draw numbers past the wanted one a store tries when the cache has them already.
 _MAX_PROBE = 64
+#: More sources than this (indexes, plus packs walked in part) and a closing writer merges them.
+MERGE_AT = 4
 
-
-@dataclass(slots=True)
-class Entry:
-    """One stored answer: the server's body, byte for byte, and what was known about it."""
-
-    body: bytes
-    meta: dict[str, Any]
-
-
-def encode_entry(meta: dict[str, Any], body: bytes) -> bytes:
-    """The bytes of an entry file: header (magic, CRC-32, length) + zlib(meta JSON, newline,
-    body)."""
-    payload = zlib.compress(orjson.dumps(meta) + b"\n" + body, 6)
-    return _HEADER.pack(_MAGIC, zlib.crc32(payload), len(payload)) + payload
-
-
-def decode_entry(data: bytes, *, head_only: bool = False) -> Entry | None:
-    """An entry from its file's bytes, or None if it is torn or corrupt. `head_only` decodes
-    just enough for the metadata (`cache stats`)."""
-    if len(data) < _HEADER.size:
-        return None
-    magic, crc, length = _HEADER.unpack_from(data)
-    payload = memoryview(data)[_HEADER.size :]
-    if magic != _MAGIC or len(payload) != length or zlib.crc32(payload) != crc:
-        return None
-    try:
-        if head_only:
-            text = zlib.decompressobj().decompress(payload, 1 << 16)
-        else:
-            text = zlib.decompress(payload)
-        head, _, body = text.partition(b"\n")
-        meta = orjson.loads(head)
-    except (zlib.error, orjson.JSONDecodeError):
-        return None
-    return Entry(body, meta) if isinstance(meta, dict) else None
-
-
-def entry_path(root: str, name: str) -> str:
-    """Where entry `name` (`<key>.<draw>`) lives: two levels of 256 folders by key."""
-    return f"{root}/{ANSWERS}/{name[:2]}/{name[2:4]}/{name}"
+__all__ = ["FORMAT", "MARKER", "MODES", "PACKS", "RUNS", "Cache", "CacheCounts", "Entry"]
 
 
 @dataclass
@@ -101,7 +76,7 @@ class CacheCounts:
     hits: int = 0
     misses: int = 0
     stored: int = 0
-    corrupt: int = 0  # entries found torn or corrupt: treated as misses
+    corrupt: int = 0  # records found torn or corrupt: treated as misses
     store_failed: int = 0
     saved_prompt_tokens: int = 0
     saved_completion_tokens: int = 0
@@ -109,12 +84,27 @@ class CacheCounts:
     notes: list[str] = field(default_factory=list)
 
 
+@dataclass
+class _View:
+    """What a process knows of the cache: the packs (numbered in name order: the first of two
+    records of one draw wins), the tables that index them, and what each covers."""
+
+    packs: list[str]
+    tables: list[tuple[Table, list[int]]]  # a table, and its pack numbers -> the view's
+    indexes: list[Index]
+    covered: dict[str, int]  # bytes of each pack that the tables cover
+    sealed: set[str]
+    redundant: list[str] = field(default_factory=list)  # index files that add nothing
+    walked: bool = False  # some packs were walked (no index covers all of them)
+
+
 class Cache:
     """A cache directory opened in one mode: `rw` (look up, store misses), `read` (look up
     only) or `write` (store only: refresh answers without reading old ones).
 
     A `rw` cache whose directory cannot be written (a read-only mount, no permission) is used
-    for reading only, with a note in `counts.notes`; `write` there is an error.
+    for reading only, with a note in `counts.notes`; `write` there is an error. Call `close`
+    when done: it writes the index of what this process stored.
     """
 
     def __init__(self, root: str | os.PathLike[str], mode: str = "rw") -> None:
@@ -123,15 +113,21 @@ class Cache:
         self.root = os.path.abspath(os.fspath(root))
         self.mode = mode
         self.counts = CacheCounts()
-        self._dirs: set[str] = set()
         self._failed_once = False
         self.readable = mode in ("rw", "read")
         self.writable = mode in ("rw", "write")
+        self._view: _View | None = None
+        self._fds: dict[int, int] = {}
+        self._pack_fd: int | None = None  # this process's pack, once it stores something
+        self._pack_name = ""
+        self._pack_size = 0
+        self._own = Table.empty(64)
+        self._names: list[str] = []  # the packs of the view, in name order
         if os.path.exists(self.root) and not os.path.isdir(self.root):
             raise OutputError(f"cache {self.root} is not a directory")
         if not os.path.isdir(self.root) and not self.writable:
             raise OutputError(f"cache {self.root} does not exist (--cache-mode read)")
-        _check_is_cache(self.root)
+        check_is_cache(self.root)
         if self.writable:
             problem = self._init_dir()
             if problem is not None:
@@ -145,12 +141,13 @@ class Cache:
     def _init_dir(self) -> str | None:
         """Create the directory and its marker; None if it can be written, else why not."""
         try:
-            os.makedirs(self.root, exist_ok=True)
-            for name, text in ((MARKER, '{"format": 1}\n'), ("CACHEDIR.TAG", _TAG)):
+            os.makedirs(os.path.join(self.root, PACKS), exist_ok=True)
+            marker = orjson.dumps({"format": FORMAT}) + b"\n"
+            for name, text in ((MARKER, marker), ("CACHEDIR.TAG", _TAG.encode())):
                 path = os.path.join(self.root, name)
                 if not os.path.exists(path):
-                    _write_atomically(path, text.encode())
-            probe = os.path.join(self.root, f".probe.{_unique()}.tmp")
+                    _write_atomically(path, text)
+            probe = os.path.join(self.root, PACKS, f".probe.{_unique()}.tmp")
             os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
             os.unlink(probe)
         except OSError as exc:
@@ -159,88 +156,165 @@ class Cache:
 
     # -- lookups ------------------------------------------------------------------------------
 
-    def get(self, name: str) -> Entry | None:
-        """The entry stored as `name` (`keys.entry_name`), or None: absent, unreadable, torn or
-        corrupt (counted in `counts.corrupt`). One open and one read."""
-        try:
-            fd = os.open(f"{self.root}/{ANSWERS}/{name[:2]}/{name[2:4]}/{name}", _READ)
-        except OSError:
+    def get(self, key: bytes, draw: int) -> Entry | None:
+        """The answer stored as draw `draw` of `key` (`keys.body_digest`), or None: absent, or
+        torn or corrupt (counted in `counts.corrupt`; a later good copy is used instead)."""
+        view = self._view or self.view()
+        k = key64(key)
+        found: list[tuple[int, int, int]] = []
+        for table, numbers in view.tables:
+            if not table.entries:
+                continue
+            hit = table.find(k, draw)
+            if hit is not None and numbers[hit[0]] >= 0:
+                found.append((numbers[hit[0]], hit[1], hit[2]))
+        if not found:
             return None
-        try:
-            data = _read_all(fd)
-        except OSError:
-            data = b""
-        finally:
-            os.close(fd)
-        entry = decode_entry(data)
-        if entry is None or entry.meta.get("name") != name:
+        if len(found) > 1:
+            found = sorted(set(found))  # the first pack's record wins
+        for pack, offset, length in found:
+            try:
+                data = read_record(self._fd(pack), offset, length)
+            except OSError:
+                data = b""
+            entry = decode_record(data, key, draw)
+            if entry is not None:
+                return entry
             self.counts.corrupt += 1
-            return None
-        return entry
+        return None
+
+    def view(self) -> _View:
+        """Open the indexes (and walk what they do not cover) once, on first need."""
+        if self._view is None:
+            self._view = self._load()
+        return self._view
+
+    def _fd(self, pack: int) -> int:
+        fd = self._fds.get(pack)
+        if fd is None:
+            name = self._names[pack] if pack < len(self._names) else self._pack_name
+            fd = self._fds[pack] = os.open(os.path.join(self.root, PACKS, name), _READ)
+        return fd
+
+    def _load(self) -> _View:
+        for _ in range(3):  # an index merged away between listing and opening: list again
+            view, vanished = self._try_load()
+            if not vanished:
+                return view
+            for index in view.indexes:
+                index.close()
+        return view
+
+    def _try_load(self) -> tuple[_View, bool]:
+        folder = os.path.join(self.root, PACKS)
+        try:
+            names = os.listdir(folder)
+        except FileNotFoundError:
+            names = []
+        except OSError as exc:
+            raise OutputError(f"cannot read cache {self.root}: {exc.strerror}") from None
+        self._names = packs = sorted(n for n in names if n.endswith(PACK_SUFFIX))
+        number = {name: i for i, name in enumerate(packs)}
+        indexes, vanished = [], False
+        for name in sorted(n for n in names if n.endswith(INDEX_SUFFIX)):
+            index = Index.open(os.path.join(folder, name))
+            if index is None:
+                vanished |= not os.path.exists(os.path.join(folder, name))
+                continue
+            indexes.append(index)
+        indexes.sort(key=lambda i: -i.table.entries)
+        view = _View(packs, [], [], {}, set())
+        for index in indexes:  # the biggest first; one that adds nothing is left out
+            if not any(c.covered > view.covered.get(c.pack, 0) for c in index.covers):
+                view.redundant.append(index.path)
+                index.close()
+                continue
+            view.indexes.append(index)
+            view.tables.append((index.table, [number.get(c.pack, -1) for c in index.covers]))
+            for c in index.covers:
+                view.covered[c.pack] = max(c.covered, view.covered.get(c.pack, 0))
+                if c.sealed:
+                    view.sealed.add(c.pack)
+        tail = self._walk_tails(view)
+        if tail.entries:
+            view.tables.append((tail, list(range(len(packs)))))
+        view.tables.append((self._own, [len(packs)]))  # this process's pack comes last
+        return view, vanished
+
+    def _walk_tails(self, view: _View) -> Table:
+        """Index in memory what no index file covers: packs being written by running
+        processes, or left by killed ones."""
+        found: list[tuple[int, int, int, int, int]] = []
+        for number, name in enumerate(view.packs):
+            start = view.covered.get(name, 0)
+            try:
+                fd = self._fd(number)
+                size = os.fstat(fd).st_size
+            except OSError:
+                continue
+            if size <= start:
+                continue
+            view.walked = True
+            for rec in iter_records(fd, start, size):
+                if rec.valid:
+                    found.append((key64(rec.key), rec.draw, number, rec.offset, rec.length))
+                else:
+                    self.counts.corrupt += 1
+            view.covered[name] = size
+        table = Table.empty(len(found))
+        for item in found:
+            table.add(*item)
+        return table
 
     # -- stores -------------------------------------------------------------------------------
 
-    def put(self, key: str, draw: int, one_draw: bool, body: bytes, meta: dict[str, Any]) -> str:
-        """Store an answer as draw `draw` of `key` and return the entry's name ('' if it could
-        not be stored: the first failure is noted, the run goes on).
+    def put(self, key: bytes, draw: int, one_draw: bool, body: bytes, meta: dict[str, Any]) -> int:
+        """Store an answer as draw `draw` of `key` and return the draw it was stored as (-1 if
+        it could not be stored: the first failure is noted, the run goes on).
 
-        A draw number another process took meanwhile is not overwritten: the answer goes to the
-        next free one (two runs drawing the same body at once each add a draw). A body that is
-        one draw keeps the answer already stored, if any. A torn or corrupt entry is replaced.
-        """
-        tries = 1 if one_draw else _MAX_PROBE
-        for k in range(draw, draw + tries):
-            name = f"{key}.{k}"
-            data = encode_entry({**meta, "name": name, "created": round(time.time(), 3)}, body)
-            try:
-                placed = self._place(name, data)
-            except OSError as exc:
-                self._store_failed(exc)
-                return ""
-            if placed or one_draw:
-                self.counts.stored += placed
-                return name
-        self._store_failed(OSError(errno.EEXIST, f"{tries} draws of one body taken"))
-        return ""
-
-    def _place(self, name: str, data: bytes) -> bool:
-        """Put `data` at entry `name` unless a valid entry is there; True if it was placed."""
-        final = entry_path(self.root, name)
-        folder = os.path.dirname(final)
-        if folder not in self._dirs:
-            os.makedirs(folder, exist_ok=True)
-            self._dirs.add(folder)
-        tmp = os.path.join(folder, f".{name}.{_unique()}.tmp")
-        _write_new(tmp, data)
+        A body that is one draw keeps the answer already stored, if any. A draw this process
+        knows to be taken (stored earlier, `--cache-mode write`) is not stored again: the
+        answer goes to the next free one. Two processes storing the same draw at once each
+        append it; the first pack's copy is the one every lookup finds."""
+        if one_draw and self.get(key, 0) is not None:
+            return 0
+        if not one_draw:
+            for d in range(draw, draw + _MAX_PROBE):
+                if self.get(key, d) is None:
+                    draw = d
+                    break
+            else:
+                self._store_failed(OSError(f"{_MAX_PROBE} draws of one body taken"))
+                return -1
+        record = encode_record(key, draw, {**meta, "created": round(time.time(), 3)}, body)
         try:
-            try:
-                os.link(tmp, final)
-                return True
-            except FileExistsError:
-                if _same_inode(tmp, final):  # an NFS retry of a link that had succeeded
-                    return True
-                if self._valid_at(final, name):
-                    return False
-                os.replace(tmp, final)  # a torn or corrupt entry: replace it
-                return True
-            except OSError as exc:
-                if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV):
-                    raise
-                if os.path.exists(final) and self._valid_at(final, name):
-                    return False  # no hard links here: check, then rename (a narrow race)
-                os.replace(tmp, final)
-                return True
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+            offset = self._append(record)
+        except OSError as exc:
+            self._store_failed(exc)
+            return -1
+        own = self._own
+        if own.entries + 1 > own.n_slots * 0.7:
+            self._own = own = _grown(own)
+            if self._view is not None:
+                self._view.tables[-1] = (own, self._view.tables[-1][1])
+        own.add(key64(key), draw, 0, offset, len(record))
+        self.counts.stored += 1
+        return draw
 
-    def _valid_at(self, path: str, name: str) -> bool:
-        try:
-            with open(path, "rb", buffering=0) as f:
-                entry = decode_entry(f.read())
-        except OSError:
-            return False
-        return entry is not None and entry.meta.get("name") == name
+    def _append(self, record: bytes) -> int:
+        if self._pack_fd is None:
+            self.view()  # packs listed before this one exists: its number is theirs + 1
+            stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+            self._pack_name = f"{stamp}-{_unique()}{PACK_SUFFIX}"
+            path = os.path.join(self.root, PACKS, self._pack_name)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND
+            self._pack_fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0), 0o644)
+        offset = self._pack_size
+        view = memoryview(record)
+        while view:
+            view = view[os.write(self._pack_fd, view) :]
+        self._pack_size += len(record)
+        return offset
 
     def _store_failed(self, exc: OSError) -> None:
         self.counts.store_failed += 1
@@ -250,6 +324,51 @@ class Cache:
                 f"cannot store answers in cache {self.root} ({exc.strerror or exc}); the run "
                 "goes on without storing"
             )
+
+    # -- closing ------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Seal this process's pack: fsync it and write its index (or, when the cache has
+        more than `MERGE_AT` sources, one index over everything, replacing theirs)."""
+        try:
+            if self._pack_fd is not None:
+                with contextlib.suppress(OSError):
+                    os.fsync(self._pack_fd)
+                    self._write_indexes()
+        finally:
+            for fd in [*self._fds.values(), *([self._pack_fd] if self._pack_fd else [])]:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            self._fds.clear()
+            self._pack_fd = None
+            if self._view is not None:
+                for index in self._view.indexes:
+                    index.close()
+                self._view = None
+
+    def _write_indexes(self) -> None:
+        view = self.view()
+        folder = os.path.join(self.root, PACKS)
+        path = os.path.join(folder, f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-"
+                                    f"{_unique()}{INDEX_SUFFIX}")  # fmt: skip
+        own = Cover(self._pack_name, self._pack_size, True)
+        if len(view.indexes) + view.walked + 1 <= MERGE_AT:
+            write_index(path, [own], self._own.items(), self._own.entries)
+            return
+        # one index over every pack this process knows, replacing the ones it read
+        covers = [Cover(p, view.covered.get(p, 0), p in view.sealed) for p in view.packs]
+        covers.append(own)
+
+        def entries() -> Any:
+            for table, numbers in view.tables:
+                for k, d, pack, offset, length in table.items():
+                    if numbers[pack] >= 0:
+                        yield k, d, numbers[pack], offset, length
+
+        write_index(path, covers, entries(), sum(t.entries for t, _ in view.tables))
+        for stale in [i.path for i in view.indexes] + view.redundant:
+            with contextlib.suppress(OSError):
+                os.unlink(stale)
 
     # -- the run log --------------------------------------------------------------------------
 
@@ -278,9 +397,16 @@ class Cache:
             _write_atomically(path, orjson.dumps(record) + b"\n")
 
 
-def _check_is_cache(root: str) -> None:
-    """Refuse a directory with other things in it and no cache marker: a mistyped `--cache`
-    must not fill (or `cache prune`, empty) someone's folder."""
+def _grown(table: Table) -> Table:
+    bigger = Table.empty(table.n_slots * 2)
+    for item in table.items():
+        bigger.add(*item)
+    return bigger
+
+
+def check_is_cache(root: str) -> None:
+    """Refuse a directory with other things in it and no cache marker (a mistyped `--cache`
+    must not fill, or `cache prune` empty, someone's folder), and a cache of another format."""
     try:
         names = os.listdir(root)
     except FileNotFoundError:
@@ -292,18 +418,18 @@ def _check_is_cache(root: str) -> None:
             f"{root} is not a jsonlbatch cache (it has files but no {MARKER}): give a new or "
             "empty directory, or one a run made"
         )
-
-
-def _read_all(fd: int) -> bytes:
-    """A whole (small) file: one read in the common case."""
-    data = os.read(fd, _CHUNK)
-    if len(data) < _CHUNK:
-        return data
-    parts = [data]
-    while data:
-        data = os.read(fd, _CHUNK)
-        parts.append(data)
-    return b"".join(parts)
+    if MARKER in names:
+        try:
+            with open(os.path.join(root, MARKER), "rb") as f:
+                found = orjson.loads(f.read()).get("format")
+        except (OSError, orjson.JSONDecodeError, AttributeError):
+            found = None
+        if found != FORMAT:
+            raise OutputError(
+                f"cache {root} has format {found!r}, this jsonlbatch reads format {FORMAT} "
+                "(an earlier development build wrote one file per answer): give a new "
+                "directory, or delete this one"
+            )
 
 
 def _unique() -> str:
@@ -328,11 +454,3 @@ def _write_atomically(path: str, data: bytes) -> None:
     finally:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-
-
-def _same_inode(a: str, b: str) -> bool:
-    try:
-        sa, sb = os.stat(a), os.stat(b)
-    except OSError:
-        return False
-    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)

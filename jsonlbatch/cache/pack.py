@@ -1,0 +1,299 @@
+"""The cache's files: append-only packs of answers, and hash-table indexes over them.
+
+A **pack** (`packs/<time>-<host>-<pid>-<random>.pack`) is written by one process only, by
+appending: no two writers ever share a file, so no lock is needed, on a local disk or over NFS.
+Each record is a 32-byte header and a zlib stream::
+
+    magic "JBR2" | CRC-32 of everything after it | payload length | draw | key (16 bytes)
+    payload: zlib(meta JSON, newline, the server's body)
+
+A record is appended with one `write` before its answer's output line is written; a kill -9
+leaves at most a torn last record, which the CRC finds (as it finds any damaged record): it is a
+miss. Records are found again by walking a pack (`iter_records`), which resynchronises on the
+magic after damage.
+
+An **index** (`packs/<time>-<host>-<pid>-<random>.idx`) maps (key, draw) to (pack, offset) for
+the first bytes of one or more packs (its *covers*: pack name, bytes covered, and whether the
+pack was sealed, i.e. will not grow). It is an open-addressing hash table of 32-byte slots read
+through `mmap`, so a lookup is a probe or two into pages the kernel already caches, and opening
+a cache of a million answers reads a few hundred bytes. Indexes are written whole to a temporary
+name and renamed into place, so a reader sees an index entirely or not at all.
+
+Where two records have the same (key, draw) (two runs stored the same draw at once), the one in
+the pack whose name sorts first wins, everywhere and always: `Table` keeps the smallest pack
+number, and pack numbers follow name order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import struct
+import zlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+RECORD = struct.Struct("<4sIII16s")  # magic, CRC-32, payload length, draw, key
+REC_MAGIC = b"JBR2"
+SLOT = struct.Struct("<qIIQQ")  # key64 (0: empty), draw, pack number, offset, record length
+INDEX_HEAD = struct.Struct("<4sIQQ")  # magic, length of the covers JSON, slots, entries
+INDEX_MAGIC = b"JBX2"
+PACK_SUFFIX = ".pack"
+INDEX_SUFFIX = ".idx"
+_MIX = 0x9E3779B97F4A7C15  # spreads the draws of one key over the table
+_MASK64 = (1 << 64) - 1
+_LOAD = 0.7  # at most this full
+_READ_AHEAD = 1024  # bytes read with a record's header: most records are smaller
+
+
+def key64(key: bytes) -> int:
+    """The 64-bit form of a key in index slots (0 marks an empty slot, so it is never one)."""
+    return int.from_bytes(key[:8], "little", signed=True) or 1
+
+
+@dataclass(slots=True)
+class Entry:
+    """One stored answer: the server's body, byte for byte, and what was known about it."""
+
+    body: bytes
+    meta: dict[str, Any]
+
+
+def encode_record(key: bytes, draw: int, meta: dict[str, Any], body: bytes) -> bytes:
+    """A record's bytes: header and zlib(meta JSON, newline, body)."""
+    payload = zlib.compress(orjson.dumps(meta) + b"\n" + body, 6)
+    rest = struct.pack("<II16s", len(payload), draw, key) + payload
+    return REC_MAGIC + struct.pack("<I", zlib.crc32(rest)) + rest
+
+
+def decode_record(
+    data: bytes, key: bytes | None = None, draw: int | None = None, head_only: bool = False
+) -> Entry | None:
+    """The entry in a record's bytes, or None if it is torn, corrupt, or not (key, draw).
+    `head_only` inflates just enough for the metadata (`cache stats`)."""
+    if len(data) < RECORD.size:
+        return None
+    magic, crc, length, found_draw, found_key = RECORD.unpack_from(data)
+    if magic != REC_MAGIC or len(data) < RECORD.size + length:
+        return None
+    if (key is not None and found_key != key) or (draw is not None and found_draw != draw):
+        return None
+    view = memoryview(data)[8 : RECORD.size + length]
+    if zlib.crc32(view) != crc:
+        return None
+    try:
+        if head_only:
+            text = zlib.decompressobj().decompress(view[RECORD.size - 8 :], 1 << 16)
+        else:
+            text = zlib.decompress(view[RECORD.size - 8 :])
+        head, _, body = text.partition(b"\n")
+        meta = orjson.loads(head)
+    except (zlib.error, orjson.JSONDecodeError):
+        return None
+    return Entry(body, meta) if isinstance(meta, dict) else None
+
+
+def read_record(fd: int, offset: int, length: int = 0) -> bytes:
+    """The bytes of the record at `offset` (`length` if known, else read from its header)."""
+    data = os.pread(fd, length or _READ_AHEAD, offset)
+    if not length and len(data) >= RECORD.size:
+        want = RECORD.size + RECORD.unpack_from(data)[2]
+        if len(data) < want:
+            data += os.pread(fd, want - len(data), offset + len(data))
+        data = data[:want]
+    return data
+
+
+@dataclass(slots=True)
+class Found:
+    """A record found by walking a pack."""
+
+    offset: int
+    length: int  # of the whole record
+    key: bytes
+    draw: int
+    valid: bool  # CRC checked
+
+
+def iter_records(fd: int, start: int = 0, end: int | None = None) -> Iterator[Found]:
+    """Walk the records of a pack from `start` to `end` (its size): valid ones, and damaged
+    ones whose header still reads (`valid=False`). After damage the walk goes on at the next
+    record magic; a torn last record ends it."""
+    if end is None:
+        end = os.fstat(fd).st_size
+    pos, buf, base = start, b"", start  # buf holds the file's bytes from `base`
+    while pos < end:
+        at = pos - base
+        if len(buf) - at < RECORD.size:
+            buf, base, at = os.pread(fd, max(1 << 20, RECORD.size), pos), pos, 0
+            if len(buf) < RECORD.size:
+                return
+        magic, crc, length, draw, key = RECORD.unpack_from(buf, at)
+        if magic != REC_MAGIC or pos + RECORD.size + length > end:
+            following = _next_magic(fd, pos + 1, end)
+            if following is None:
+                return
+            pos = following
+            continue
+        size = RECORD.size + length
+        if len(buf) - at < size:
+            buf, base, at = os.pread(fd, max(1 << 20, size), pos), pos, 0
+        valid = zlib.crc32(memoryview(buf)[at + 8 : at + size]) == crc
+        yield Found(pos, size, key, draw, valid)
+        pos += size
+
+
+def _next_magic(fd: int, pos: int, end: int) -> int | None:
+    while pos < end:
+        chunk = os.pread(fd, 1 << 20, pos)
+        if not chunk:
+            return None
+        at = chunk.find(REC_MAGIC)
+        if at >= 0:
+            return pos + at
+        pos += max(len(chunk) - len(REC_MAGIC) + 1, 1)
+    return None
+
+
+# -- indexes ---------------------------------------------------------------------------------
+
+
+class Table:
+    """An open-addressing hash table of (key64, draw) -> (pack number, offset, length), in a
+    buffer laid out as an index file's slots: a bytearray being built, or an index's mmap."""
+
+    __slots__ = ("base", "buf", "entries", "n_slots")
+
+    def __init__(self, buf: Any, n_slots: int, base: int = 0, entries: int = 0) -> None:
+        self.buf = buf
+        self.n_slots = n_slots
+        self.base = base
+        self.entries = entries
+
+    @classmethod
+    def empty(cls, capacity: int) -> Table:
+        n_slots = max(8, int(capacity / _LOAD) + 1)
+        return cls(bytearray(n_slots * SLOT.size), n_slots)
+
+    def find(self, k64: int, draw: int) -> tuple[int, int, int] | None:
+        """(pack number, offset, length) of (key64, draw), or None."""
+        n, buf, base, unpack = self.n_slots, self.buf, self.base, SLOT.unpack_from
+        at = ((k64 + draw * _MIX) & _MASK64) % n
+        while True:
+            k, d, pack, offset, length = unpack(buf, base + at * SLOT.size)
+            if k == k64 and d == draw:
+                return pack, offset, length
+            if k == 0:
+                return None
+            at = at + 1 if at + 1 < n else 0
+
+    def add(self, k64: int, draw: int, pack: int, offset: int, length: int) -> None:
+        """Insert; an entry already there for (key64, draw) is kept if its pack comes first."""
+        n, buf = self.n_slots, self.buf
+        at = ((k64 + draw * _MIX) & _MASK64) % n
+        while True:
+            k, d, old_pack, _, _ = SLOT.unpack_from(buf, at * SLOT.size)
+            if k == 0 or (k == k64 and d == draw):
+                break
+            at = at + 1 if at + 1 < n else 0
+        if k == 0:
+            self.entries += 1
+        elif old_pack <= pack:
+            return
+        SLOT.pack_into(buf, at * SLOT.size, k64, draw, pack, offset, length)
+
+    def items(self) -> Iterator[tuple[int, int, int, int, int]]:
+        """Every (key64, draw, pack, offset, length) in the table."""
+        view = memoryview(self.buf)[self.base : self.base + self.n_slots * SLOT.size]
+        for item in SLOT.iter_unpack(view):
+            if item[0]:
+                yield item
+
+
+@dataclass
+class Cover:
+    """What an index says of one pack: its first `covered` bytes are indexed; `sealed`: the
+    pack was closed by its writer and will not grow."""
+
+    pack: str
+    covered: int
+    sealed: bool
+
+
+class Index:
+    """An index file, opened: its covers and its table (an mmap; closed with `close`)."""
+
+    def __init__(self, path: str, covers: list[Cover], table: Table, mm: mmap.mmap | None) -> None:
+        self.path = path
+        self.name = os.path.basename(path)
+        self.covers = covers
+        self.table = table
+        self._mm = mm
+
+    @classmethod
+    def open(cls, path: str) -> Index | None:
+        """The index at `path`, or None if it is gone, torn or not an index."""
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            return None
+        try:
+            size = os.fstat(fd).st_size
+            head = os.pread(fd, INDEX_HEAD.size, 0)
+            if len(head) < INDEX_HEAD.size:
+                return None
+            magic, covers_len, n_slots, entries = INDEX_HEAD.unpack(head)
+            base = _slots_at(covers_len)
+            if magic != INDEX_MAGIC or size != base + n_slots * SLOT.size or n_slots < 1:
+                return None
+            try:
+                raw = orjson.loads(os.pread(fd, covers_len, INDEX_HEAD.size))
+                covers = [Cover(str(p), int(c), bool(s)) for p, c, s in raw]
+            except (orjson.JSONDecodeError, TypeError, ValueError):
+                return None
+            try:
+                mm: mmap.mmap | None = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+                buf: Any = mm
+            except (OSError, ValueError):  # a file system without mmap: read it whole
+                mm, buf = None, os.pread(fd, size, 0)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        return cls(path, covers, Table(buf, n_slots, base, entries), mm)
+
+    def close(self) -> None:
+        if self._mm is not None:
+            with contextlib.suppress(BufferError):
+                self._mm.close()
+            self._mm = None
+
+
+def _slots_at(covers_len: int) -> int:
+    return (INDEX_HEAD.size + covers_len + 7) // 8 * 8
+
+
+def write_index(
+    path: str, covers: list[Cover], entries: Iterable[tuple[int, int, int, int, int]], count: int
+) -> None:
+    """Write an index of `entries` ((key64, draw, pack number into `covers`, offset, length))
+    to `path`, atomically (a temporary name, then a rename)."""
+    table = Table.empty(count)
+    for k64, draw, pack, offset, length in entries:
+        table.add(k64, draw, pack, offset, length)
+    covers_json = orjson.dumps([[c.pack, c.covered, c.sealed] for c in covers])
+    head = INDEX_HEAD.pack(INDEX_MAGIC, len(covers_json), table.n_slots, table.entries)
+    pad = bytes(_slots_at(len(covers_json)) - len(head) - len(covers_json))
+    tmp = f"{path}.{os.getpid()}-{os.urandom(4).hex()}.tmp"
+    try:
+        with open(tmp, "xb") as f:
+            f.write(head + covers_json + pad)
+            f.write(table.buf)
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
