@@ -111,6 +111,23 @@ def is_priority(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
 
 
+def request_head_ok(obj: Any) -> bool:
+    """Whether the fields of a request line around its body are valid (`check_request` checks
+    those and the body): a quick test for a line whose body needs no check."""
+    if type(obj) is not dict:
+        return False
+    cid, priority, url = obj.get("custom_id"), obj.get("priority"), obj.get("url")
+    return (
+        type(cid) is str
+        and cid != ""
+        and obj.get("method", "POST") == "POST"
+        and (priority is None or is_priority(priority))
+        and type(url) is str
+        and url in KNOWN_URLS
+        and type(obj.get("body")) is dict
+    )
+
+
 def check_request(obj: Any, *, require_model: bool = True) -> list[tuple[str, str]]:
     """Problems with one decoded request line, as (field, message) pairs."""
     if not isinstance(obj, dict):

@@ -34,7 +34,7 @@ from pathlib import Path
 import orjson
 from bench_exec import exec_command, free_port, pin, start_server
 
-from jsonlbatch.cache import Cache, body_key
+from jsonlbatch.cache import Cache, body_digest
 from jsonlbatch.records import Result, fingerprint, request_line
 
 CHAT = "/v1/chat/completions"
@@ -70,11 +70,12 @@ def write_all(folder: Path, n: int) -> tuple[Path, Path]:
             answer = answer_of(i)
             meta = {"url": CHAT, "model": "mock", "status": 200,
                     "usage": {"prompt_tokens": 12, "completion_tokens": 8}}  # fmt: skip
-            cache.put(body_key(CHAT, body), 0, False, answer, meta)
+            cache.put(body_digest(CHAT, body), 0, False, answer, meta)
             result = Result(f"id-{i:08d}", 200, orjson.Fragment(answer), f"chatcmpl-{i:08d}")
             result.metrics = {"prompt_tokens": 12, "completion_tokens": 8}
             result.metrics["fingerprint"] = fingerprint(raw.rstrip(b"\n"), CHAT, body)
             fd.write(result.to_line())
+    cache.close()
     return req, done
 
 

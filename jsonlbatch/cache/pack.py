@@ -5,7 +5,7 @@ appending: no two writers ever share a file, so no lock is needed, on a local di
 Each record is a 32-byte header and a zlib stream::
 
     magic "JBR2" | CRC-32 of everything after it | payload length | draw | key (16 bytes)
-    payload: zlib(meta JSON, newline, the server's body)
+    payload: raw deflate, with a preset dictionary (`ZDICT`), of meta JSON, newline, body
 
 A record is appended with one `write` before its answer's output line is written; a kill -9
 leaves at most a torn last record, which the CRC finds (as it finds any damaged record): it is a
@@ -45,7 +45,6 @@ INDEX_MAGIC = b"JBX2"
 PACK_SUFFIX = ".pack"
 INDEX_SUFFIX = ".idx"
 _MIX = 0x9E3779B97F4A7C15  # spreads the draws of one key over the table
-_MASK64 = (1 << 64) - 1
 _LOAD = 0.7  # at most this full
 _READ_AHEAD = 1024  # bytes read with a record's header: most records are smaller
 
@@ -63,10 +62,37 @@ class Entry:
     meta: dict[str, Any]
 
 
+#: The preset dictionary of every record's deflate stream: the JSON an answer and its metadata
+#: mostly are (chat, completions, Responses, Messages, embeddings). A small answer then takes
+#: about half the bytes, and inflating it skips building Huffman tables: 0.6 us, not 1.8.
+#: Fixed for format 2: a record written with one dictionary cannot be read with another.
+ZDICT = (
+    b'{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.0'
+    b'{"id":"resp_","object":"response","status":"completed","output":[{"type":"message",'
+    b'"role":"assistant","content":[{"type":"output_text","text":"'
+    b'{"id":"msg_","type":"message","role":"assistant","content":[{"type":"text","text":""}],'
+    b'"stop_reason":"end_turn","stop_sequence":null,"usage":{"input_tokens":,"output_tokens":}}'
+    b'{"id":"cmpl-","object":"text_completion","created":17,"model":"","choices":[{"index":0,'
+    b'"text":"","logprobs":null,"finish_reason":"stop","stop_reason":null}],'
+    b'"tool_calls":[{"id":"call_","type":"function","function":{"name":"","arguments":"{\\"'
+    b',"reasoning_content":null,"refusal":null,"annotations":null,"audio":null,'
+    b'"function_call":null,"tool_calls":[],"system_fingerprint":null,"service_tier":null,'
+    b'"prompt_logprobs":null,"kv_transfer_params":null'
+    b'{"url":"/v1/chat/completions","model":"","status":200,"request_id":null,"usage":'
+    b'{"prompt_tokens":,"completion_tokens":,"reasoning_tokens":},"created":17'
+    b'\n{"id":"chatcmpl-","object":"chat.completion","created":17,"model":"","choices":'
+    b'[{"index":0,"message":{"role":"assistant","content":"'
+    b'"},"logprobs":null,"finish_reason":"stop"}],"usage":{"prompt_tokens":,"total_tokens":,'
+    b'"completion_tokens":}}'
+)
+_HEAD_AFTER_CRC = struct.Struct("<II16s")
+
+
 def encode_record(key: bytes, draw: int, meta: dict[str, Any], body: bytes) -> bytes:
-    """A record's bytes: header and zlib(meta JSON, newline, body)."""
-    payload = zlib.compress(orjson.dumps(meta) + b"\n" + body, 6)
-    rest = struct.pack("<II16s", len(payload), draw, key) + payload
+    """A record's bytes: header, then raw deflate (with `ZDICT`) of meta JSON, newline, body."""
+    deflate = zlib.compressobj(6, zlib.DEFLATED, -15, 8, zlib.Z_DEFAULT_STRATEGY, ZDICT)
+    payload = deflate.compress(orjson.dumps(meta) + b"\n" + body) + deflate.flush()
+    rest = _HEAD_AFTER_CRC.pack(len(payload), draw, key) + payload
     return REC_MAGIC + struct.pack("<I", zlib.crc32(rest)) + rest
 
 
@@ -78,23 +104,24 @@ def decode_record(
     if len(data) < RECORD.size:
         return None
     magic, crc, length, found_draw, found_key = RECORD.unpack_from(data)
-    if magic != REC_MAGIC or len(data) < RECORD.size + length:
-        return None
-    if (key is not None and found_key != key) or (draw is not None and found_draw != draw):
-        return None
-    view = memoryview(data)[8 : RECORD.size + length]
-    if zlib.crc32(view) != crc:
+    end = RECORD.size + length
+    if (
+        magic != REC_MAGIC
+        or len(data) < end
+        or (key is not None and found_key != key)
+        or (draw is not None and found_draw != draw)
+        or zlib.crc32(memoryview(data)[8:end]) != crc
+    ):
         return None
     try:
-        if head_only:
-            text = zlib.decompressobj().decompress(view[RECORD.size - 8 :], 1 << 16)
-        else:
-            text = zlib.decompress(view[RECORD.size - 8 :])
+        inflate = zlib.decompressobj(-15, zdict=ZDICT)
+        payload = memoryview(data)[RECORD.size : end]
+        text = inflate.decompress(payload, 1 << 16) if head_only else inflate.decompress(payload)
         head, _, body = text.partition(b"\n")
         meta = orjson.loads(head)
     except (zlib.error, orjson.JSONDecodeError):
         return None
-    return Entry(body, meta) if isinstance(meta, dict) else None
+    return Entry(body, meta) if type(meta) is dict else None
 
 
 def read_record(fd: int, offset: int, length: int = 0) -> bytes:
@@ -182,7 +209,7 @@ class Table:
     def find(self, k64: int, draw: int) -> tuple[int, int, int] | None:
         """(pack number, offset, length) of (key64, draw), or None."""
         n, buf, base, unpack = self.n_slots, self.buf, self.base, SLOT.unpack_from
-        at = ((k64 + draw * _MIX) & _MASK64) % n
+        at = (k64 + draw * _MIX) % n
         while True:
             k, d, pack, offset, length = unpack(buf, base + at * SLOT.size)
             if k == k64 and d == draw:
@@ -194,7 +221,7 @@ class Table:
     def add(self, k64: int, draw: int, pack: int, offset: int, length: int) -> None:
         """Insert; an entry already there for (key64, draw) is kept if its pack comes first."""
         n, buf = self.n_slots, self.buf
-        at = ((k64 + draw * _MIX) & _MASK64) % n
+        at = (k64 + draw * _MIX) % n
         while True:
             k, d, old_pack, _, _ = SLOT.unpack_from(buf, at * SLOT.size)
             if k == 0 or (k == k64 and d == draw):

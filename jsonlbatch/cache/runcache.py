@@ -21,6 +21,7 @@ import orjson
 
 from jsonlbatch.cache.draws import Draws, count_draws
 from jsonlbatch.cache.keys import body_digest, key_scope, one_draw
+from jsonlbatch.cache.pack import Entry, key64
 from jsonlbatch.cache.store import Cache, CacheCounts
 from jsonlbatch.cost import Price
 from jsonlbatch.records import Request, Result
@@ -30,6 +31,9 @@ from jsonlbatch.redact import redact_line
 _USAGE_KEYS = ("prompt_tokens", "completion_tokens", "reasoning_tokens")
 #: Environment variable naming a cache directory for every exec (`--no-cache` wins over it).
 ENV_VAR = "JSONLBATCH_CACHE"
+#: Bits (as bytes) marking the sampled bodies the scan has met: at 1,000,000 distinct bodies
+#: about 3% of lines share a bit with an earlier one and wait for the full count.
+_SEEN_BYTES = 1 << 22
 
 
 def cache_dir_from(option: str | None, no_cache: bool) -> str | None:
@@ -64,11 +68,52 @@ class RunCache:
         self.scope = key_scope(key_urls) if key_urls else b""
         self.price = price
         self._draws: Draws | None = None
+        self._counting: Draws | None = None  # fed by `scan_line`, finished on first `_draw`
+        self._seen = bytearray()  # bits of the sampled bodies `scan_line` met (sized once used)
 
     def key_by(self, urls: Sequence[str]) -> None:
         """`--cache-key-url`: put these endpoint URLs in every key (before the first lookup)."""
-        self.scope = key_scope(urls)
-        self._draws = None
+        scope = key_scope(urls)
+        if scope != self.scope:
+            self.scope = scope
+            self._draws = self._counting = None
+
+    @property
+    def answers_early(self) -> bool:
+        """Whether `scan_line` may answer lines while exec scans its input: the cache is read,
+        and every key is known then (`--model auto` is resolved only once a server answers)."""
+        return self.cache.readable and self.model != "auto"
+
+    def scan_line(self, obj: dict[str, Any], raw: bytes, pending: bool, /) -> Result | None:
+        """The before-send lookup made during exec's input scan (`scan_input(answer=...)`),
+        which sees every line once, in file order: copies of sampled bodies are counted here
+        (no second pass over the file), and a pending line whose draw is certain is answered
+        now. A sampled body met before (or sharing a bit of `_seen` with one) may be a second
+        copy, whose draw is known only once the whole file is counted: it is left to `lookup`.
+        """
+        url, body = obj.get("url"), obj.get("body")
+        if type(url) is not str or type(body) is not dict:
+            return None  # a line that is not sent (checked only for pending lines)
+        if self.model is not None:
+            body = {**body, "model": self.model}
+        single = one_draw(url, body)
+        if single and not pending:
+            return None
+        key = body_digest(url, body, self.scope)
+        if not single:
+            if self._counting is None:
+                self._counting, self._seen = Draws(), bytearray(_SEEN_BYTES)
+            self._counting.add(obj["custom_id"], key)
+            bit = key64(key) & (_SEEN_BYTES * 8 - 1)
+            mask, seen = 1 << (bit & 7), self._seen
+            met = seen[bit >> 3] & mask
+            seen[bit >> 3] |= mask
+            if met or not pending:
+                return None
+        entry = self.cache.get(key, 0)
+        if entry is None:
+            return None  # a miss: `lookup` counts it, when the run asks again
+        return self._hit(obj["custom_id"], key, 0, entry)
 
     @property
     def counts(self) -> CacheCounts:
@@ -79,6 +124,8 @@ class RunCache:
         key = body_digest(request.url, request.body, self.scope)
         if one_draw(request.url, request.body):
             return key, 0, True
+        if self._draws is None and self._counting is not None:  # counted during the scan
+            self._draws, self._counting = self._counting.finish(), None
         if self._draws is None:  # counted on first need: after --model auto is resolved
             model = self.model
             if model == "auto":
@@ -98,11 +145,18 @@ class RunCache:
         if entry is None:
             self.counts.misses += 1
             return None
+        return self._hit(request.custom_id, key, draw, entry)
+
+    def _hit(self, custom_id: str, key: bytes, draw: int, entry: Entry) -> Result:
+        """A stored answer as the `Result` to write, counted with what it saved."""
         meta = entry.meta
         metrics: dict[str, Any] = {"cache": "hit", "cache_key": f"{key.hex()}.{draw}"}
         usage = meta.get("usage")
-        if isinstance(usage, dict):
-            metrics.update((k, v) for k, v in usage.items() if k in _USAGE_KEYS)
+        if type(usage) is dict:
+            for name in _USAGE_KEYS:
+                value = usage.get(name)
+                if type(value) is int:
+                    metrics[name] = value
         counts = self.counts
         counts.hits += 1
         prompt, completion = metrics.get("prompt_tokens", 0), metrics.get("completion_tokens", 0)
@@ -110,10 +164,10 @@ class RunCache:
         counts.saved_completion_tokens += completion
         if self.price is not None:
             counts.saved_usd = (counts.saved_usd or 0.0) + self.price.of(prompt, completion)
-        status = meta.get("status") if isinstance(meta.get("status"), int) else 200
+        status = meta.get("status")
         return Result(
-            request.custom_id,
-            status,
+            custom_id,
+            status if type(status) is int else 200,
             orjson.Fragment(entry.body),
             meta.get("request_id"),
             None,

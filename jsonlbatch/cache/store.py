@@ -46,7 +46,6 @@ from jsonlbatch.cache.pack import (
     encode_record,
     iter_records,
     key64,
-    read_record,
     write_index,
 )
 from jsonlbatch.errors import OutputError, UsageError
@@ -123,6 +122,7 @@ class Cache:
         self._pack_size = 0
         self._own = Table.empty(64)
         self._names: list[str] = []  # the packs of the view, in name order
+        self._corrupt: set[tuple[int, int]] = set()  # (pack, offset) of damaged records met
         if os.path.exists(self.root) and not os.path.isdir(self.root):
             raise OutputError(f"cache {self.root} is not a directory")
         if not os.path.isdir(self.root) and not self.writable:
@@ -163,24 +163,23 @@ class Cache:
         k = key64(key)
         found: list[tuple[int, int, int]] = []
         for table, numbers in view.tables:
-            if not table.entries:
-                continue
-            hit = table.find(k, draw)
-            if hit is not None and numbers[hit[0]] >= 0:
-                found.append((numbers[hit[0]], hit[1], hit[2]))
-        if not found:
-            return None
+            if table.entries:
+                hit = table.find(k, draw)
+                if hit is not None and numbers[hit[0]] >= 0:
+                    found.append((numbers[hit[0]], hit[1], hit[2]))
         if len(found) > 1:
             found = sorted(set(found))  # the first pack's record wins
         for pack, offset, length in found:
             try:
-                data = read_record(self._fd(pack), offset, length)
+                data = os.pread(self._fds.get(pack) or self._fd(pack), length, offset)
             except OSError:
                 data = b""
             entry = decode_record(data, key, draw)
             if entry is not None:
                 return entry
-            self.counts.corrupt += 1
+            if (pack, offset) not in self._corrupt:  # counted once, however often met
+                self._corrupt.add((pack, offset))
+                self.counts.corrupt += 1
         return None
 
     def view(self) -> _View:

@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 from jsonlbatch.cache.runcache import RunCache
 from jsonlbatch.errors import OutputError, UsageError
 from jsonlbatch.exec.endpoints import parse_endpoint
+from jsonlbatch.exec.lookup import EarlyAnswers
 from jsonlbatch.exec.options import ExecOptions
 from jsonlbatch.exec.run import Prepared, Run
 from jsonlbatch.exec.scan import InputScan, OutputScan, scan_input, scan_output
@@ -75,6 +76,7 @@ class Job:
         self.seams = seams or NO_SEAMS
         self.input: InputScan | None = None
         self.existing: OutputScan | None = None
+        self.early: EarlyAnswers | None = None  # lines the store answered during the scan
         self.source = self.requests  # what is read: the request file, or a copy of a pipe
         check_output(self.output, [self.requests], exec_lock=False)  # the lock comes next
         self._lock = OutputLock(self.output)
@@ -135,6 +137,9 @@ class Job:
                 self._open_cache()  # an unusable folder fails here, before anything runs
             prefetch(self.output)
             prefetch(self.source)  # read from disk while the output is scanned
+            store = self.seams.store
+            if lock and getattr(store, "answers_early", False) and not opts.cache_key_url:
+                self.early = EarlyAnswers(store, self.output, os.urandom(4).hex())
             self.existing = scan_output(self.output)
             self.input = scan_input(
                 self.source,
@@ -144,6 +149,7 @@ class Job:
                 retry_failed=opts.retry_failed,
                 changed=opts.changed,
                 select=select,
+                answer=self.early,
             )
         except BaseException:
             self.close()
@@ -183,6 +189,9 @@ class Job:
         if _PREPARED.get(key) is self:
             del _PREPARED[key]
         self.input = self.existing = None
+        if self.early is not None:
+            self.early.discard()
+            self.early = None
         if self.source != self.requests:  # the copy of a pipe: it cannot be re-read anyway
             with contextlib.suppress(OSError):
                 os.unlink(self.source)
@@ -217,7 +226,7 @@ class Job:
             assert self.input is not None and self.existing is not None
             prepared = Prepared(
                 self.requests, self.output, self.source, self.options, self.input,
-                self.existing, self._lock,
+                self.existing, self._lock, self.early,
             )  # fmt: skip
             return await Run(
                 prepared,

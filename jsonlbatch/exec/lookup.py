@@ -24,14 +24,18 @@ for the progress bar) and `describe()` (one line for the run's summary). The ans
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import tempfile
 from array import array
-from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
 
 import orjson
 
 from jsonlbatch.jsonl import iter_lines, read_lines_at
-from jsonlbatch.records import Request, Result
+from jsonlbatch.records import Request, Result, fingerprint
 
 
 class AnswerStore(Protocol):
@@ -92,3 +96,68 @@ async def answer_stored(
                 missed.extend(pending[n + 1 :])
                 break
     return missed
+
+
+class EarlyAnswers:
+    """Answers a store gives while exec scans its input (`scan_input(answer=...)`).
+
+    The scan reads every line once anyway; a store that can look a line up there
+    (`scan_line(obj, raw, pending) -> Result | None`, the answer cache's) saves a second pass
+    and a second decoding of every answered line, which is what makes a re-run of a million
+    cached requests cost about what a resume costs. The output may not be touched before the
+    whole input is checked and the servers are known to be fine, so the lines wait in a
+    temporary file beside the output (named as `jsonl.remove_stale_rewrites` cleans up after a
+    kill), appended to it once the run starts (`drain`).
+    """
+
+    def __init__(self, store: Any, output: str, run_id: str) -> None:
+        self._scan_line = store.scan_line
+        self.output = output
+        self.run_id = run_id
+        self.count = 0
+        self._file: Any = None
+        self.path = ""
+
+    def __call__(self, obj: dict[str, Any], raw: bytes, pending: bool) -> bool:
+        """`scan_input`'s `answer`: True if the store answered this (pending) line."""
+        result = self._scan_line(obj, raw, pending)
+        if result is None:
+            return False
+        # as `Run._record` marks a line: this run, and the request's fingerprint, last
+        result.metrics["run"] = self.run_id
+        result.metrics["fingerprint"] = fingerprint(raw, obj["url"], obj["body"])
+        if self._file is None:
+            target = Path(os.path.realpath(self.output))
+            fd, self.path = tempfile.mkstemp(
+                prefix=f".{target.name}.", suffix=".tmp", dir=target.parent
+            )
+            self._file = open(fd, "wb", buffering=1 << 20)  # noqa: SIM115 (closed by drain)
+        self._file.write(result.to_line())
+        self.count += 1
+        return True
+
+    def drain(self, chunk: int = 1 << 22) -> Iterator[bytes]:
+        """The waiting lines, in chunks of whole lines; the file is removed afterwards."""
+        if self._file is None:
+            return
+        self._file.close()
+        try:
+            with open(self.path, "rb") as f:
+                rest = b""
+                while data := f.read(chunk):
+                    data = rest + data
+                    cut = data.rfind(b"\n") + 1
+                    rest = data[cut:]
+                    yield data[:cut]
+                if rest:
+                    yield rest
+        finally:
+            self.discard()
+
+    def discard(self) -> None:
+        """Remove the waiting lines (a run that stops before writing them sends them later)."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)

@@ -124,6 +124,19 @@ class Recorder:
                 code = error.get("code") or f"http_{result.status_code}"
                 self.bus.emit(Failed(result.custom_id, code, str(error.get("message", ""))))
 
+    def write_lines(self, data: bytes) -> bool:
+        """Append whole lines made elsewhere (answers found during the scan) at once; False if
+        the write failed (the run stops, as for any failed write)."""
+        self.flush()
+        if self.writer is None:
+            return False
+        try:
+            self.writer.write(data)
+        except OutputError as exc:
+            self.on_error(exc)
+            return False
+        return True
+
     async def sync_every(self, seconds: float = FSYNC_EVERY) -> None:
         """fsync the output every `seconds` (in a thread) until cancelled."""
         loop = asyncio.get_running_loop()

@@ -37,7 +37,7 @@ from jsonlbatch.exec.checks import chain
 from jsonlbatch.exec.endpoints import Endpoint
 from jsonlbatch.exec.events import Answered, EventBus, Snapshot
 from jsonlbatch.exec.limits import RateLimiter
-from jsonlbatch.exec.lookup import AnswerStore, answer_stored, occurrences
+from jsonlbatch.exec.lookup import AnswerStore, EarlyAnswers, answer_stored, occurrences
 from jsonlbatch.exec.modelroute import split_pending, unavailable
 from jsonlbatch.exec.options import AUTO_MAX_CONCURRENCY, ExecOptions
 from jsonlbatch.exec.pools import ModelPools, PoolSpec, build_pools, parse_endpoints
@@ -66,6 +66,7 @@ class Prepared:
     scan: InputScan
     existing: OutputScan
     lock: OutputLock
+    early: EarlyAnswers | None = None  # lines answered during the scan, waiting to be written
 
 
 class Run:
@@ -93,10 +94,10 @@ class Run:
             requests=self.scan.total,
             already_done=self.scan.already_done,
             failed_before=self.scan.failed_before,
-            pending=len(self.scan.pending),
+            pending=len(self.scan.pending) + self.scan.answered,
         )
         self.bus = EventBus()
-        self.progress = Progress(len(self.scan.pending), quiet=opts.quiet)
+        self.progress = Progress(len(self.scan.pending) + self.scan.answered, quiet=opts.quiet)
         if not opts.quiet:
             self.bus.subscribe(self.progress.on_snapshot, Snapshot)
             self.bus.subscribe(self.progress.on_answered, Answered)
@@ -122,7 +123,9 @@ class Run:
         self.n_workers = self.opts.fixed_concurrency  # workers; more when concurrency is tuned
         self.pools: ModelPools | None = None
         self.model_override: str | None = None
-        self.run_id = os.urandom(4).hex()  # marks this run's lines (metrics.run)
+        self.early = job.early
+        # marks this run's lines (metrics.run); the early answers' lines have it already
+        self.run_id = self.early.run_id if self.early is not None else os.urandom(4).hex()
         self.workers: list[asyncio.Task[None]] = []
         self.readers: list[asyncio.Task[None]] = []
         #: One queue per pool with its number of workers (one queue without several pools).
@@ -145,11 +148,17 @@ class Run:
         if self.scan.pending and not (self.urls or all(spec.urls for spec in specs)):
             raise UsageError("no endpoint: give --url (or --serve to launch a server)")
         endpoints = parse_endpoints(specs, self.urls, self.keys)  # before the output is touched
-        if not self.scan.pending:
+        if not self.scan.pending:  # no server needed: the output may be written at once
+            self._store_notes()
             self.recorder.prepare()
+            self._write_early()
             self.recorder.close()
             self.contract.close(complete=True)
-            self.progress.note(f"nothing to send: all {self.scan.total} requests have a result")
+            self._close_store()
+            answered = f", {self.scan.answered} of them now" if self.scan.answered else ""
+            self.progress.note(
+                f"nothing to send: all {self.scan.total} requests have a result{answered}"
+            )
             self.summary.wall_s = time.monotonic() - started
             return self.summary
         self.summary.endpoints.update({ep.name: 0 for ep in endpoints.values()})  # --url order
@@ -170,12 +179,7 @@ class Run:
             self.recorder.close()
             self.contract.close(complete=self.summary.complete and self.abort is None)
             self.meter.summarize(self.summary)
-            describe = getattr(self.seams.store, "describe", None)
-            if describe is not None:
-                self.summary.cache = describe()
-            finish = getattr(self.seams.store, "finish", None)
-            if finish is not None:  # the cache keeps this run's counts for `cache stats`
-                finish(self.job.output)
+            self._close_store()
             self._snapshot(final=True)
             self.progress.close()
             self.summary.wall_s = time.monotonic() - started
@@ -216,6 +220,7 @@ class Run:
                     raise
             if not self.stopping.is_set():
                 self.recorder.prepare()  # servers are fine: only now touch the output
+                self._write_early()
                 self.summary.started_at = time.time()
                 self.progress.start()
                 before = await scrape_all(session, endpoints, headers)
@@ -297,9 +302,7 @@ class Run:
         """Before anything is sent: write what the store answers (`lookup.answer_stored`) and
         keep only the rest pending."""
         self._check_source()
-        notes = getattr(store, "notes", None)
-        for note in notes() if notes is not None else ():
-            self.progress.note(note)
+        self._store_notes()
         self.pending = await answer_stored(
             store, self.job.source, self.pending, self.repeats, self._request, self._record,
             self.stopping,
@@ -349,6 +352,30 @@ class Run:
         # last in metrics, where a resume reads it without decoding the line
         result.metrics["fingerprint"] = request.fingerprint
         self.recorder.emit(result)
+
+    def _write_early(self) -> None:
+        """Append the lines the store answered during the scan (`lookup.EarlyAnswers`)."""
+        early = self.early
+        if early is None or not early.count:
+            return
+        for chunk in early.drain():
+            if not self.recorder.write_lines(chunk):
+                return  # the write failed: the run stops, the next one answers them again
+        self.summary.succeeded += early.count
+        self.summary.cache_hits += early.count
+
+    def _store_notes(self) -> None:
+        notes = getattr(self.seams.store, "notes", None)
+        for note in notes() if notes is not None else ():
+            self.progress.note(note)
+
+    def _close_store(self) -> None:
+        describe = getattr(self.seams.store, "describe", None)
+        if describe is not None:
+            self.summary.cache = describe()
+        finish = getattr(self.seams.store, "finish", None)
+        if finish is not None:  # the cache keeps this run's counts for `cache stats`
+            finish(self.job.output)
 
     # -- progress ------------------------------------------------------------------------------
 

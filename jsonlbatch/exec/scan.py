@@ -35,7 +35,7 @@ from jsonlbatch.exec.resume import (  # the output pass: callers ask `scan` for 
 from jsonlbatch.exec.shape import hint
 from jsonlbatch.idset import IdSet, id_key
 from jsonlbatch.jsonl import iter_lines_at
-from jsonlbatch.records import check_request, request_crc
+from jsonlbatch.records import check_request, request_crc, request_head_ok
 
 __all__ = [
     "CHANGED_POLICIES",
@@ -67,6 +67,7 @@ class InputScan:
     replace: IdSet = field(default_factory=IdSet)  # ids whose old lines go before sending
     retried: int = 0  # failures sent again (--retry-failed)
     schemas: int = 0  # lines that may declare an answer schema (the contract check runs)
+    answered: int = 0  # answered while scanned (`answer`: the answer cache), not pending
     changed: int = 0  # requests edited since their result was written
     changed_ids: list[str] = field(default_factory=list)  # the first few of them
     unfingerprinted: int = 0  # done requests whose result predates fingerprints
@@ -84,6 +85,7 @@ def scan_input(
     changed: str = "refuse",
     select: Callable[[str], bool] | None = None,
     name: str | None = None,
+    answer: Callable[[dict[str, Any], bytes, bool], bool] | None = None,
 ) -> InputScan:
     """Validate the request file and work out what still has to be sent.
 
@@ -96,7 +98,9 @@ def scan_input(
     fingerprint differs from its result's was edited since: `changed` says whether to refuse
     the run (the default), send it again, or keep the old result. Ids sent again are listed in
     `replace`, so their old lines can be dropped. `select` picks a shard. `name` is the file's
-    name in messages, when `path` is a copy (of a pipe).
+    name in messages, when `path` is a copy (of a pipe). `answer(obj, raw, pending)` sees
+    every line that parses, in file order, and may answer a checked pending one (True: it is
+    counted in `answered`, not `pending`): the answer cache's look-up, made in this one pass.
     """
     if changed not in CHANGED_POLICIES:
         raise ValueError(f"changed must be one of {CHANGED_POLICIES}")
@@ -139,6 +143,8 @@ def scan_input(
                         scan.changed_ids.append(cid)
                     resend = changed == "resend"
             if not resend:
+                if answer is not None:
+                    answer(obj, raw, False)
                 if at < 0:
                     seen.add(cid)  # a failure kept as it is: rare
                 elif done_met[at]:
@@ -152,30 +158,44 @@ def scan_input(
                 continue
             if at >= 0:
                 done_met[at] = 1
-        found = check_request(obj, require_model=require_model)
-        if not found and not SCHEMA_KEYS.isdisjoint(obj["body"]):  # it may declare a schema
-            found = check_declared(obj["url"], obj["body"])
-            scan.schemas += 1
-        if found:
-            problems += [Problem(scan.path, number, f, m) for f, m in found]
-            if len(problems) >= MAX_PROBLEMS:
-                break
-            continue
+        # A line the store answers now is not sent, and its body was checked when the answer
+        # was asked for (the key is over the body): only the fields around it are checked.
+        answered = (
+            answer is not None
+            and request_head_ok(obj)
+            and (select is None or select(cid))
+            and answer(obj, raw, True)
+        )
+        if not answered:
+            found = check_request(obj, require_model=require_model)
+            if not found and not SCHEMA_KEYS.isdisjoint(obj["body"]):  # it may declare one
+                found = check_declared(obj["url"], obj["body"])
+                scan.schemas += 1
+            if found:
+                problems += [Problem(scan.path, number, f, m) for f, m in found]
+                if len(problems) >= MAX_PROBLEMS:
+                    break
+                continue
         if at < 0:
             ids.append(cid)
             if len(ids) == BATCH_LINES:
                 seen.update(ids)
                 ids.clear()
         if select is not None and not select(cid):
+            if answer is not None:
+                answer(obj, raw, False)
             continue
         scan.total += 1
+        if at >= 0 or kept_failure:
+            scan.replace.add(cid)
+            scan.retried += kept_failure and at < 0 and retry_failed
+        if answered:
+            scan.answered += 1
+            continue
         model = obj["body"].get("model")
         if model is not None:
             scan.models[model] += 1
         scan.urls[obj["url"]] += 1
-        if at >= 0 or kept_failure:
-            scan.replace.add(cid)
-            scan.retried += kept_failure and at < 0 and retry_failed
         scan.pending.append(offset)
     seen.update(ids)
     if number == 0:  # "all 0 requests have a result" would read as success
