@@ -1,13 +1,23 @@
 """`jsonlbatch cache stats|prune DIR`: what a cache holds, and making it smaller.
 
-Both walk the entry files once and read each (checksum, then the head of the zlib stream: the
-model), so torn entries are found and pruned too. Memory is 16 bytes per entry, and only for
-`--max-size` (the ages and sizes that find the cut-off time).
+Both walk every pack once (`pack.iter_records`) and inflate the head of each record (its
+metadata: model, time stored), so torn and corrupt records are found and pruned too. Memory is
+a few counters a pack, plus 16 bytes a kept answer for `--max-size` (the ages and sizes that
+find the cut-off time).
+
+Packs are append-only, so pruning rewrites: a pack that loses records is copied without them to
+a new pack whose name sorts where the old one did (the old stem, `~`, a random suffix: "the
+first pack in name order wins" keeps its meaning), which is fsynced before the old pack goes.
+A pack that another process may still append to is never rewritten: only one sealed by an index
+(its writer closed it) or untouched for over an hour (its writer died). Then one index over all
+packs replaces the old ones, so a lookup stays one probe.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import math
 import os
 import re
 import time
@@ -19,13 +29,24 @@ from typing import Any
 
 import orjson
 
-from jsonlbatch.cache.store import MARKER, RUNS  # TODO packs
-ANSWERS = "answers"
-decode_entry = None  # type: ignore
+from jsonlbatch.cache.pack import (
+    INDEX_SUFFIX,
+    PACK_SUFFIX,
+    Cover,
+    Found,
+    Index,
+    decode_record,
+    iter_records,
+    key64,
+    read_record,
+    write_index,
+)
+from jsonlbatch.cache.store import MARKER, PACKS, RUNS, _unique, check_is_cache
 from jsonlbatch.errors import OutputError, UsageError
 
-_ENTRY = re.compile(r"[0-9a-f]{32}\.\d+")
-_STALE_TMP = 3600.0  # seconds: temporary files older than this were left by killed runs
+_STALE = 3600.0  # seconds: a temporary file, or an unsealed pack, this old was left by a dead run
+_READ = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+_REWRITTEN = re.compile(r"~[0-9a-f]{8}$")
 
 
 @dataclass
@@ -34,13 +55,15 @@ class CacheStats:
 
     root: str
     entries: int = 0
-    bytes: int = 0
-    corrupt: int = 0
+    bytes: int = 0  # packs and indexes on disk
+    corrupt: int = 0  # torn or corrupt records (and stretches of a pack that hold none)
     temp_files: int = 0
     oldest: float | None = None
     newest: float | None = None
     models: Counter[str] = field(default_factory=Counter)  # entries by model
     model_bytes: Counter[str] = field(default_factory=Counter)
+    packs: int = 0
+    indexes: int = 0
     runs: int = 0  # runs that recorded their counts
     hits: int = 0
     misses: int = 0
@@ -52,7 +75,8 @@ class CacheStats:
             return time.strftime("%Y-%m-%d %H:%M", time.localtime(t)) if t else "-"
 
         lines = [
-            f"{self.root}: {self.entries:,} answers, {_size(self.bytes)} on disk",
+            f"{self.root}: {self.entries:,} answers, {_size(self.bytes)} on disk "
+            f"({self.packs} packs, {self.indexes} indexes)",
             f"  stored from {when(self.oldest)} to {when(self.newest)}",
         ]
         asked = self.hits + self.misses
@@ -63,7 +87,7 @@ class CacheStats:
             f"{self.stored:,} answers stored{saved}"
         )
         if self.corrupt:
-            lines.append(f"  {self.corrupt} torn or corrupt entries (misses; prune removes them)")
+            lines.append(f"  {self.corrupt} torn or corrupt records (misses; prune removes them)")
         if self.temp_files:
             lines.append(f"  {self.temp_files} temporary files of unfinished writes")
         if self.models:
@@ -75,11 +99,13 @@ class CacheStats:
 
 @dataclass
 class PruneResult:
-    removed: int = 0
+    removed: int = 0  # answers, and torn or corrupt records
     freed: int = 0
     kept: int = 0
     kept_bytes: int = 0
     temp_removed: int = 0
+    in_use: int = 0  # of `kept`: answers in packs still being written, left alone
+    in_use_packs: int = 0
 
     def format(self, dry_run: bool = False) -> str:
         verb = "would remove" if dry_run else "removed"
@@ -87,28 +113,57 @@ class PruneResult:
             f"{verb} {self.removed:,} answers ({_size(self.freed)}); kept {self.kept:,} "
             f"({_size(self.kept_bytes)})"
         )
+        if self.in_use_packs:
+            text += (
+                f", of which {self.in_use:,} in {self.in_use_packs} packs still being written "
+                "(left alone: prune again when those runs end)"
+            )
         if self.temp_removed:
             text += f"; {verb} {self.temp_removed} stale temporary files"
         return text
 
 
+@dataclass
+class _Pack:
+    """A pack as found by a survey, and what a prune does with it."""
+
+    name: str
+    size: int
+    mtime: float
+    sealed: bool  # an index says its writer closed it
+    safe: bool = False  # may be rewritten: sealed, or its writer is dead
+    valid: int = 0  # records whose CRC holds (what an index lists)
+    dropped: int = 0
+    oldest_kept: float = math.inf
+
+
+@dataclass
+class _Survey:
+    packs: list[_Pack]
+    indexes: list[str]  # paths
+    index_bytes: int
+
+
 def cache_stats(root: str | os.PathLike[str]) -> CacheStats:
-    """Count the entries of a cache by model, their size and age, and the runs' hit counts."""
+    """Count the answers of a cache by model, their size and age, and the runs' hit counts."""
     root = _cache_root(root)
     stats = CacheStats(root)
-    for path, st in _walk(root, stats):
-        entry = _head(path)
-        if entry is None:
-            stats.corrupt += 1
-            continue
-        stats.entries += 1
-        stats.bytes += st.st_size
-        model = str(entry.get("model") or "-")
-        stats.models[model] += 1
-        stats.model_bytes[model] += st.st_size
-        t = st.st_mtime
-        stats.oldest = t if stats.oldest is None else min(stats.oldest, t)
-        stats.newest = t if stats.newest is None else max(stats.newest, t)
+    survey = _survey(root, time.time())
+    stats.packs, stats.indexes = len(survey.packs), len(survey.indexes)
+    stats.bytes = survey.index_bytes + sum(p.size for p in survey.packs)
+    stats.temp_files = sum(1 for _ in _temp_files(root))
+    for pack in survey.packs:
+        for rec, meta, _ in _records(root, pack):
+            if meta is None:
+                stats.corrupt += 1
+                continue
+            stats.entries += 1
+            model = str(meta.get("model") or "-")
+            stats.models[model] += 1
+            stats.model_bytes[model] += rec.length
+            t = _created(meta, pack)
+            stats.oldest = t if stats.oldest is None else min(stats.oldest, t)
+            stats.newest = t if stats.newest is None else max(stats.newest, t)
     for record in _run_records(root):
         stats.runs += 1
         stats.hits += _int(record.get("hits"))
@@ -128,52 +183,223 @@ def prune(
     dry_run: bool = False,
 ) -> PruneResult:
     """Remove answers: of `model` only (all of them, or those older than `older_than` seconds),
-    else those older than `older_than`; then the oldest until at most `max_bytes` remain.
-    Torn or corrupt entries and temporary files older than an hour always go, and with
-    `older_than` alone, the runs' records (`runs/`) older than that. Age is the time an answer
-    was stored."""
+    else those older than `older_than`; then the oldest until at most `max_bytes` (of answers'
+    records) remain. Torn or corrupt records and temporary files older than an hour always go,
+    and with `older_than` alone, the runs' records (`runs/`) older than that. Age is the time an
+    answer was stored. Packs still being written are left alone (`PruneResult.in_use`)."""
     if older_than is None and max_bytes is None and model is None:
         raise UsageError("say what to prune: --older-than, --max-size and/or --model")
     root = _cache_root(root)
     result = PruneResult()
     now = time.time()
     cutoff = now - older_than if older_than is not None else None
+
+    def chosen(meta: dict[str, Any], pack: _Pack, cut: float | None) -> bool:
+        created = _created(meta, pack)
+        if (model is not None or cutoff is not None) and (
+            (model is None or meta.get("model") == model) and (cutoff is None or created < cutoff)
+        ):
+            return True
+        return cut is not None and created <= cut
+
+    survey = _survey(root, now)
     ages, sizes = array("d"), array("q")
-
-    def remove(path: str, size: int) -> None:
-        result.removed += 1
-        result.freed += size
-        if not dry_run:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-
-    def on_temp(path: str, st: os.stat_result) -> None:
-        if now - st.st_mtime > _STALE_TMP:
-            result.temp_removed += 1
-            if not dry_run:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
-
-    for path, st in _walk(root, None, on_temp):
-        head = _head(path)
-        if head is None:  # corrupt: a miss anyway
-            remove(path, st.st_size)
-            continue
-        selected = model is None or head.get("model") == model
-        old = cutoff is None or st.st_mtime < cutoff
-        if selected and old and (model is not None or cutoff is not None):
-            remove(path, st.st_size)
-            continue
-        result.kept += 1
-        result.kept_bytes += st.st_size
-        if max_bytes is not None:
-            ages.append(st.st_mtime)
-            sizes.append(st.st_size)
+    for pack in survey.packs:
+        result.in_use_packs += not pack.safe
+        for rec, meta, _ in _records(root, pack):
+            if not pack.safe:
+                result.in_use += meta is not None
+            elif meta is None or chosen(meta, pack, None):
+                pack.dropped += 1
+                result.removed += 1
+                result.freed += rec.length
+                continue
+            elif max_bytes is not None:
+                ages.append(_created(meta, pack))
+                sizes.append(rec.length)
+                pack.oldest_kept = min(pack.oldest_kept, ages[-1])
+            if meta is not None:
+                result.kept += 1
+                result.kept_bytes += rec.length
+    cut = None
     if max_bytes is not None and result.kept_bytes > max_bytes:
-        _trim(root, result, ages, sizes, max_bytes, remove)
-    if cutoff is not None and model is None and not dry_run:  # old runs' counts go too
+        cut = _cut(result, ages, sizes, result.kept_bytes - max_bytes)
+    del ages, sizes
+    for path in _temp_files(root):
+        with contextlib.suppress(OSError):
+            if now - os.stat(path).st_mtime > _STALE:
+                result.temp_removed += 1
+                if not dry_run:
+                    os.unlink(path)
+    if dry_run:
+        return result
+    changed = False
+    for pack in survey.packs:
+        if pack.safe and (pack.dropped or (cut is not None and pack.oldest_kept <= cut)):
+            changed |= _rewrite(root, pack, functools.partial(chosen, pack=pack, cut=cut))
+    survey.packs = [p for p in survey.packs if p.size]
+    if changed or len(survey.indexes) != 1:
+        _reindex(root, survey)
+    if cutoff is not None and model is None:  # old runs' counts go too
         _prune_runs(root, cutoff)
     return result
+
+
+def _cut(result: PruneResult, ages: array, sizes: array, excess: int) -> float | None:
+    """The time up to which the oldest removable answers go to free `excess` bytes; counted
+    into `result` (records stored at that very time too go)."""
+    order = sorted(range(len(ages)), key=ages.__getitem__)
+    freed, cut = 0, None
+    for i in order:
+        freed += sizes[i]
+        cut = ages[i]
+        if freed >= excess:
+            break
+    del order
+    if cut is None:
+        return None
+    for age, size in zip(ages, sizes, strict=True):
+        if age <= cut:
+            result.removed += 1
+            result.freed += size
+            result.kept -= 1
+            result.kept_bytes -= size
+    return cut
+
+
+def _rewrite(root: str, pack: _Pack, drop: Callable[[dict[str, Any]], bool]) -> bool:
+    """Copy the records of `pack` but those `drop` chooses (and corrupt ones) to a new pack (fsynced, then renamed into
+    place) and remove the old one; update `pack` to the new one (size 0: none kept). False if
+    the pack turned out to be in use (it grew) or could not be rewritten."""
+    folder = os.path.join(root, PACKS)
+    old = os.path.join(folder, pack.name)
+    stem = _REWRITTEN.sub("", pack.name[: -len(PACK_SUFFIX)])
+    name = f"{stem}~{os.urandom(4).hex()}{PACK_SUFFIX}"
+    tmp = os.path.join(folder, f"{name}.tmp")
+    try:
+        if os.stat(old).st_size != pack.size:  # its writer is alive after all
+            return False
+        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        size = kept = 0
+        buf = bytearray()
+        try:
+            for _, meta, data in _records(root, pack):
+                if meta is not None and not drop(meta):
+                    buf += data
+                    size, kept = size + len(data), kept + 1
+                if len(buf) >= 1 << 20:
+                    _write_all(out, buf)
+                    buf.clear()
+            _write_all(out, buf)
+            os.fsync(out)
+        finally:
+            os.close(out)
+        if kept:
+            os.replace(tmp, os.path.join(folder, name))
+        _fsync_dir(folder)
+        os.unlink(old)
+    except OSError:
+        return False
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+    pack.name, pack.size, pack.valid, pack.sealed = name, size, kept, True
+    return True
+
+
+def _reindex(root: str, survey: _Survey) -> None:
+    """Write one index over every pack (sealed where known) and remove the older indexes."""
+    folder = os.path.join(root, PACKS)
+    packs = sorted(survey.packs, key=lambda p: p.name)
+
+    def entries() -> Iterator[tuple[int, int, int, int, int]]:
+        for number, pack in enumerate(packs):
+            try:
+                fd = os.open(os.path.join(folder, pack.name), _READ)
+            except OSError:  # removed meanwhile (another prune): a miss, nothing more
+                continue
+            try:
+                for rec in iter_records(fd, 0, pack.size):
+                    if rec.valid:
+                        yield key64(rec.key), rec.draw, number, rec.offset, rec.length
+            finally:
+                os.close(fd)
+
+    if packs:
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+        covers = [Cover(p.name, p.size, p.sealed) for p in packs]
+        path = os.path.join(folder, f"{stamp}-{_unique()}{INDEX_SUFFIX}")
+        write_index(path, covers, entries(), sum(p.valid for p in packs))
+    for old in survey.indexes:
+        with contextlib.suppress(OSError):
+            os.unlink(old)
+
+
+def _survey(root: str, now: float) -> _Survey:
+    """The packs (in name order) and indexes of a cache, and which packs are sealed."""
+    folder = os.path.join(root, PACKS)
+    try:
+        names = sorted(os.listdir(folder))
+    except FileNotFoundError:
+        names = []
+    survey = _Survey([], [], 0)
+    sealed: set[str] = set()
+    for name in names:
+        if name.endswith(INDEX_SUFFIX):
+            index = Index.open(os.path.join(folder, name))
+            if index is not None:
+                sealed.update(c.pack for c in index.covers if c.sealed)
+                survey.index_bytes += _file_size(index.path)
+                survey.indexes.append(index.path)
+                index.close()
+    for name in names:
+        if name.endswith(PACK_SUFFIX):
+            with contextlib.suppress(FileNotFoundError):
+                st = os.stat(os.path.join(folder, name))
+                pack = _Pack(name, st.st_size, st.st_mtime, name in sealed)
+                pack.safe = pack.sealed or now - st.st_mtime > _STALE
+                survey.packs.append(pack)
+    return survey
+
+
+def _records(root: str, pack: _Pack) -> Iterator[tuple[Found, dict[str, Any] | None, bytes]]:
+    """(record, its metadata or None if torn or corrupt, its bytes) of the first `pack.size`
+    bytes of a pack; a stretch that holds no record (a torn write) is one corrupt record.
+    Counts the CRC-valid records into `pack.valid`."""
+    try:
+        fd = os.open(os.path.join(root, PACKS, pack.name), _READ)
+    except FileNotFoundError:  # pruned meanwhile
+        return
+    pack.valid = pos = 0
+    try:
+        for rec in iter_records(fd, 0, pack.size):
+            if rec.offset > pos:
+                yield Found(pos, rec.offset - pos, b"", 0, False), None, b""
+            pos = rec.offset + rec.length
+            pack.valid += rec.valid
+            data = read_record(fd, rec.offset, rec.length) if rec.valid else b""
+            entry = decode_record(data, head_only=True) if rec.valid else None
+            yield rec, entry.meta if entry is not None else None, data
+        if pos < pack.size:
+            yield Found(pos, pack.size - pos, b"", 0, False), None, b""
+    finally:
+        os.close(fd)
+
+
+def _created(meta: dict[str, Any], pack: _Pack) -> float:
+    created = meta.get("created")
+    if isinstance(created, (int, float)) and not isinstance(created, bool):
+        return float(created)
+    return pack.mtime
+
+
+def _temp_files(root: str) -> Iterator[str]:
+    """Temporary files of unfinished writes (killed runs), in the cache's own folders."""
+    for folder in (root, os.path.join(root, PACKS), os.path.join(root, RUNS)):
+        with contextlib.suppress(FileNotFoundError):
+            for name in sorted(os.listdir(folder)):
+                if name.endswith(".tmp"):
+                    yield os.path.join(folder, name)
 
 
 def _prune_runs(root: str, cutoff: float) -> None:
@@ -189,86 +415,14 @@ def _prune_runs(root: str, cutoff: float) -> None:
                 os.unlink(path)
 
 
-def _trim(
-    root: str,
-    result: PruneResult,
-    ages: array,
-    sizes: array,
-    max_bytes: int,
-    remove: Callable[[str, int], None],
-) -> None:
-    """Remove the oldest entries until at most `max_bytes` are kept: find the cut-off time
-    from the ages and sizes, then remove everything stored up to it in a second walk."""
-    excess = result.kept_bytes - max_bytes
-    order = sorted(range(len(ages)), key=ages.__getitem__)
-    freed, cut = 0, None
-    for i in order:
-        freed += sizes[i]
-        cut = ages[i]
-        if freed >= excess:
-            break
-    del order
-    if cut is None:
-        return
-    for path, st in _walk(root, None):
-        if st.st_mtime <= cut:
-            remove(path, st.st_size)
-            result.kept -= 1
-            result.kept_bytes -= st.st_size
-
-
 def _cache_root(root: str | os.PathLike[str]) -> str:
     path = os.path.abspath(os.fspath(root))
     if not os.path.isdir(path):
         raise OutputError(f"cache {path} does not exist or is not a directory")
     if not os.path.exists(os.path.join(path, MARKER)):
         raise OutputError(f"{path} is not a jsonlbatch cache (no {MARKER})")
+    check_is_cache(path)  # another format
     return path
-
-
-def _walk(
-    root: str,
-    stats: CacheStats | None,
-    on_temp: Callable[[str, os.stat_result], None] | None = None,
-) -> Iterator[tuple[str, os.stat_result]]:
-    """(path, stat) of every entry file; temporary files are counted or handed to `on_temp`."""
-    top = os.path.join(root, ANSWERS)
-    for first in _dirs(top):
-        for second in _dirs(first):
-            with contextlib.suppress(FileNotFoundError), os.scandir(second) as it:
-                for item in it:
-                    try:
-                        st = item.stat(follow_symlinks=False)
-                    except FileNotFoundError:
-                        continue
-                    if _ENTRY.fullmatch(item.name):
-                        yield item.path, st
-                    elif item.name.endswith(".tmp"):
-                        if stats is not None:
-                            stats.temp_files += 1
-                        if on_temp is not None:
-                            on_temp(item.path, st)
-
-
-def _dirs(path: str) -> list[str]:
-    try:
-        with os.scandir(path) as it:
-            return sorted(i.path for i in it if len(i.name) == 2 and i.is_dir())
-    except FileNotFoundError:
-        return []
-
-
-def _head(path: str) -> dict[str, Any] | None:
-    """An entry's metadata, from its first bytes; None if it is torn or corrupt."""
-    try:
-        with open(path, "rb", buffering=0) as f:
-            data = f.read()
-    except OSError:
-        return None
-    entry = decode_entry(data, head_only=True)
-    if entry is None or entry.meta.get("name") != os.path.basename(path):
-        return None
-    return entry.meta
 
 
 def _run_records(root: str) -> Iterator[dict[str, Any]]:
@@ -286,6 +440,28 @@ def _run_records(root: str) -> Iterator[dict[str, Any]]:
             continue
         if isinstance(record, dict):
             yield record
+
+
+def _write_all(fd: int, data: bytes | bytearray) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _fsync_dir(folder: str) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _file_size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
 
 
 def _int(value: object) -> int:
