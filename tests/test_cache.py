@@ -1,4 +1,4 @@
-"""The answer cache as a library: keys, draws, entries on disk, stats and prune.
+"""The answer cache as a library: keys, draws, packs and indexes on disk, stats and prune.
 
 exec's use of it (hits, misses, kill -9, shared directories) is in test_exec_cache.py.
 """
@@ -6,15 +6,20 @@ exec's use of it (hits, misses, kill -9, shared directories) is in test_exec_cac
 from __future__ import annotations
 
 import os
+import shutil
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import orjson
 import pytest
-from batchutil import cli
+from batchutil import ENV, cli
 
-from jsonlbatch.cache import Cache, body_key, cache_stats, count_draws, one_draw, prune
-from jsonlbatch.cache.store import decode_entry, encode_entry, entry_path
+from jsonlbatch.cache import Cache, body_digest, body_key, cache_stats, count_draws, one_draw, prune
+from jsonlbatch.cache.pack import decode_record, encode_record
+from jsonlbatch.cache.store import MARKER, MERGE_AT
 from jsonlbatch.errors import OutputError, UsageError
 from jsonlbatch.records import request_line
 
@@ -92,51 +97,194 @@ def test_draws_count_copies_over_the_whole_file(tmp_path: Path):
     assert count_draws(other, model="z").repeats == 1
 
 
-def _meta() -> dict:
-    return {"url": CHAT, "model": "m"}
+def _key(name: str) -> bytes:
+    return body_digest(CHAT, {"model": "m", "messages": [{"role": "user", "content": name}]})
 
 
-def test_entries_round_trip_and_corruption_is_a_miss(tmp_path: Path):
-    cache = Cache(tmp_path / "c")
-    key = body_key(CHAT, {"model": "m", "messages": []})
+def _files(root: Path, suffix: str) -> list[str]:
+    return sorted(p.name for p in (root / "packs").glob(f"*{suffix}"))
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def test_records_round_trip_and_corruption_is_a_miss(tmp_path: Path):
+    root = tmp_path / "c"
+    cache = Cache(root)
+    key, other = _key("a"), _key("b")
     body = b'{"id":"x","choices":[{"message":{"content":"hello"}}]}'
-    assert cache.get(f"{key}.0") is None
-    assert cache.put(key, 0, True, body, _meta()) == f"{key}.0"
-    entry = cache.get(f"{key}.0")
+    assert cache.get(key, 0) is None
+    assert cache.put(key, 0, True, body, {"model": "m"}) == 0
+    assert cache.put(other, 0, True, b'{"b":1}', {"model": "m"}) == 0
+    entry = cache.get(key, 0)
     assert entry is not None and entry.body == body and entry.meta["model"] == "m"
-    path = entry_path(cache.root, f"{key}.0")
-    data = Path(path).read_bytes()
+    cache.close()
+    [pack] = _files(root, ".pack")
+    assert len(_files(root, ".idx")) == 1
+    path = root / "packs" / pack
+    data = path.read_bytes()
     assert b"hello" not in data  # compressed
-    for broken in (data[:-3], data[:10], b"", data[:20] + bytes([data[20] ^ 1]) + data[21:]):
-        Path(path).write_bytes(broken)
-        assert cache.get(f"{key}.0") is None
-    assert cache.counts.corrupt == 4
-    # an entry under the wrong name (a copied file) is no answer for that name
-    Path(path).write_bytes(encode_entry({"name": f"{key}.1"}, body))
-    assert cache.get(f"{key}.0") is None
-    # a store replaces a corrupt entry
-    assert cache.put(key, 0, True, b'{"v":2}', _meta()) == f"{key}.0"
-    assert cache.get(f"{key}.0").body == b'{"v":2}'
-    # a valid one-draw answer is kept, not overwritten
-    assert cache.put(key, 0, True, b'{"v":3}', _meta()) == f"{key}.0"
-    assert cache.get(f"{key}.0").body == b'{"v":2}'
-    assert decode_entry(b"JBC1" + bytes(8)) is None
+    assert Cache(root, "read").get(key, 0).body == body
+    # a flipped byte in the first record: a miss, counted; the other record still reads
+    path.write_bytes(data[:40] + bytes([data[40] ^ 1]) + data[41:])
+    reader = Cache(root, "read")
+    assert reader.get(key, 0) is None and reader.counts.corrupt == 1
+    assert reader.get(other, 0).body == b'{"b":1}'
+    reader.close()
+    assert cache_stats(root).corrupt == 1
+    # a later store of that draw is served (one-draw answers are stored again when torn)
+    writer = Cache(root)
+    assert writer.put(key, 0, True, b'{"v":2}', {"model": "m"}) == 0
+    writer.close()
+    assert Cache(root, "read").get(key, 0).body == b'{"v":2}'
+    # a pack cut short: the last record is a miss, counted too
+    path.write_bytes(path.read_bytes()[:-3])
+    reader = Cache(root, "read")
+    assert reader.get(other, 0) is None and reader.counts.corrupt == 1
+    assert reader.get(key, 0).body == b'{"v":2}' and reader.counts.corrupt == 2
+    assert decode_record(b"JBR2" + bytes(40)) is None
+    record = encode_record(key, 3, {"model": "m"}, body)
+    assert decode_record(record, key, 3).body == body and decode_record(record, key, 4) is None
 
 
 def test_a_taken_draw_is_never_overwritten(tmp_path: Path):
     cache = Cache(tmp_path / "c")
-    key = "ab" * 16
-    assert cache.put(key, 0, False, b'{"a":0}', _meta()) == f"{key}.0"
-    # another process stored draw 0 meanwhile: this answer becomes draw 1
-    assert cache.put(key, 0, False, b'{"a":1}', _meta()) == f"{key}.1"
-    assert cache.get(f"{key}.0").body == b'{"a":0}'
-    assert cache.get(f"{key}.1").body == b'{"a":1}'
+    key = _key("sampled")
+    assert cache.put(key, 0, False, b'{"a":0}', {}) == 0
+    # draw 0 is stored already (by this or another process): this answer becomes draw 1
+    assert cache.put(key, 0, False, b'{"a":1}', {}) == 1
+    assert cache.get(key, 0).body == b'{"a":0}' and cache.get(key, 1).body == b'{"a":1}'
     assert cache.counts.stored == 2
+    cache.close()
     leftovers = [n for _, _, names in os.walk(cache.root) for n in names if n.endswith(".tmp")]
     assert leftovers == []
 
 
-def test_a_folder_that_is_not_a_cache_is_refused(tmp_path: Path):
+# A process that stores answers and prints each one once it is stored: "<name> <draw>".
+# Odd ones are its own, even ones are shared with another writer (the same body).
+WRITER = """
+import sys, time
+from jsonlbatch.cache import Cache, body_digest
+root, tag, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+cache = Cache(root)
+for i in range(n):
+    name = f"{tag}{i}" if i % 2 else f"shared{i}"
+    key = body_digest("/v1/chat/completions",
+                      {"model": "m", "messages": [{"role": "user", "content": name}]})
+    draw = cache.put(key, 0, True, b'{"n":"%s"}' % name.encode(), {"model": "m"})
+    print(name, draw, flush=True)
+if sys.argv[4:] == ["hang"]:
+    print("hang", flush=True)
+    time.sleep(120)
+cache.close()
+"""
+
+
+def _writer(root: Path, tag: str, n: int, hang: bool = False) -> subprocess.Popen:
+    args = [sys.executable, "-c", WRITER, str(root), tag, str(n), *(["hang"] if hang else [])]
+    return subprocess.Popen(args, stdout=subprocess.PIPE, text=True, env=ENV)
+
+
+def _killed(proc: subprocess.Popen, after: str) -> list[str]:
+    """The names `proc` said it stored, until it says `after` (or had said 200); then SIGKILL."""
+    stored = []
+    try:
+        for line in proc.stdout:
+            if line.strip() == after or len(stored) == 200:
+                break
+            stored.append(line.split()[0])
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        proc.stdout.close()
+    return stored
+
+
+def _body(name: str) -> bytes:
+    return b'{"n":"%s"}' % name.encode()
+
+
+def test_a_killed_writer_s_pack_is_read_and_prune_leaves_it_alone(tmp_path: Path):
+    root = tmp_path / "c"
+    stored = _killed(_writer(root, "k", 6, hang=True), after="hang")
+    assert len(stored) == 6
+    assert _files(root, ".idx") == []  # killed before its close: no index
+    reader = Cache(root, "read")
+    assert all(reader.get(_key(n), 0).body == _body(n) for n in stored)
+    reader.close()
+    # young and unsealed: its writer may still append, so prune leaves it as it is
+    before = _snapshot(root)
+    result = prune(root, model="m")
+    assert (result.removed, result.kept, result.in_use, result.in_use_packs) == (0, 6, 6, 1)
+    assert "still being written" in result.format()
+    assert {k: v for k, v in _snapshot(root).items() if k.endswith(".pack")} == {
+        k: v for k, v in before.items() if k.endswith(".pack")
+    }
+    assert len(_files(root, ".idx")) == 1  # indexed (unsealed) all the same
+    assert Cache(root, "read").get(_key(stored[0]), 0) is not None
+    # an hour later its writer is surely dead: now it is pruned
+    [pack] = _files(root, ".pack")
+    then = time.time() - 7200
+    os.utime(root / "packs" / pack, (then, then))
+    assert prune(root, model="m").removed == 6
+    assert _files(root, ".pack") == [] and _files(root, ".idx") == []
+
+
+def test_a_live_writer_s_pack_is_not_rewritten(tmp_path: Path):
+    root = tmp_path / "c"
+    cache = Cache(root)
+    cache.put(_key("x"), 0, True, b"{}", {"model": "m"})
+    before = _snapshot(root)
+    assert prune(root, max_bytes=0).in_use == 1
+    assert {k: v for k, v in _snapshot(root).items() if k.endswith(".pack")} == {
+        k: v for k, v in before.items() if k.endswith(".pack")
+    }
+    cache.put(_key("y"), 0, True, b"{}", {"model": "m"})  # the writer goes on appending
+    cache.close()
+    reader = Cache(root, "read")
+    assert reader.get(_key("x"), 0) is not None and reader.get(_key("y"), 0) is not None
+
+
+def test_many_indexes_are_merged_into_one(tmp_path: Path):
+    root = tmp_path / "c"
+    names = []
+    for run in range(MERGE_AT + 1):
+        if run == MERGE_AT:
+            before = set(_files(root, ".idx"))
+            assert len(before) == MERGE_AT
+        cache = Cache(root)
+        for i in range(3):
+            names.append(f"{run}-{i}")
+            cache.put(_key(names[-1]), 0, True, _body(names[-1]), {"model": "m"})
+        cache.close()
+    after = _files(root, ".idx")
+    assert len(after) == 1 and not before & set(after)
+    reader = Cache(root, "read")
+    assert all(reader.get(_key(n), 0).body == _body(n) for n in names)
+    assert not reader.view().walked  # one index covers every pack
+
+
+def test_two_processes_write_one_cache_and_one_is_killed(tmp_path: Path):
+    root = tmp_path / "c"
+    survivor = _writer(root, "b", 300)
+    victim = _writer(root, "a", 100_000)
+    killed_stored = _killed(victim, after="never")
+    out, _ = survivor.communicate(timeout=120)
+    assert survivor.returncode == 0
+    stored = [line.split()[0] for line in out.splitlines()]
+    assert len(stored) == 300 and len(killed_stored) == 200
+    reader = Cache(root, "read")
+    for name in stored + killed_stored:
+        entry = reader.get(_key(name), 0)
+        assert entry is not None and entry.body == _body(name), name
+    assert reader.counts.corrupt == 0
+    reader.close()
+    stats = cache_stats(root)
+    assert stats.entries >= len(set(stored + killed_stored)) and stats.packs == 2
+
+
+def test_folders_that_are_not_caches_are_refused(tmp_path: Path):
     (tmp_path / "notes.txt").write_text("mine")
     with pytest.raises(OutputError, match="not a jsonlbatch cache"):
         Cache(tmp_path)
@@ -149,48 +297,126 @@ def test_a_folder_that_is_not_a_cache_is_refused(tmp_path: Path):
     # a new folder becomes a cache, marked for backup tools too
     cache = Cache(tmp_path / "new")
     assert (Path(cache.root) / "CACHEDIR.TAG").read_text().startswith("Signature: 8a477f59")
+    # a cache of the first format (one file per answer) is refused, not mixed in or pruned
+    old = tmp_path / "old"
+    (old / "answers" / "ab").mkdir(parents=True)
+    (old / MARKER).write_text('{"format": 1}\n')
+    for call in (Cache, cache_stats, lambda r: prune(r, older_than=1)):
+        with pytest.raises(OutputError, match=r"has format 1.*reads format 2"):
+            call(old)
+    assert sorted(p.name for p in old.iterdir()) == ["answers", MARKER]
 
 
-def _fill(root: Path, n: int, model: str, age_s: float) -> Cache:
+READER = """
+import sys
+from jsonlbatch.cache import Cache, body_digest, cache_stats
+from jsonlbatch.errors import OutputError
+cache = Cache(sys.argv[1])
+key = body_digest("/v1/chat/completions",
+                  {"model": "m", "messages": [{"role": "user", "content": "ro"}]})
+print(cache.get(key, 0).body.decode(), cache.put(key, 1, False, b"{}", {}), cache.counts.notes)
+print(cache_stats(sys.argv[1]).entries)
+try:
+    from jsonlbatch.cache import prune
+    prune(sys.argv[1], model="m")
+except OutputError as exc:
+    print("refused:", exc)
+"""
+
+
+def test_a_read_only_cache_is_read(tmp_path: Path):
+    root = tmp_path / "c"
+    _fill(root, 3, "m", age_s=0)
     cache = Cache(root)
-    for i in range(n):
-        name = cache.put(f"{model[:1]}{i:031x}", 0, True, b'{"x":%d}' % i, {"model": model})
-        then = time.time() - age_s - i  # distinct ages: --max-size removes the oldest first
-        os.utime(entry_path(cache.root, name), (then, then))
-    return cache
+    cache.put(_key("ro"), 0, True, b'{"ro":1}', {"model": "m"})
+    cache.close()
+    args = [sys.executable, "-c", READER, str(root)]
+    if os.geteuid() != 0:
+        for path in [root, *root.rglob("*")]:
+            path.chmod(0o555)
+    else:  # modes do not stop root: a read-only bind mount in a private mount namespace
+        if shutil.which("unshare") is None:
+            pytest.skip("running as root without unshare: no way to make a folder read-only")
+        if subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode != 0:
+            pytest.skip("running as root and unshare is not permitted here")
+        script = 'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" && shift && exec "$@"'
+        args = ["unshare", "-rm", "sh", "-c", script, "sh", str(root), *args]
+    before = _snapshot(root)
+    try:
+        run = subprocess.run(args, capture_output=True, text=True, timeout=60, env=ENV)
+    finally:
+        for path in [root, *root.rglob("*")]:
+            path.chmod(0o755)
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert lines[0].startswith('{"ro":1} -1 ') and "reading it only" in lines[0]
+    assert lines[1] == "4"
+    assert lines[2].startswith("refused: cannot prune cache")
+    assert _snapshot(root) == before
+
+
+def _fill(root: Path, n: int, model: str, age_s: float, monkeypatch=None) -> None:
+    """Store `n` answers of `model`, the i-th as if `age_s + i` seconds ago (distinct ages:
+    --max-size removes the oldest first), then close the cache (its pack is sealed)."""
+    cache = Cache(root)
+    real = time.time
+    with pytest.MonkeyPatch.context() as patch:
+        for i in range(n):
+            then = real() - age_s - i
+            patch.setattr(time, "time", lambda then=then: then)
+            cache.put(_key(f"{model}{i}"), 0, True, b'{"x":%d}' % i, {"model": model})
+    cache.close()
 
 
 def test_stats_and_prune_by_model_age_and_size(tmp_path: Path):
     root = tmp_path / "c"
     _fill(root, 6, "alpha", age_s=10 * 86400)
-    cache = _fill(root, 4, "beta", age_s=60)
+    alpha = _files(root, ".pack")
+    _fill(root, 4, "beta", age_s=60)
+    [beta] = set(_files(root, ".pack")) - set(alpha)
+    cache = Cache(root)
     cache.counts.hits, cache.counts.misses, cache.counts.stored = 7, 3, 3
     cache.record_run("out.jsonl")
-    torn = Path(entry_path(cache.root, "b" + "f" * 31 + ".0"))
-    torn.parent.mkdir(parents=True, exist_ok=True)
-    torn.write_bytes(b"JBC1\x00")
-    stale = torn.parent / ".x.tmp"
+    with open(root / "packs" / beta, "ab") as f:  # a torn record after beta's answers
+        f.write(encode_record(_key("torn"), 0, {"model": "beta"}, b"{}")[:-4])
+    stale = root / "packs" / "x.idx.1234.tmp"
     stale.write_bytes(b"")
     os.utime(stale, (time.time() - 7200,) * 2)
 
     stats = cache_stats(root)
     assert (stats.entries, stats.corrupt, stats.temp_files) == (10, 1, 1)
-    assert stats.models == {"alpha": 6, "beta": 4}
+    assert stats.models == {"alpha": 6, "beta": 4} and (stats.packs, stats.indexes) == (2, 2)
     assert (stats.runs, stats.hits, stats.misses) == (1, 7, 3)
-    assert "10 answers" in stats.format() and "70.0% of lookups" in stats.format()
+    assert stats.oldest < time.time() - 10 * 86400 < stats.newest
+    text = stats.format()
+    assert "10 answers" in text and "70.0% of lookups" in text and "alpha: 6 answers" in text
 
+    before = _snapshot(root)
     dry = prune(root, older_than=86400, dry_run=True)
-    assert (dry.removed, dry.kept) == (7, 4)  # six old answers and the torn one
-    assert cache_stats(root).entries == 10
+    assert (dry.removed, dry.kept, dry.temp_removed) == (7, 4, 1)  # six old, the torn one
+    assert "would remove 7 answers" in dry.format(dry_run=True)
+    assert _snapshot(root) == before
     done = prune(root, older_than=86400)
-    assert (done.removed, done.kept, done.temp_removed) == (7, 4, 1)
-    assert cache_stats(root).models == {"beta": 4}
+    assert (done.removed, done.kept, done.temp_removed, done.in_use) == (7, 4, 1, 0)
     assert not stale.exists()
+    [pack] = _files(root, ".pack")
+    assert pack.startswith(beta[: -len(".pack")] + "~")  # sorts where beta's pack did
+    assert len(_files(root, ".idx")) == 1
+    stats = cache_stats(root)
+    assert stats.models == {"beta": 4} and stats.corrupt == 0
+    reader = Cache(root, "read")
+    assert [reader.get(_key(f"beta{i}"), 0).body for i in range(4)] == [
+        b'{"x":%d}' % i for i in range(4)
+    ]
+    assert reader.get(_key("alpha0"), 0) is None and not reader.view().walked
+    reader.close()
 
-    size = cache_stats(root).bytes
-    assert prune(root, max_bytes=size // 2 + 1).kept == 2
-    assert prune(root, model="beta").removed == 2
-    assert cache_stats(root).entries == 0
+    trimmed = prune(root, max_bytes=done.kept_bytes - 1)  # the oldest one goes
+    assert (trimmed.removed, trimmed.kept) == (1, 3)
+    assert Cache(root, "read").get(_key("beta3"), 0) is None
+    assert _files(root, ".pack")[0].startswith(beta[: -len(".pack")] + "~")
+    assert prune(root, model="beta").removed == 3
+    assert cache_stats(root).entries == 0 and _files(root, ".pack") == []
     with pytest.raises(UsageError):
         prune(root)
 

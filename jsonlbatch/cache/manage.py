@@ -239,7 +239,10 @@ def prune(
             changed |= _rewrite(root, pack, functools.partial(chosen, pack=pack, cut=cut))
     survey.packs = [p for p in survey.packs if p.size]
     if changed or len(survey.indexes) != 1:
-        _reindex(root, survey)
+        try:
+            _reindex(root, survey)
+        except OSError as exc:
+            raise OutputError(f"cannot prune cache {root}: {exc.strerror or exc}") from None
     if cutoff is not None and model is None:  # old runs' counts go too
         _prune_runs(root, cutoff)
     return result
@@ -270,7 +273,7 @@ def _cut(result: PruneResult, ages: array, sizes: array, excess: int) -> float |
 def _rewrite(root: str, pack: _Pack, drop: Callable[[dict[str, Any]], bool]) -> bool:
     """Copy the records of `pack` but those `drop` chooses (and corrupt ones) to a new pack (fsynced, then renamed into
     place) and remove the old one; update `pack` to the new one (size 0: none kept). False if
-    the pack turned out to be in use (it grew) or could not be rewritten."""
+    the pack turned out to be in use (it grew) or was removed meanwhile."""
     folder = os.path.join(root, PACKS)
     old = os.path.join(folder, pack.name)
     stem = _REWRITTEN.sub("", pack.name[: -len(PACK_SUFFIX)])
@@ -298,8 +301,10 @@ def _rewrite(root: str, pack: _Pack, drop: Callable[[dict[str, Any]], bool]) -> 
             os.replace(tmp, os.path.join(folder, name))
         _fsync_dir(folder)
         os.unlink(old)
-    except OSError:
+    except FileNotFoundError:  # pruned meanwhile by another prune
         return False
+    except OSError as exc:
+        raise OutputError(f"cannot prune cache {root}: {exc.strerror or exc}") from None
     finally:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
