@@ -267,13 +267,14 @@ def test_many_indexes_are_merged_into_one(tmp_path: Path):
 
 def test_two_processes_write_one_cache_and_one_is_killed(tmp_path: Path):
     root = tmp_path / "c"
-    survivor = _writer(root, "b", 300)
+    survivor = _writer(root, "b", 1000)
     victim = _writer(root, "a", 100_000)
+    stored = [survivor.stdout.readline().split()[0] for _ in range(100)]  # both are writing
     killed_stored = _killed(victim, after="never")
-    out, _ = survivor.communicate(timeout=120)
-    assert survivor.returncode == 0
-    stored = [line.split()[0] for line in out.splitlines()]
-    assert len(stored) == 300 and len(killed_stored) == 200
+    out = survivor.stdout.read()  # not communicate(): it would skip what readline buffered
+    assert survivor.wait(timeout=60) == 0
+    stored += [line.split()[0] for line in out.splitlines()]
+    assert len(stored) == 1000 and len(killed_stored) == 200
     reader = Cache(root, "read")
     for name in stored + killed_stored:
         entry = reader.get(_key(name), 0)

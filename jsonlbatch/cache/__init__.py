@@ -2,7 +2,7 @@
 
 `keys` says when two requests are the same question, `draws` which copy of a sampled body a
 line is, `store` keeps answers on disk (safely shared by processes and machines), `manage` is
-`jsonlbatch cache stats|prune`. exec looks requests up before sending and stores answers before
+`jsonlbatch cache stats|prune` (`compact` rewrites packs for it). exec looks requests up before sending and stores answers before
 writing them (docs/exec.md, "Answer cache").
 """
 

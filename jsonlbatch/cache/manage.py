@@ -1,16 +1,10 @@
 """`jsonlbatch cache stats|prune DIR`: what a cache holds, and making it smaller.
 
-Both walk every pack once (`pack.iter_records`) and inflate the head of each record (its
+Both walk every pack once (`compact.records`) and inflate the head of each record (its
 metadata: model, time stored), so torn and corrupt records are found and pruned too. Memory is
 a few counters a pack, plus 16 bytes a kept answer for `--max-size` (the ages and sizes that
-find the cut-off time).
-
-Packs are append-only, so pruning rewrites: a pack that loses records is copied without them to
-a new pack whose name sorts where the old one did (the old stem, `~`, a random suffix: "the
-first pack in name order wins" keeps its meaning), which is fsynced before the old pack goes.
-A pack that another process may still append to is never rewritten: only one sealed by an index
-(its writer closed it) or untouched for over an hour (its writer died). Then one index over all
-packs replaces the old ones, so a lookup stays one probe.
+find the cut-off time). Prune rewrites only packs no writer may still append to, then writes
+one index over all packs (`compact.py` says how, and why that is safe while runs go on).
 """
 
 from __future__ import annotations
@@ -19,34 +13,28 @@ import contextlib
 import functools
 import math
 import os
-import re
 import time
 from array import array
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
-from jsonlbatch.cache.pack import (
-    INDEX_SUFFIX,
-    PACK_SUFFIX,
-    Cover,
-    Found,
-    Index,
-    decode_record,
-    iter_records,
-    key64,
-    read_record,
-    write_index,
+from jsonlbatch.cache.compact import (
+    STALE,
+    PackFile,
+    list_cache,
+    records,
+    reindex,
+    rewrite,
+    stored_at,
 )
-from jsonlbatch.cache.store import MARKER, PACKS, RUNS, _unique, check_is_cache
+from jsonlbatch.cache.store import MARKER, PACKS, RUNS, check_is_cache
 from jsonlbatch.errors import OutputError, UsageError
 
-_STALE = 3600.0  # seconds: a temporary file, or an unsealed pack, this old was left by a dead run
-_READ = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
-_REWRITTEN = re.compile(r"~[0-9a-f]{8}$")
+_TEMP_IN = ("", PACKS, RUNS)  # where runs leave temporary files
 
 
 @dataclass
@@ -123,37 +111,16 @@ class PruneResult:
         return text
 
 
-@dataclass
-class _Pack:
-    """A pack as found by a survey, and what a prune does with it."""
-
-    name: str
-    size: int
-    mtime: float
-    sealed: bool  # an index says its writer closed it
-    safe: bool = False  # may be rewritten: sealed, or its writer is dead
-    valid: int = 0  # records whose CRC holds (what an index lists)
-    dropped: int = 0
-    oldest_kept: float = math.inf
-
-
-@dataclass
-class _Survey:
-    packs: list[_Pack]
-    indexes: list[str]  # paths
-    index_bytes: int
-
-
 def cache_stats(root: str | os.PathLike[str]) -> CacheStats:
     """Count the answers of a cache by model, their size and age, and the runs' hit counts."""
     root = _cache_root(root)
     stats = CacheStats(root)
-    survey = _survey(root, time.time())
+    survey = list_cache(root, time.time())
     stats.packs, stats.indexes = len(survey.packs), len(survey.indexes)
     stats.bytes = survey.index_bytes + sum(p.size for p in survey.packs)
-    stats.temp_files = sum(1 for _ in _temp_files(root))
+    stats.temp_files = len(_old_files(root, _TEMP_IN, ".tmp", math.inf))
     for pack in survey.packs:
-        for rec, meta, _ in _records(root, pack):
+        for rec, meta, _ in records(root, pack):
             if meta is None:
                 stats.corrupt += 1
                 continue
@@ -161,10 +128,10 @@ def cache_stats(root: str | os.PathLike[str]) -> CacheStats:
             model = str(meta.get("model") or "-")
             stats.models[model] += 1
             stats.model_bytes[model] += rec.length
-            t = _created(meta, pack)
+            t = stored_at(meta, pack)
             stats.oldest = t if stats.oldest is None else min(stats.oldest, t)
             stats.newest = t if stats.newest is None else max(stats.newest, t)
-    for record in _run_records(root):
+    for record in _runrecords(root):
         stats.runs += 1
         stats.hits += _int(record.get("hits"))
         stats.misses += _int(record.get("misses"))
@@ -194,19 +161,19 @@ def prune(
     now = time.time()
     cutoff = now - older_than if older_than is not None else None
 
-    def chosen(meta: dict[str, Any], pack: _Pack, cut: float | None) -> bool:
-        created = _created(meta, pack)
+    def chosen(meta: dict[str, Any], pack: PackFile, cut: float | None) -> bool:
+        created = stored_at(meta, pack)
         if (model is not None or cutoff is not None) and (
             (model is None or meta.get("model") == model) and (cutoff is None or created < cutoff)
         ):
             return True
         return cut is not None and created <= cut
 
-    survey = _survey(root, now)
+    survey = list_cache(root, now)
     ages, sizes = array("d"), array("q")
     for pack in survey.packs:
         result.in_use_packs += not pack.safe
-        for rec, meta, _ in _records(root, pack):
+        for rec, meta, _ in records(root, pack):
             if not pack.safe:
                 result.in_use += meta is not None
             elif meta is None or chosen(meta, pack, None):
@@ -215,7 +182,7 @@ def prune(
                 result.freed += rec.length
                 continue
             elif max_bytes is not None:
-                ages.append(_created(meta, pack))
+                ages.append(stored_at(meta, pack))
                 sizes.append(rec.length)
                 pack.oldest_kept = min(pack.oldest_kept, ages[-1])
             if meta is not None:
@@ -225,26 +192,23 @@ def prune(
     if max_bytes is not None and result.kept_bytes > max_bytes:
         cut = _cut(result, ages, sizes, result.kept_bytes - max_bytes)
     del ages, sizes
-    for path in _temp_files(root):
-        with contextlib.suppress(OSError):
-            if now - os.stat(path).st_mtime > _STALE:
-                result.temp_removed += 1
-                if not dry_run:
-                    os.unlink(path)
+    stale = _old_files(root, _TEMP_IN, ".tmp", now - STALE)
+    result.temp_removed = len(stale)
     if dry_run:
         return result
+    _remove(stale)
     changed = False
     for pack in survey.packs:
         if pack.safe and (pack.dropped or (cut is not None and pack.oldest_kept <= cut)):
-            changed |= _rewrite(root, pack, functools.partial(chosen, pack=pack, cut=cut))
+            changed |= rewrite(root, pack, functools.partial(chosen, pack=pack, cut=cut))
     survey.packs = [p for p in survey.packs if p.size]
     if changed or len(survey.indexes) != 1:
         try:
-            _reindex(root, survey)
+            reindex(root, survey)
         except OSError as exc:
             raise OutputError(f"cannot prune cache {root}: {exc.strerror or exc}") from None
     if cutoff is not None and model is None:  # old runs' counts go too
-        _prune_runs(root, cutoff)
+        _remove(_old_files(root, (RUNS,), "", cutoff))
     return result
 
 
@@ -270,154 +234,22 @@ def _cut(result: PruneResult, ages: array, sizes: array, excess: int) -> float |
     return cut
 
 
-def _rewrite(root: str, pack: _Pack, drop: Callable[[dict[str, Any]], bool]) -> bool:
-    """Copy the records of `pack` but those `drop` chooses (and corrupt ones) to a new pack (fsynced, then renamed into
-    place) and remove the old one; update `pack` to the new one (size 0: none kept). False if
-    the pack turned out to be in use (it grew) or was removed meanwhile."""
-    folder = os.path.join(root, PACKS)
-    old = os.path.join(folder, pack.name)
-    stem = _REWRITTEN.sub("", pack.name[: -len(PACK_SUFFIX)])
-    name = f"{stem}~{os.urandom(4).hex()}{PACK_SUFFIX}"
-    tmp = os.path.join(folder, f"{name}.tmp")
-    try:
-        if os.stat(old).st_size != pack.size:  # its writer is alive after all
-            return False
-        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        size = kept = 0
-        buf = bytearray()
-        try:
-            for _, meta, data in _records(root, pack):
-                if meta is not None and not drop(meta):
-                    buf += data
-                    size, kept = size + len(data), kept + 1
-                if len(buf) >= 1 << 20:
-                    _write_all(out, buf)
-                    buf.clear()
-            _write_all(out, buf)
-            os.fsync(out)
-        finally:
-            os.close(out)
-        if kept:
-            os.replace(tmp, os.path.join(folder, name))
-        _fsync_dir(folder)
-        os.unlink(old)
-    except FileNotFoundError:  # pruned meanwhile by another prune
-        return False
-    except OSError as exc:
-        raise OutputError(f"cannot prune cache {root}: {exc.strerror or exc}") from None
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-    pack.name, pack.size, pack.valid, pack.sealed = name, size, kept, True
-    return True
-
-
-def _reindex(root: str, survey: _Survey) -> None:
-    """Write one index over every pack (sealed where known) and remove the older indexes."""
-    folder = os.path.join(root, PACKS)
-    packs = sorted(survey.packs, key=lambda p: p.name)
-
-    def entries() -> Iterator[tuple[int, int, int, int, int]]:
-        for number, pack in enumerate(packs):
-            try:
-                fd = os.open(os.path.join(folder, pack.name), _READ)
-            except OSError:  # removed meanwhile (another prune): a miss, nothing more
-                continue
-            try:
-                for rec in iter_records(fd, 0, pack.size):
-                    if rec.valid:
-                        yield key64(rec.key), rec.draw, number, rec.offset, rec.length
-            finally:
-                os.close(fd)
-
-    if packs:
-        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-        covers = [Cover(p.name, p.size, p.sealed) for p in packs]
-        path = os.path.join(folder, f"{stamp}-{_unique()}{INDEX_SUFFIX}")
-        write_index(path, covers, entries(), sum(p.valid for p in packs))
-    for old in survey.indexes:
-        with contextlib.suppress(OSError):
-            os.unlink(old)
-
-
-def _survey(root: str, now: float) -> _Survey:
-    """The packs (in name order) and indexes of a cache, and which packs are sealed."""
-    folder = os.path.join(root, PACKS)
-    try:
-        names = sorted(os.listdir(folder))
-    except FileNotFoundError:
-        names = []
-    survey = _Survey([], [], 0)
-    sealed: set[str] = set()
-    for name in names:
-        if name.endswith(INDEX_SUFFIX):
-            index = Index.open(os.path.join(folder, name))
-            if index is not None:
-                sealed.update(c.pack for c in index.covers if c.sealed)
-                survey.index_bytes += _file_size(index.path)
-                survey.indexes.append(index.path)
-                index.close()
-    for name in names:
-        if name.endswith(PACK_SUFFIX):
-            with contextlib.suppress(FileNotFoundError):
-                st = os.stat(os.path.join(folder, name))
-                pack = _Pack(name, st.st_size, st.st_mtime, name in sealed)
-                pack.safe = pack.sealed or now - st.st_mtime > _STALE
-                survey.packs.append(pack)
-    return survey
-
-
-def _records(root: str, pack: _Pack) -> Iterator[tuple[Found, dict[str, Any] | None, bytes]]:
-    """(record, its metadata or None if torn or corrupt, its bytes) of the first `pack.size`
-    bytes of a pack; a stretch that holds no record (a torn write) is one corrupt record.
-    Counts the CRC-valid records into `pack.valid`."""
-    try:
-        fd = os.open(os.path.join(root, PACKS, pack.name), _READ)
-    except FileNotFoundError:  # pruned meanwhile
-        return
-    pack.valid = pos = 0
-    try:
-        for rec in iter_records(fd, 0, pack.size):
-            if rec.offset > pos:
-                yield Found(pos, rec.offset - pos, b"", 0, False), None, b""
-            pos = rec.offset + rec.length
-            pack.valid += rec.valid
-            data = read_record(fd, rec.offset, rec.length) if rec.valid else b""
-            entry = decode_record(data, head_only=True) if rec.valid else None
-            yield rec, entry.meta if entry is not None else None, data
-        if pos < pack.size:
-            yield Found(pos, pack.size - pos, b"", 0, False), None, b""
-    finally:
-        os.close(fd)
-
-
-def _created(meta: dict[str, Any], pack: _Pack) -> float:
-    created = meta.get("created")
-    if isinstance(created, (int, float)) and not isinstance(created, bool):
-        return float(created)
-    return pack.mtime
-
-
-def _temp_files(root: str) -> Iterator[str]:
-    """Temporary files of unfinished writes (killed runs), in the cache's own folders."""
-    for folder in (root, os.path.join(root, PACKS), os.path.join(root, RUNS)):
+def _old_files(root: str, folders: tuple[str, ...], suffix: str, cutoff: float) -> list[str]:
+    """The files named `*suffix` in `folders` of the cache last changed before `cutoff`."""
+    found = []
+    for folder in (os.path.join(root, f) for f in folders):
         with contextlib.suppress(FileNotFoundError):
-            for name in sorted(os.listdir(folder)):
-                if name.endswith(".tmp"):
-                    yield os.path.join(folder, name)
+            for item in os.scandir(folder):
+                with contextlib.suppress(OSError):
+                    if item.name.endswith(suffix) and item.stat().st_mtime < cutoff:
+                        found.append(item.path)
+    return found
 
 
-def _prune_runs(root: str, cutoff: float) -> None:
-    folder = os.path.join(root, RUNS)
-    try:
-        names = os.listdir(folder)
-    except FileNotFoundError:
-        return
-    for name in names:
-        path = os.path.join(folder, name)
+def _remove(paths: list[str]) -> None:
+    for path in paths:
         with contextlib.suppress(OSError):
-            if os.stat(path).st_mtime < cutoff:
-                os.unlink(path)
+            os.unlink(path)
 
 
 def _cache_root(root: str | os.PathLike[str]) -> str:
@@ -430,7 +262,7 @@ def _cache_root(root: str | os.PathLike[str]) -> str:
     return path
 
 
-def _run_records(root: str) -> Iterator[dict[str, Any]]:
+def _runrecords(root: str) -> Iterator[dict[str, Any]]:
     try:
         names = sorted(os.listdir(os.path.join(root, RUNS)))
     except FileNotFoundError:
@@ -445,28 +277,6 @@ def _run_records(root: str) -> Iterator[dict[str, Any]]:
             continue
         if isinstance(record, dict):
             yield record
-
-
-def _write_all(fd: int, data: bytes | bytearray) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
-def _fsync_dir(folder: str) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def _file_size(path: str) -> int:
-    try:
-        return os.stat(path).st_size
-    except OSError:
-        return 0
 
 
 def _int(value: object) -> int:
