@@ -412,7 +412,11 @@ def check_is_cache(root: str) -> None:
         return
     except OSError as exc:
         raise OutputError(f"cannot read cache {root}: {exc.strerror}") from None
-    if names and MARKER not in names:
+    # what another process creating this cache right now has made before its marker
+    being_made = {PACKS, RUNS, "CACHEDIR.TAG"}
+    if MARKER not in names and any(
+        n not in being_made and not n.startswith(f"{MARKER}.") for n in names
+    ):
         raise OutputError(
             f"{root} is not a jsonlbatch cache (it has files but no {MARKER}): give a new or "
             "empty directory, or one a run made"
