@@ -15,10 +15,10 @@ from pathlib import Path
 import orjson
 import pytest
 from batchutil import ENV, chat_body, cli, exec_cli, read_results, start_exec
+from conftest import free_port
 
 from jsonlbatch import execute
-from jsonlbatch.cache import cache_stats
-from jsonlbatch.cache import Cache
+from jsonlbatch.cache import Cache, cache_stats
 from jsonlbatch.cache.pack import iter_records
 from jsonlbatch.exec.summary import RunSummary
 from jsonlbatch.records import request_line
@@ -185,6 +185,40 @@ def test_samples_are_drawn_one_to_one(tmp_path, mock_server):
     assert sent(url) == 7
     merged = {**bodies_by_id(tmp_path / "shard0.jsonl"), **bodies_by_id(tmp_path / "shard1.jsonl")}
     assert merged == five
+
+
+def test_a_run_the_cache_answers_whole_needs_no_server(tmp_path, mock_server):
+    """Lines are answered while the input is scanned: a run the cache answers whole writes its
+    output without reaching a server (none listens at the URL; `--serve` launches nothing), and
+    a resume sends exactly the requests neither the output nor the cache has."""
+    url = mock_server()
+    cache = str(tmp_path / "cache")
+    req = tmp_path / "req.jsonl"
+    write(req, [chat_body(i, temperature=0.7, max_tokens=4) for i in range(5)])
+    run_exec(req, tmp_path / "a.jsonl", url, cache=cache)
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    done = exec_cli(req, tmp_path / "b.jsonl", "--url", dead, "--cache", cache)
+    assert done.returncode == 0, done.stderr
+    assert "nothing to send" in done.stderr and "5 of them now" in done.stderr
+    assert bodies_by_id(tmp_path / "b.jsonl") == bodies_by_id(tmp_path / "a.jsonl")
+    b = read_results(tmp_path / "b.jsonl")
+    assert {line["metrics"]["cache"] for line in b.values()} == {"hit"}
+    assert len({line["metrics"]["run"] for line in b.values()}) == 1
+    served = exec_cli(req, tmp_path / "c.jsonl", "--serve", "mock", "--cache", cache,
+                      "--server-executable", str(tmp_path / "no-such-server"))  # fmt: skip
+    assert served.returncode == 0, served.stderr
+    assert len(read_results(tmp_path / "c.jsonl")) == 5
+    leftovers = [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    assert leftovers == []  # the lines waiting beside the output were appended and removed
+    # a resume: two lines done, five cached, two new: exactly the two new ones are sent
+    more = [chat_body(i, temperature=0.7, max_tokens=4) for i in range(7)]
+    write(req, more)
+    partial = tmp_path / "d.jsonl"
+    partial.write_bytes(b"".join((tmp_path / "a.jsonl").read_bytes().splitlines(True)[:2]))
+    before = sent(url)
+    summary = run_exec(req, partial, url, cache=cache)
+    assert sent(url) - before == 2 and summary.cache_hits == 3
+    assert len(read_results(partial)) == 7
 
 
 def test_modes_errors_retry_failed_and_the_url_in_the_key(tmp_path, mock_server):

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from jsonlbatch.errors import OutputError
 from jsonlbatch.exec.events import Answered, EventBus, Failed
+from jsonlbatch.exec.lookup import EarlyAnswers
 from jsonlbatch.exec.scan import InputScan, OutputScan, line_custom_id
 from jsonlbatch.exec.summary import RunSummary
 from jsonlbatch.jsonl import AppendWriter, OutputLock, filter_lines, repair_tail, rewrite_atomically
@@ -124,18 +125,21 @@ class Recorder:
                 code = error.get("code") or f"http_{result.status_code}"
                 self.bus.emit(Failed(result.custom_id, code, str(error.get("message", ""))))
 
-    def write_lines(self, data: bytes) -> bool:
-        """Append whole lines made elsewhere (answers found during the scan) at once; False if
-        the write failed (the run stops, as for any failed write)."""
+    def write_early(self, early: EarlyAnswers | None) -> None:
+        """Append the lines a store answered during the input scan (`lookup.EarlyAnswers`),
+        in chunks of whole lines. A failed write stops the run, as for any result; the next
+        run answers what was not written again."""
+        if early is None or not early.count or self.writer is None:
+            return
         self.flush()
-        if self.writer is None:
-            return False
-        try:
-            self.writer.write(data)
-        except OutputError as exc:
-            self.on_error(exc)
-            return False
-        return True
+        for chunk in early.drain():
+            try:
+                self.writer.write(chunk)
+            except OutputError as exc:
+                self.on_error(exc)
+                return
+        self.summary.succeeded += early.count
+        self.summary.cache_hits += early.count
 
     async def sync_every(self, seconds: float = FSYNC_EVERY) -> None:
         """fsync the output every `seconds` (in a thread) until cancelled."""

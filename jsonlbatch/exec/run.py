@@ -151,7 +151,7 @@ class Run:
         if not self.scan.pending:  # no server needed: the output may be written at once
             self._store_notes()
             self.recorder.prepare()
-            self._write_early()
+            self.recorder.write_early(self.early)
             self.recorder.close()
             self.contract.close(complete=True)
             self._close_store()
@@ -220,7 +220,7 @@ class Run:
                     raise
             if not self.stopping.is_set():
                 self.recorder.prepare()  # servers are fine: only now touch the output
-                self._write_early()
+                self.recorder.write_early(self.early)
                 self.summary.started_at = time.time()
                 self.progress.start()
                 before = await scrape_all(session, endpoints, headers)
@@ -352,17 +352,6 @@ class Run:
         # last in metrics, where a resume reads it without decoding the line
         result.metrics["fingerprint"] = request.fingerprint
         self.recorder.emit(result)
-
-    def _write_early(self) -> None:
-        """Append the lines the store answered during the scan (`lookup.EarlyAnswers`)."""
-        early = self.early
-        if early is None or not early.count:
-            return
-        for chunk in early.drain():
-            if not self.recorder.write_lines(chunk):
-                return  # the write failed: the run stops, the next one answers them again
-        self.summary.succeeded += early.count
-        self.summary.cache_hits += early.count
 
     def _store_notes(self) -> None:
         notes = getattr(self.seams.store, "notes", None)
