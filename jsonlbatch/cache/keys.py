@@ -91,8 +91,14 @@ def key_scope(urls: Sequence[str]) -> bytes:
 def body_digest(url: str, body: dict[str, Any], scope: bytes = b"") -> bytes:
     """The key of a request: BLAKE2b-128 of scope, endpoint path and canonical body, the same
     for every copy (a draw number tells copies of a sampled body apart)."""
-    head = b"%s%s\0%s\0" % (_VERSION, scope, url.encode())
+    head = _HEADS.get((scope, url))
+    if head is None:
+        head = _HEADS[(scope, url)] = b"%s%s\0%s\0" % (_VERSION, scope, url.encode())
     return hashlib.blake2b(head + canonical_body(body), digest_size=16).digest()
+
+
+#: What each key hashes before the body, by (scope, endpoint path): a few, built once.
+_HEADS: dict[tuple[bytes, str], bytes] = {}
 
 
 def body_key(url: str, body: dict[str, Any], scope: bytes = b"") -> str:

@@ -160,7 +160,7 @@ class Cache:
         """The answer stored as draw `draw` of `key` (`keys.body_digest`), or None: absent, or
         torn or corrupt (counted in `counts.corrupt`; a later good copy is used instead)."""
         view = self._view or self.view()
-        k = key64(key)
+        k = int.from_bytes(key[:8], "little", signed=True) or 1  # `key64`, inlined: per lookup
         found: list[tuple[int, int, int]] = []
         for table, numbers in view.tables:
             if table.entries:
@@ -169,9 +169,10 @@ class Cache:
                     found.append((numbers[hit[0]], hit[1], hit[2]))
         if len(found) > 1:
             found = sorted(set(found))  # the first pack's record wins
+        fds = self._fds
         for pack, offset, length in found:
             try:
-                data = os.pread(self._fds.get(pack) or self._fd(pack), length, offset)
+                data = os.pread(fds.get(pack) or self._fd(pack), length, offset)
             except OSError:
                 data = b""
             entry = decode_record(data, key, draw)
