@@ -260,8 +260,16 @@ def fingerprint(raw: bytes, url: Any, body: Any) -> str:
 
 def request_crc(url: Any, body: Any) -> int:
     """CRC-32 of a request's URL and body (keys sorted): the first half of its fingerprint."""
-    seed = zlib.crc32(url.encode()) if isinstance(url, str) else 0
+    seed = _URL_CRCS.get(url) if type(url) is str else 0
+    if seed is None:
+        seed = zlib.crc32(url.encode())
+        if len(_URL_CRCS) < 64:  # endpoint paths; an odd file cannot grow it without bound
+            _URL_CRCS[url] = seed
     return zlib.crc32(orjson.dumps(body, option=orjson.OPT_SORT_KEYS), seed)
+
+
+#: CRC-32 of each endpoint path met: a file names a few, and each line needs one.
+_URL_CRCS: dict[str, int] = {}
 
 
 def request_line(custom_id: str, body: dict[str, Any], url: str = CHAT_URL) -> bytes:

@@ -19,7 +19,7 @@ from batchutil import ENV, cli
 
 from jsonlbatch.cache import Cache, body_digest, body_key, cache_stats, count_draws, one_draw, prune
 from jsonlbatch.cache.pack import decode_record, encode_record
-from jsonlbatch.cache.store import MARKER, MERGE_AT
+from jsonlbatch.cache.store import MARKER, MERGE_AT, WALKED_MAX
 from jsonlbatch.errors import OutputError, UsageError
 from jsonlbatch.records import request_line
 
@@ -263,6 +263,28 @@ def test_many_indexes_are_merged_into_one(tmp_path: Path):
     reader = Cache(root, "read")
     assert all(reader.get(_key(n), 0).body == _body(n) for n in names)
     assert not reader.view().walked  # one index covers every pack
+
+
+def test_a_big_unindexed_pack_is_indexed_by_the_next_writer(tmp_path: Path):
+    """A killed run leaves a pack and no index: readers walk it (every answer is found), and
+    the next process that stores anything writes one index over it, so later ones do not."""
+    root = tmp_path / "c"
+    killed = Cache(root)
+    for i in range(WALKED_MAX + 10):
+        killed.put(_key(str(i)), 0, True, b'{"n":%d}' % i, {"model": "m"})
+    assert killed._pack_fd is not None
+    os.close(killed._pack_fd)  # as a kill -9 leaves it: no index written
+    killed._pack_fd = None
+    writer = Cache(root)
+    assert writer.view().walked == WALKED_MAX + 10
+    assert writer.get(_key("7"), 0).body == b'{"n":7}'
+    writer.put(_key("new"), 0, True, b'{"n":-1}', {"model": "m"})
+    writer.close()
+    assert len(_files(root, ".idx")) == 1
+    reader = Cache(root, "read")
+    assert reader.view().walked == 0
+    assert reader.get(_key("7"), 0).body == b'{"n":7}' and reader.get(_key("new"), 0) is not None
+    reader.close()
 
 
 def test_two_processes_write_one_cache_and_one_is_killed(tmp_path: Path):

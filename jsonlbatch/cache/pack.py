@@ -233,6 +233,17 @@ class Table:
             return
         SLOT.pack_into(buf, at * SLOT.size, k64, draw, pack, offset, length)
 
+    def full(self) -> bool:
+        """Whether one more entry would pass the load factor: then `grown()`."""
+        return self.entries + 1 > self.n_slots * _LOAD
+
+    def grown(self) -> Table:
+        """A table twice the size with the same entries (a bytearray)."""
+        bigger = Table.empty(self.n_slots * 2)
+        for item in self.items():
+            bigger.add(*item)
+        return bigger
+
     def items(self) -> Iterator[tuple[int, int, int, int, int]]:
         """Every (key64, draw, pack, offset, length) in the table."""
         view = memoryview(self.buf)[self.base : self.base + self.n_slots * SLOT.size]

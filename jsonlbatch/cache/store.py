@@ -64,6 +64,9 @@ _READ = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
 _MAX_PROBE = 64
 #: More sources than this (indexes, plus packs walked in part) and a closing writer merges them.
 MERGE_AT = 4
+#: As many records found by walking (packs of killed runs: no index) and a closing writer
+#: merges too, so that later runs do not walk them again.
+WALKED_MAX = 4096
 
 __all__ = ["FORMAT", "MARKER", "MODES", "PACKS", "RUNS", "Cache", "CacheCounts", "Entry"]
 
@@ -94,7 +97,7 @@ class _View:
     covered: dict[str, int]  # bytes of each pack that the tables cover
     sealed: set[str]
     redundant: list[str] = field(default_factory=list)  # index files that add nothing
-    walked: bool = False  # some packs were walked (no index covers all of them)
+    walked: int = 0  # records found by walking packs no index covers (all of them)
 
 
 class Cache:
@@ -244,7 +247,7 @@ class Cache:
     def _walk_tails(self, view: _View) -> Table:
         """Index in memory what no index file covers: packs being written by running
         processes, or left by killed ones."""
-        found: list[tuple[int, int, int, int, int]] = []
+        table = Table.empty(1024)
         for number, name in enumerate(view.packs):
             start = view.covered.get(name, 0)
             try:
@@ -254,16 +257,15 @@ class Cache:
                 continue
             if size <= start:
                 continue
-            view.walked = True
             for rec in iter_records(fd, start, size):
-                if rec.valid:
-                    found.append((key64(rec.key), rec.draw, number, rec.offset, rec.length))
-                else:
+                if not rec.valid:
                     self.counts.corrupt += 1
+                    continue
+                if table.full():
+                    table = table.grown()
+                table.add(key64(rec.key), rec.draw, number, rec.offset, rec.length)
             view.covered[name] = size
-        table = Table.empty(len(found))
-        for item in found:
-            table.add(*item)
+        view.walked = table.entries
         return table
 
     # -- stores -------------------------------------------------------------------------------
@@ -293,8 +295,8 @@ class Cache:
             self._store_failed(exc)
             return -1
         own = self._own
-        if own.entries + 1 > own.n_slots * 0.7:
-            self._own = own = _grown(own)
+        if own.full():
+            self._own = own = own.grown()
             if self._view is not None:
                 self._view.tables[-1] = (own, self._view.tables[-1][1])
         own.add(key64(key), draw, 0, offset, len(record))
@@ -334,6 +336,7 @@ class Cache:
             if self._pack_fd is not None:
                 with contextlib.suppress(OSError):
                     os.fsync(self._pack_fd)
+                with contextlib.suppress(OSError):
                     self._write_indexes()
         finally:
             for fd in [*self._fds.values(), *([self._pack_fd] if self._pack_fd else [])]:
@@ -352,7 +355,8 @@ class Cache:
         path = os.path.join(folder, f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-"
                                     f"{_unique()}{INDEX_SUFFIX}")  # fmt: skip
         own = Cover(self._pack_name, self._pack_size, True)
-        if len(view.indexes) + view.walked + 1 <= MERGE_AT:
+        sources = len(view.indexes) + bool(view.walked) + 1
+        if sources <= MERGE_AT and view.walked < WALKED_MAX:
             write_index(path, [own], self._own.items(), self._own.entries)
             return
         # one index over every pack this process knows, replacing the ones it read
@@ -395,13 +399,6 @@ class Cache:
         with contextlib.suppress(OSError):
             os.makedirs(os.path.dirname(path), exist_ok=True)
             _write_atomically(path, orjson.dumps(record) + b"\n")
-
-
-def _grown(table: Table) -> Table:
-    bigger = Table.empty(table.n_slots * 2)
-    for item in table.items():
-        bigger.add(*item)
-    return bigger
 
 
 def check_is_cache(root: str) -> None:
