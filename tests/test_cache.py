@@ -474,3 +474,47 @@ def test_cache_commands(tmp_path: Path):
     assert out.returncode == 2 and "give a number and a unit" in out.stderr
     out = cli("cache", "stats", str(tmp_path / "nothing"))
     assert out.returncode == 1 and "Traceback" not in out.stderr
+
+
+def test_damaged_index_slots_are_misses_not_crashes(tmp_path: Path):
+    """Flipped bytes in an index's slots (a disk error, a bad copy) point at a pack number
+    past its covers or a record of absurd length: a lookup is a miss, and a closing writer's
+    merge of that index does not fail either."""
+    from jsonlbatch.cache.pack import INDEX_HEAD, SLOT, Index
+
+    root = tmp_path / "c"
+    cache = Cache(root)
+    names = [f"d{i}" for i in range(6)]
+    for name in names:
+        cache.put(_key(name), 0, True, _body(name), {"model": "m"})
+    cache.close()
+    [idx] = _files(root, ".idx")
+    path = root / "packs" / idx
+    index = Index.open(str(path))
+    base, n_slots = index.table.base, index.table.n_slots
+    index.close()
+    data = bytearray(path.read_bytes())
+    assert INDEX_HEAD.size <= base
+    for at in range(n_slots):
+        slot = base + at * SLOT.size
+        k, d, pack, offset, length = SLOT.unpack_from(data, slot)
+        if k:  # half the entries: a pack number past the covers, half: a huge length
+            bad = (k, d, 1000, offset, length) if at % 2 else (k, d, pack, offset, 1 << 62)
+            SLOT.pack_into(data, slot, *bad)
+    path.write_bytes(bytes(data))
+    reader = Cache(root)
+    found = [reader.get(_key(n), 0) for n in names]  # a miss, or the record the CRC vouches for
+    assert None in found and all(
+        e is None or e.body == _body(n) for e, n in zip(found, names, strict=True)
+    )
+    for name in names:  # stored again; every index and the merge over them are written
+        reader.put(_key(name), 0, True, _body(name), {"model": "m"})
+    reader.close()
+    for i in range(MERGE_AT):  # the last one merges every index, the damaged one too
+        writer = Cache(root)
+        writer.put(_key(f"x{i}"), 0, True, b"{}", {"model": "m"})
+        writer.close()
+    assert idx not in _files(root, ".idx")
+    again = Cache(root, "read")
+    found = [again.get(_key(n), 0) for n in names]
+    assert all(e is None or e.body == _body(n) for e, n in zip(found, names, strict=True))

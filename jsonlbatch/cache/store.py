@@ -62,6 +62,9 @@ _TAG = (
 _READ = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
 #: How many draw numbers past the wanted one a store tries when the cache has them already.
 _MAX_PROBE = 64
+#: A record longer than this is checked against its pack's size before it is read (a damaged
+#: index slot may give any length).
+_BIG_RECORD = 1 << 20
 #: More sources than this (indexes, plus packs walked in part) and a closing writer merges them.
 MERGE_AT = 4
 #: As many records found by walking (packs of killed runs: no index) and a closing writer
@@ -168,15 +171,18 @@ class Cache:
         for table, numbers in view.tables:
             if table.entries:
                 hit = table.find(k, draw)
-                if hit is not None and numbers[hit[0]] >= 0:
+                if hit is not None and hit[0] < len(numbers) and numbers[hit[0]] >= 0:
                     found.append((numbers[hit[0]], hit[1], hit[2]))
         if len(found) > 1:
             found = sorted(set(found))  # the first pack's record wins
         fds = self._fds
         for pack, offset, length in found:
             try:
-                data = os.pread(fds.get(pack) or self._fd(pack), length, offset)
-            except OSError:
+                fd = fds.get(pack) or self._fd(pack)
+                if length > _BIG_RECORD and offset + length > os.fstat(fd).st_size:
+                    raise OSError("a damaged index slot")
+                data = os.pread(fd, length, offset)
+            except (OSError, OverflowError):
                 data = b""
             entry = decode_record(data, key, draw)
             if entry is not None:
@@ -366,7 +372,7 @@ class Cache:
         def entries() -> Any:
             for table, numbers in view.tables:
                 for k, d, pack, offset, length in table.items():
-                    if numbers[pack] >= 0:
+                    if pack < len(numbers) and numbers[pack] >= 0:  # not a damaged slot
                         yield k, d, numbers[pack], offset, length
 
         write_index(path, covers, entries(), sum(t.entries for t, _ in view.tables))
