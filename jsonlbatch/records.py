@@ -246,7 +246,7 @@ def parse_request(raw: bytes | str, *, path: str, line: int, require_model: bool
     return Request(obj["custom_id"], obj["url"], obj["body"], line, obj.get("method", "POST"))
 
 
-def fingerprint(raw: bytes, url: Any, body: Any) -> str:
+def fingerprint(raw: bytes, url: Any, body: Any, sorted_body: bytes | None = None) -> str:
     """A request's fingerprint, as 16 hex digits in each response line's `metrics`, so a resume
     notices a request edited since its answer: the CRC-32 of what it asks (its URL and its body
     with keys sorted, so a file re-serialised by another tool keeps it), then the CRC-32 of the
@@ -254,18 +254,20 @@ def fingerprint(raw: bytes, url: Any, body: Any) -> str:
     more: most lines of a million-line resume cost one CRC, not a re-encoding).
 
     Change detection, not security: a cryptographic hash costs several times more per line.
+    `sorted_body`: as for `request_crc`.
     """
-    return f"{request_crc(url, body):08x}{zlib.crc32(raw):08x}"
+    return f"{request_crc(url, body, sorted_body):08x}{zlib.crc32(raw):08x}"
 
 
-def request_crc(url: Any, body: Any) -> int:
-    """CRC-32 of a request's URL and body (keys sorted): the first half of its fingerprint."""
+def request_crc(url: Any, body: Any, sorted_body: bytes | None = None) -> int:
+    """CRC-32 of a request's URL and body (keys sorted): the first half of its fingerprint.
+    `sorted_body` is `orjson.dumps(body, option=OPT_SORT_KEYS)`, if the caller has made it."""
     seed = _URL_CRCS.get(url) if type(url) is str else 0
     if seed is None:
         seed = zlib.crc32(url.encode())
         if len(_URL_CRCS) < 64:  # endpoint paths; an odd file cannot grow it without bound
             _URL_CRCS[url] = seed
-    return zlib.crc32(orjson.dumps(body, option=orjson.OPT_SORT_KEYS), seed)
+    return zlib.crc32(sorted_body or orjson.dumps(body, option=orjson.OPT_SORT_KEYS), seed)
 
 
 #: CRC-32 of each endpoint path met: a file names a few, and each line needs one.

@@ -57,8 +57,9 @@ def canonical(value: Any) -> Any:
     return value
 
 
-def canonical_body(body: dict[str, Any]) -> bytes:
+def canonical_body(body: dict[str, Any], sorted_body: bytes | None = None) -> bytes:
     """The body as keyed: answer-neutral fields out, canonical numbers, sorted keys.
+    `sorted_body`, if the caller has it, is `orjson.dumps(body, option=OPT_SORT_KEYS)`.
 
     Fast path: orjson writes every integral float below 2**53 as digits and ".0", so a body
     whose encoding holds no ".0" has no float to rewrite (most bodies: "0.7" and "64" are
@@ -66,7 +67,8 @@ def canonical_body(body: dict[str, Any]) -> bytes:
     """
     if not ANSWER_NEUTRAL.isdisjoint(body):
         body = {k: v for k, v in body.items() if k not in ANSWER_NEUTRAL}
-    raw = orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
+        sorted_body = None
+    raw = sorted_body or orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
     if b".0" in raw:
         raw = orjson.dumps(canonical(body), option=orjson.OPT_SORT_KEYS)
     return raw
@@ -88,13 +90,16 @@ def key_scope(urls: Sequence[str]) -> bytes:
     return b"\0".join(sorted({u.rstrip("/").encode() for u in urls}))
 
 
-def body_digest(url: str, body: dict[str, Any], scope: bytes = b"") -> bytes:
+def body_digest(
+    url: str, body: dict[str, Any], scope: bytes = b"", sorted_body: bytes | None = None
+) -> bytes:
     """The key of a request: BLAKE2b-128 of scope, endpoint path and canonical body, the same
-    for every copy (a draw number tells copies of a sampled body apart)."""
+    for every copy (a draw number tells copies of a sampled body apart). `sorted_body`: as
+    for `canonical_body`."""
     head = _HEADS.get((scope, url))
     if head is None:
         head = _HEADS[(scope, url)] = b"%s%s\0%s\0" % (_VERSION, scope, url.encode())
-    return hashlib.blake2b(head + canonical_body(body), digest_size=16).digest()
+    return hashlib.blake2b(head + canonical_body(body, sorted_body), digest_size=16).digest()
 
 
 #: What each key hashes before the body, by (scope, endpoint path): a few, built once.

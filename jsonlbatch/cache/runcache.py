@@ -84,22 +84,26 @@ class RunCache:
         and every key is known then (`--model auto` is resolved only once a server answers)."""
         return self.cache.readable and self.model != "auto"
 
-    def scan_line(self, obj: dict[str, Any], raw: bytes, pending: bool, /) -> Result | None:
+    def scan_line(
+        self, obj: dict[str, Any], raw: bytes, pending: bool, sorted_body: bytes | None = None, /
+    ) -> Result | None:
         """The before-send lookup made during exec's input scan (`scan_input(answer=...)`),
         which sees every line once, in file order: copies of sampled bodies are counted here
         (no second pass over the file), and a pending line whose draw is certain is answered
         now. A sampled body met before (or sharing a bit of `_seen` with one) may be a second
         copy, whose draw is known only once the whole file is counted: it is left to `lookup`.
+        `sorted_body`: the body as `orjson.dumps(..., option=OPT_SORT_KEYS)` writes it, if the
+        caller made it (exec does, for the request's fingerprint): not made twice.
         """
         url, body = obj.get("url"), obj.get("body")
         if type(url) is not str or type(body) is not dict:
             return None  # a line that is not sent (checked only for pending lines)
         if self.model is not None:
-            body = {**body, "model": self.model}
+            body, sorted_body = {**body, "model": self.model}, None
         single = one_draw(url, body)
         if single and not pending:
             return None
-        key = body_digest(url, body, self.scope)
+        key = body_digest(url, body, self.scope, sorted_body)
         if not single:
             if self._counting is None:
                 self._counting, self._seen = Draws(), bytearray(_SEEN_BYTES)

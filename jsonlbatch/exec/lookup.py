@@ -120,12 +120,15 @@ class EarlyAnswers:
 
     def __call__(self, obj: dict[str, Any], raw: bytes, pending: bool) -> bool:
         """`scan_input`'s `answer`: True if the store answered this (pending) line."""
-        result = self._scan_line(obj, raw, pending)
+        body = obj.get("body")
+        # the request as sorted JSON: its fingerprint and the store's key are both over it
+        ordered = orjson.dumps(body, option=orjson.OPT_SORT_KEYS) if pending else None
+        result = self._scan_line(obj, raw, pending, ordered)
         if result is None:
             return False
         # as `Run._record` marks a line: this run, and the request's fingerprint, last
         result.metrics["run"] = self.run_id
-        result.metrics["fingerprint"] = fingerprint(raw, obj["url"], obj["body"])
+        result.metrics["fingerprint"] = fingerprint(raw, obj["url"], body, ordered)
         if self._file is None:
             target = Path(os.path.realpath(self.output))
             fd, self.path = tempfile.mkstemp(
