@@ -221,6 +221,29 @@ def test_a_run_the_cache_answers_whole_needs_no_server(tmp_path, mock_server):
     assert len(read_results(partial)) == 7
 
 
+def test_samples_the_cache_holds_whole_need_no_server(tmp_path, mock_server):
+    """Later copies of a sampled body (`gen --samples`) get their draw only once the whole file
+    is counted; they are still answered before the run decides it needs a server, so a file of
+    samples the cache holds whole is written with no server listening, draws one to one."""
+    url = mock_server()
+    cache = str(tmp_path / "cache")
+    a, b = (chat_body(i, temperature=0.8, max_tokens=4) for i in range(2))
+    write(tmp_path / "req.jsonl", [a, b, a, a, b])
+    run_exec(tmp_path / "req.jsonl", tmp_path / "first.jsonl", url, cache=cache)
+    first = read_results(tmp_path / "first.jsonl")
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    done = exec_cli(tmp_path / "req.jsonl", tmp_path / "again.jsonl", "--url", dead,
+                    "--cache", cache)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "nothing to send" in done.stderr and "5 of them now" in done.stderr
+    again = read_results(tmp_path / "again.jsonl")
+    assert {line["metrics"]["cache"] for line in again.values()} == {"hit"}
+    assert {c: line["metrics"]["cache_key"] for c, line in again.items()} == {
+        c: line["metrics"]["cache_key"] for c, line in first.items()
+    }
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
 def test_modes_errors_retry_failed_and_the_url_in_the_key(tmp_path, mock_server):
     url = mock_server()
     other = mock_server()

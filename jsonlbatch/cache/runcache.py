@@ -70,6 +70,7 @@ class RunCache:
         self._draws: Draws | None = None
         self._counting: Draws | None = None  # fed by `scan_line`, finished on first `_draw`
         self._seen = bytearray()  # bits of the sampled bodies `scan_line` met (sized once used)
+        self.deferred = 0  # pending lines `scan_line` left for `settle_line`
 
     def key_by(self, urls: Sequence[str]) -> None:
         """`--cache-key-url`: put these endpoint URLs in every key (before the first lookup)."""
@@ -113,11 +114,26 @@ class RunCache:
             met = seen[bit >> 3] & mask
             seen[bit >> 3] |= mask
             if met or not pending:
+                self.deferred += met and pending
                 return None
         entry = self.cache.get(key, 0)
         if entry is None:
             return None  # a miss: `lookup` counts it, when the run asks again
         return self._hit(obj["custom_id"], key, 0, entry)
+
+    def settle_line(self, obj: dict[str, Any], /) -> Result | None:
+        """A pending line `scan_line` left (a later copy of a sampled body), looked up once the
+        whole file is counted, before the run decides whether it needs a server: a file of
+        samples the cache holds whole is answered with none. A miss is not counted here
+        (`lookup` counts it when the run asks again)."""
+        url, body = obj["url"], obj["body"]
+        if self.model is not None:
+            body = {**body, "model": self.model}
+        if one_draw(url, body):
+            return None  # looked up during the scan already
+        key, draw, _ = self._draw(Request(obj["custom_id"], url, body))
+        entry = self.cache.get(key, draw)
+        return None if entry is None else self._hit(obj["custom_id"], key, draw, entry)
 
     @property
     def counts(self) -> CacheCounts:

@@ -151,6 +151,8 @@ class Job:
                 select=select,
                 answer=self.early,
             )
+            if self.early is not None:
+                self.early.settle(self.input, self.source)
         except BaseException:
             self.close()
             raise

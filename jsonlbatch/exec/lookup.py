@@ -111,6 +111,7 @@ class EarlyAnswers:
     """
 
     def __init__(self, store: Any, output: str, run_id: str) -> None:
+        self._store = store
         self._scan_line = store.scan_line
         self.output = output
         self.run_id = run_id
@@ -126,9 +127,33 @@ class EarlyAnswers:
         result = self._scan_line(obj, raw, pending, ordered)
         if result is None:
             return False
+        self._keep(result, obj, raw, ordered)
+        return True
+
+    def settle(self, scan: Any, source: str) -> None:
+        """Once the scan is done: the pending lines it left because their draw was not known
+        yet (later copies of sampled bodies: `settle_line`) are looked up, and those answered
+        join the waiting lines, so a run the store answers whole needs no server."""
+        if not getattr(self._store, "deferred", 0) or not scan.pending:
+            return
+        settle_line, kept = self._store.settle_line, array("Q")
+        for offset, raw in zip(scan.pending, read_lines_at(source, scan.pending), strict=True):
+            obj = orjson.loads(raw)
+            result = settle_line(obj)
+            if result is None:
+                kept.append(offset)
+                continue
+            self._keep(result, obj, raw, None)
+            scan.answered += 1
+            scan.urls[obj["url"]] -= 1
+            if obj["body"].get("model") is not None:
+                scan.models[obj["body"]["model"]] -= 1
+        scan.pending, scan.urls, scan.models = kept, +scan.urls, +scan.models
+
+    def _keep(self, result: Result, obj: dict[str, Any], raw: bytes, ordered: bytes | None) -> None:
         # as `Run._record` marks a line: this run, and the request's fingerprint, last
         result.metrics["run"] = self.run_id
-        result.metrics["fingerprint"] = fingerprint(raw, obj["url"], body, ordered)
+        result.metrics["fingerprint"] = fingerprint(raw, obj["url"], obj["body"], ordered)
         if self._file is None:
             target = Path(os.path.realpath(self.output))
             fd, self.path = tempfile.mkstemp(
@@ -137,7 +162,6 @@ class EarlyAnswers:
             self._file = open(fd, "wb", buffering=1 << 20)  # noqa: SIM115 (closed by drain)
         self._file.write(result.to_line())
         self.count += 1
-        return True
 
     def drain(self, chunk: int = 1 << 22) -> Iterator[bytes]:
         """The waiting lines, in chunks of whole lines; the file is removed afterwards."""
