@@ -244,6 +244,25 @@ def test_samples_the_cache_holds_whole_need_no_server(tmp_path, mock_server):
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
 
 
+def test_a_resume_never_gives_a_draw_its_output_holds_to_another_line(tmp_path, mock_server):
+    """A copy of a sampled body added at the top of a request file (or the file reordered)
+    after some copies were answered: copy numbers moved, but the draws the output holds are not
+    given again; that line is sent and its answer stored as a new draw."""
+    url = mock_server()
+    cache = str(tmp_path / "cache")
+    sample = chat_body(1, temperature=0.9, max_tokens=4)
+    lines = write(tmp_path / "req.jsonl", [sample, sample, sample])
+    out = tmp_path / "out.jsonl"
+    run_exec(tmp_path / "req.jsonl", out, url, cache=cache)
+    assert sent(url) == 3
+    (tmp_path / "req.jsonl").write_bytes(request_line("new", sample) + b"".join(lines))
+    summary = run_exec(tmp_path / "req.jsonl", out, url, cache=cache)
+    assert sent(url) == 4 and summary.cache_hits == 0
+    keys = [line["metrics"]["cache_key"] for line in read_results(out).values()]
+    assert len(keys) == 4 and len(set(keys)) == 4, keys
+    assert sorted(k.rsplit(".", 1)[1] for k in keys) == list("0123")
+
+
 def test_modes_errors_retry_failed_and_the_url_in_the_key(tmp_path, mock_server):
     url = mock_server()
     other = mock_server()

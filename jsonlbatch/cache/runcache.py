@@ -14,6 +14,7 @@ and no budget; what they saved is counted at the run's `--price`.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,6 +25,7 @@ from jsonlbatch.cache.keys import body_digest, key_scope, one_draw
 from jsonlbatch.cache.pack import Entry, key64
 from jsonlbatch.cache.store import Cache, CacheCounts
 from jsonlbatch.cost import Price
+from jsonlbatch.idset import IdSet
 from jsonlbatch.records import Request, Result
 from jsonlbatch.redact import redact_line
 
@@ -34,6 +36,8 @@ ENV_VAR = "JSONLBATCH_CACHE"
 #: Bits (as bytes) marking the sampled bodies the scan has met: at 1,000,000 distinct bodies
 #: about 3% of lines share a bit with an earlier one and wait for the full count.
 _SEEN_BYTES = 1 << 22
+#: The key and draw in a response line's metrics (`_hit`, `store`).
+_CACHE_KEY = re.compile(rb'"cache_key":"([0-9a-f]{32}\.[0-9]+)"')
 
 
 def cache_dir_from(option: str | None, no_cache: bool) -> str | None:
@@ -71,6 +75,8 @@ class RunCache:
         self._counting: Draws | None = None  # fed by `scan_line`, finished on first `_draw`
         self._seen = bytearray()  # bits of the sampled bodies `scan_line` met (sized once used)
         self.deferred = 0  # pending lines `scan_line` left for `settle_line`
+        self._output = ""  # an output being resumed: its lines' draws are not used again
+        self._in_output: IdSet | None = None  # "<key>.<draw>" of its lines (read on first need)
 
     def key_by(self, urls: Sequence[str]) -> None:
         """`--cache-key-url`: put these endpoint URLs in every key (before the first lookup)."""
@@ -78,6 +84,27 @@ class RunCache:
         if scope != self.scope:
             self.scope = scope
             self._draws = self._counting = None
+
+    def resume_into(self, output: str) -> None:
+        """The run appends to `output`, which has answers already. A draw one of its lines
+        holds is not given to another line (a copy added to the file, or the file's lines
+        reordered, since that line was written: the copy numbers moved): that request is
+        sent, and its answer stored as a new draw. Sampled lines are then all looked up once
+        the whole file is counted (`settle_line`)."""
+        self._output = output
+
+    def _used(self, key: bytes, draw: int) -> bool:
+        """Whether a line of the output being resumed holds draw `draw` of `key`."""
+        if not self._output:
+            return False
+        if self._in_output is None:
+            self._in_output = IdSet()
+            with open(self._output, "rb") as f:
+                for line in f:
+                    found = _CACHE_KEY.search(line)
+                    if found is not None:
+                        self._in_output.add(found.group(1).decode())
+        return f"{key.hex()}.{draw}" in self._in_output
 
     @property
     def answers_early(self) -> bool:
@@ -113,8 +140,8 @@ class RunCache:
             mask, seen = 1 << (bit & 7), self._seen
             met = seen[bit >> 3] & mask
             seen[bit >> 3] |= mask
-            if met or not pending:
-                self.deferred += met and pending
+            if met or not pending or self._output:
+                self.deferred += pending
                 return None
         entry = self.cache.get(key, 0)
         if entry is None:
@@ -132,7 +159,7 @@ class RunCache:
         if one_draw(url, body):
             return None  # looked up during the scan already
         key, draw, _ = self._draw(Request(obj["custom_id"], url, body))
-        entry = self.cache.get(key, draw)
+        entry = None if self._used(key, draw) else self.cache.get(key, draw)
         return None if entry is None else self._hit(obj["custom_id"], key, draw, entry)
 
     @property
@@ -160,8 +187,8 @@ class RunCache:
         if not self.cache.readable:
             self.counts.misses += 1
             return None
-        key, draw, _ = self._draw(request)
-        entry = self.cache.get(key, draw)
+        key, draw, single = self._draw(request)
+        entry = None if not single and self._used(key, draw) else self.cache.get(key, draw)
         if entry is None:
             self.counts.misses += 1
             return None
