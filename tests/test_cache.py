@@ -518,3 +518,36 @@ def test_damaged_index_slots_are_misses_not_crashes(tmp_path: Path):
     again = Cache(root, "read")
     found = [again.get(_key(n), 0) for n in names]
     assert all(e is None or e.body == _body(n) for e, n in zip(found, names, strict=True))
+
+
+def test_a_good_copy_of_a_damaged_record_survives_a_merge(tmp_path: Path, monkeypatch):
+    """A record damaged on disk is a miss and the next store adds a good copy; the index that
+    merges both keeps the copy that reads, not the first pack's damaged one (every later run
+    would miss it, pay again, and lose its new copy at the next merge)."""
+    import itertools
+
+    import jsonlbatch.cache.store as store
+
+    names = itertools.count()  # packs named in the order they are made: the damaged one first
+    monkeypatch.setattr(store, "_unique", lambda: f"w{next(names):06d}")
+    root = tmp_path / "c"
+    key = _key("damaged")
+    first = Cache(root)
+    first.put(key, 0, True, b'{"v":1}', {"model": "m"})
+    first.close()
+    [pack] = _files(root, ".pack")
+    data = bytearray((root / "packs" / pack).read_bytes())
+    data[40] ^= 1
+    (root / "packs" / pack).write_bytes(bytes(data))
+    second = Cache(root)
+    assert second.get(key, 0) is None
+    assert second.put(key, 0, True, b'{"v":2}', {"model": "m"}) == 0
+    second.close()
+    for i in range(MERGE_AT):
+        writer = Cache(root)
+        writer.put(_key(f"other{i}"), 0, True, b"{}", {"model": "m"})
+        writer.close()
+    assert len(_files(root, ".idx")) < MERGE_AT  # merged
+    reader = Cache(root, "read")
+    assert not reader.view().walked
+    assert reader.get(key, 0).body == b'{"v":2}'

@@ -31,7 +31,7 @@ import mmap
 import os
 import struct
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -218,20 +218,24 @@ class Table:
                 return None
             at = at + 1 if at + 1 < n else 0
 
-    def add(self, k64: int, draw: int, pack: int, offset: int, length: int) -> None:
-        """Insert; an entry already there for (key64, draw) is kept if its pack comes first."""
+    def add(
+        self, k64: int, draw: int, pack: int, offset: int, length: int, force: bool = False
+    ) -> tuple[int, int, int] | None:
+        """Insert; an entry already there for (key64, draw) is kept if its pack comes first
+        (unless `force`). Returns the (pack, offset, length) left out, if there was one."""
         n, buf = self.n_slots, self.buf
         at = (k64 + draw * _MIX) % n
         while True:
-            k, d, old_pack, _, _ = SLOT.unpack_from(buf, at * SLOT.size)
+            k, d, old_pack, old_offset, old_length = SLOT.unpack_from(buf, at * SLOT.size)
             if k == 0 or (k == k64 and d == draw):
                 break
             at = at + 1 if at + 1 < n else 0
         if k == 0:
             self.entries += 1
-        elif old_pack <= pack:
-            return
+        elif old_pack <= pack and not force:
+            return pack, offset, length
         SLOT.pack_into(buf, at * SLOT.size, k64, draw, pack, offset, length)
+        return None if k == 0 else (old_pack, old_offset, old_length)
 
     def full(self) -> bool:
         """Whether one more entry would pass the load factor: then `grown()`."""
@@ -316,13 +320,23 @@ def _slots_at(covers_len: int) -> int:
 
 
 def write_index(
-    path: str, covers: list[Cover], entries: Iterable[tuple[int, int, int, int, int]], count: int
+    path: str,
+    covers: list[Cover],
+    entries: Iterable[tuple[int, int, int, int, int]],
+    count: int,
+    reads: Callable[[int, int, int], bool] | None = None,
 ) -> None:
     """Write an index of `entries` ((key64, draw, pack number into `covers`, offset, length))
-    to `path`, atomically (a temporary name, then a rename)."""
+    to `path`, atomically (a temporary name, then a rename). Where two records of one
+    (key64, draw) meet, the first pack's is kept, unless `reads(pack, offset, length)` says it
+    is damaged and the other is not: a good copy stored after a damaged one stays found."""
     table = Table.empty(count)
     for k64, draw, pack, offset, length in entries:
-        table.add(k64, draw, pack, offset, length)
+        other = table.add(k64, draw, pack, offset, length)
+        if other is not None and reads is not None:
+            first = table.find(k64, draw)
+            if first is not None and first != other and not reads(*first) and reads(*other):
+                table.add(k64, draw, *other, force=True)
     covers_json = orjson.dumps([[c.pack, c.covered, c.sealed] for c in covers])
     head = INDEX_HEAD.pack(INDEX_MAGIC, len(covers_json), table.n_slots, table.entries)
     pad = bytes(_slots_at(len(covers_json)) - len(head) - len(covers_json))

@@ -46,6 +46,7 @@ from jsonlbatch.cache.pack import (
     encode_record,
     iter_records,
     key64,
+    read_record,
     write_index,
 )
 from jsonlbatch.errors import OutputError, UsageError
@@ -375,7 +376,17 @@ class Cache:
                     if pack < len(numbers) and numbers[pack] >= 0:  # not a damaged slot
                         yield k, d, numbers[pack], offset, length
 
-        write_index(path, covers, entries(), sum(t.entries for t, _ in view.tables))
+        def reads(pack: int, offset: int, length: int) -> bool:
+            """Whether a record one of two entries of one draw points at is whole."""
+            try:
+                fd = self._fd(pack)
+                if length > _BIG_RECORD and offset + length > os.fstat(fd).st_size:
+                    return False  # a damaged index slot
+                return decode_record(read_record(fd, offset, length)) is not None
+            except (OSError, OverflowError, IndexError):
+                return False
+
+        write_index(path, covers, entries(), sum(t.entries for t, _ in view.tables), reads)
         for stale in [i.path for i in view.indexes] + view.redundant:
             with contextlib.suppress(OSError):
                 os.unlink(stale)
