@@ -551,3 +551,16 @@ def test_a_good_copy_of_a_damaged_record_survives_a_merge(tmp_path: Path, monkey
     reader = Cache(root, "read")
     assert not reader.view().walked
     assert reader.get(key, 0).body == b'{"v":2}'
+
+
+def test_a_cache_whose_packs_folder_is_a_file_is_an_error_not_a_traceback(tmp_path: Path):
+    root = tmp_path / "c"
+    Cache(root).close()
+    (root / "packs").rmdir()
+    (root / "packs").write_bytes(b"")
+    with pytest.raises(OutputError, match="cannot read cache"):
+        cache_stats(root)
+    for command in (["stats"], ["prune", "--older-than", "1d"]):
+        done = cli("cache", *command, str(root))
+        assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+        assert "cannot read cache" in done.stderr

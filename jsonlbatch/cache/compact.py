@@ -139,6 +139,8 @@ def list_cache(root: str, now: float) -> Survey:
         names = sorted(os.listdir(folder))
     except FileNotFoundError:
         names = []
+    except OSError as exc:  # packs/ is a file, or cannot be read
+        raise OutputError(f"cannot read cache {root}: {exc.strerror}") from None
     survey = Survey([], [], 0)
     sealed: set[str] = set()
     for name in names:
