@@ -21,9 +21,10 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import signal
 import sys
 import weakref
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from jsonlbatch.cache.runcache import RunCache
@@ -313,7 +314,25 @@ def run_coroutine(
     try:
         return loop.run_until_complete(coro)
     finally:
-        try:
-            loop.run_until_complete(loop.shutdown_asyncgens())
-        finally:
-            loop.close()
+        # Ctrl-C held back while the loop is closed and freed: a KeyboardInterrupt raised
+        # inside its `__del__` is printed as a traceback and lost; held, it comes right after.
+        with _sigint_held():
+            try:
+                loop.run_until_complete(loop.shutdown_asyncgens())
+            finally:
+                loop.close()
+                del loop
+
+
+@contextlib.contextmanager
+def _sigint_held() -> Iterator[None]:
+    """Block SIGINT for the block (POSIX): one that arrives meanwhile is delivered after it."""
+    block = getattr(signal, "pthread_sigmask", None)
+    if block is None:
+        yield
+        return
+    old = block(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        block(signal.SIG_SETMASK, old)
