@@ -564,3 +564,31 @@ def test_a_cache_whose_packs_folder_is_a_file_is_an_error_not_a_traceback(tmp_pa
         done = cli("cache", *command, str(root))
         assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
         assert "cannot read cache" in done.stderr
+
+
+def test_a_record_being_written_while_a_pack_is_walked_is_found_later(tmp_path: Path):
+    """A reader walks a live writer's pack while a record is half written; its merged index
+    covers the pack only up to the last whole record, so the record, once whole, is found
+    (the writer killed before writing its own index)."""
+    from jsonlbatch.cache.pack import encode_record
+
+    root = tmp_path / "c"
+    for i in range(MERGE_AT):  # enough indexes that the next closing writer merges them
+        writer = Cache(root)
+        writer.put(_key(f"old{i}"), 0, True, b"{}", {"model": "m"})
+        writer.close()
+    live = Cache(root)
+    live.put(_key("whole"), 0, True, _body("whole"), {"model": "m"})
+    record = encode_record(_key("late"), 0, {"model": "m"}, _body("late"))
+    [path] = [p for p in (root / "packs").glob("*.pack") if p.name == live._pack_name]
+    with open(path, "ab") as f:
+        f.write(record[: len(record) // 2])  # the write in progress, as a reader sees it
+    merger = Cache(root)
+    merger.put(_key("merger"), 0, True, b"{}", {"model": "m"})
+    merger.close()
+    assert len(_files(root, ".idx")) == 1
+    with open(path, "ab") as f:
+        f.write(record[len(record) // 2 :])  # the write completes; its writer is then killed
+    reader = Cache(root, "read")
+    assert reader.get(_key("late"), 0).body == _body("late")
+    assert reader.get(_key("whole"), 0).body == _body("whole")

@@ -264,14 +264,16 @@ class Cache:
                 continue
             if size <= start:
                 continue
+            end = start  # of the last whole record: a record being written is not covered yet
             for rec in iter_records(fd, start, size):
+                end = rec.offset + rec.length
                 if not rec.valid:
                     self.counts.corrupt += 1
                     continue
                 if table.full():
                     table = table.grown()
                 table.add(key64(rec.key), rec.draw, number, rec.offset, rec.length)
-            view.covered[name] = size
+            view.covered[name] = end
         view.walked = table.entries
         return table
 
