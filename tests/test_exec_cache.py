@@ -303,6 +303,22 @@ def test_modes_errors_retry_failed_and_the_url_in_the_key(tmp_path, mock_server)
     assert all(line["metrics"]["cache"] == "hit" for line in lines.values()) and len(lines) == 4
 
 
+def test_copies_of_a_one_draw_body_keep_one_answer(tmp_path, mock_server):
+    """Three copies of a greedy body that all miss in one run are all sent; the cache keeps the
+    first answer stored, and only that line says it was stored (its key finds its body)."""
+    url = mock_server()
+    cache = tmp_path / "cache"
+    req = tmp_path / "req.jsonl"
+    write(req, [chat_body(1, temperature=0, max_tokens=4)] * 3)
+    run_exec(req, tmp_path / "a.jsonl", url, cache=str(cache))
+    assert sent(url) == 3
+    lines = read_results(tmp_path / "a.jsonl").values()
+    marked = [line for line in lines if line["metrics"].get("cache") == "stored"]
+    assert len(marked) == 1
+    stored = stored_body(cache, marked[0]["metrics"]["cache_key"])
+    assert stored == orjson.dumps(marked[0]["response"]["body"])
+
+
 def test_only_usable_answers_are_stored(tmp_path, mock_server):
     url = mock_server(fail_rate=1.0)
     req = tmp_path / "req.jsonl"
@@ -404,7 +420,8 @@ def test_two_processes_share_a_cache_and_one_is_killed(tmp_path, mock_server):
         assert len(results) == 160
         for line in results.values():
             body = orjson.dumps(line["response"]["body"])
-            written.setdefault(line["metrics"]["cache_key"], set()).add(body)
+            if "cache_key" in line["metrics"]:  # not: a one-draw copy another answer is kept for
+                written.setdefault(line["metrics"]["cache_key"], set()).add(body)
     for key, bodies in written.items():
         assert stored_body(cache, key) in bodies, key
     before = sent(url)

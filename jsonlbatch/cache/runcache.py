@@ -238,7 +238,7 @@ class RunCache:
             "usage": {k: result.metrics[k] for k in _USAGE_KEYS if k in result.metrics},
         }
         stored = self.cache.put(key, draw, single, raw, meta)
-        if stored >= 0:
+        if stored is not None and stored >= 0:  # not when another copy's answer is the one
             result.metrics["cache"] = "stored"
             result.metrics["cache_key"] = f"{key.hex()}.{stored}"
 

@@ -279,16 +279,19 @@ class Cache:
 
     # -- stores -------------------------------------------------------------------------------
 
-    def put(self, key: bytes, draw: int, one_draw: bool, body: bytes, meta: dict[str, Any]) -> int:
+    def put(
+        self, key: bytes, draw: int, one_draw: bool, body: bytes, meta: dict[str, Any]
+    ) -> int | None:
         """Store an answer as draw `draw` of `key` and return the draw it was stored as (-1 if
         it could not be stored: the first failure is noted, the run goes on).
 
-        A body that is one draw keeps the answer already stored, if any. A draw this process
+        A body that is one draw keeps the answer already stored, if any (None: nothing stored,
+        the stored answer is the one lookups find). A draw this process
         knows to be taken (stored earlier, `--cache-mode write`) is not stored again: the
         answer goes to the next free one. Two processes storing the same draw at once each
         append it; the first pack's copy is the one every lookup finds."""
         if one_draw and self.get(key, 0) is not None:
-            return 0
+            return None
         if not one_draw:
             for d in range(draw, draw + _MAX_PROBE):
                 if self.get(key, d) is None:

@@ -142,8 +142,9 @@ class Job:
             if lock and getattr(store, "answers_early", False) and not opts.cache_key_url:
                 self.early = EarlyAnswers(store, self.output, os.urandom(4).hex())
             self.existing = scan_output(self.output)
-            if len(self.existing.ok) and hasattr(store, "resume_into"):
-                store.resume_into(self.output)  # its draws are not given to other lines
+            resume_into = getattr(store, "resume_into", None)
+            if len(self.existing.ok) and resume_into is not None:
+                resume_into(self.output)  # its draws are not given to other lines
             self.input = scan_input(
                 self.source,
                 name=self.requests,
