@@ -31,7 +31,6 @@ from jsonlbatch.cache.pack import (
     decode_record,
     iter_records,
     key64,
-    read_record,
     write_index,
 )
 from jsonlbatch.cache.store import PACKS, _unique
@@ -177,7 +176,7 @@ def records(root: str, pack: PackFile) -> Iterator[tuple[Found, dict[str, Any] |
                 yield Found(pos, rec.offset - pos, b"", 0, False), None, b""
             pos = rec.offset + rec.length
             pack.valid += rec.valid
-            data = read_record(fd, rec.offset, rec.length) if rec.valid else b""
+            data = os.pread(fd, rec.length, rec.offset) if rec.valid else b""
             entry = decode_record(data, head_only=True) if rec.valid else None
             yield rec, entry.meta if entry is not None else None, data
         if pos < pack.size:

@@ -46,7 +46,6 @@ PACK_SUFFIX = ".pack"
 INDEX_SUFFIX = ".idx"
 _MIX = 0x9E3779B97F4A7C15  # spreads the draws of one key over the table
 _LOAD = 0.7  # at most this full
-_READ_AHEAD = 1024  # bytes read with a record's header: most records are smaller
 
 
 def key64(key: bytes) -> int:
@@ -122,17 +121,6 @@ def decode_record(
     except (zlib.error, orjson.JSONDecodeError):
         return None
     return Entry(body, meta) if type(meta) is dict else None
-
-
-def read_record(fd: int, offset: int, length: int = 0) -> bytes:
-    """The bytes of the record at `offset` (`length` if known, else read from its header)."""
-    data = os.pread(fd, length or _READ_AHEAD, offset)
-    if not length and len(data) >= RECORD.size:
-        want = RECORD.size + RECORD.unpack_from(data)[2]
-        if len(data) < want:
-            data += os.pread(fd, want - len(data), offset + len(data))
-        data = data[:want]
-    return data
 
 
 @dataclass(slots=True)

@@ -145,14 +145,15 @@ class RunCache:
                 return None
         entry = self.cache.get(key, 0)
         if entry is None:
-            return None  # a miss: `lookup` counts it, when the run asks again
+            self.counts.misses += 1  # exec does not ask again (`lookup` is for other runs)
+            return None
         return self._hit(obj["custom_id"], key, 0, entry)
 
     def settle_line(self, obj: dict[str, Any], /) -> Result | None:
         """A pending line `scan_line` left (a later copy of a sampled body), looked up once the
         whole file is counted, before the run decides whether it needs a server: a file of
-        samples the cache holds whole is answered with none. A miss is not counted here
-        (`lookup` counts it when the run asks again)."""
+        samples the cache holds whole is answered with none. After the scan and this, every
+        pending line has been looked up once, and each miss counted."""
         url, body = obj["url"], obj["body"]
         if self.model is not None:
             body = {**body, "model": self.model}
@@ -160,7 +161,10 @@ class RunCache:
             return None  # looked up during the scan already
         key, draw, _ = self._draw(Request(obj["custom_id"], url, body))
         entry = None if self._used(key, draw) else self.cache.get(key, draw)
-        return None if entry is None else self._hit(obj["custom_id"], key, draw, entry)
+        if entry is None:
+            self.counts.misses += 1
+            return None
+        return self._hit(obj["custom_id"], key, draw, entry)
 
     @property
     def counts(self) -> CacheCounts:

@@ -46,7 +46,6 @@ from jsonlbatch.cache.pack import (
     encode_record,
     iter_records,
     key64,
-    read_record,
     write_index,
 )
 from jsonlbatch.errors import OutputError, UsageError
@@ -387,7 +386,7 @@ class Cache:
                 fd = self._fd(pack)
                 if length > _BIG_RECORD and offset + length > os.fstat(fd).st_size:
                     return False  # a damaged index slot
-                return decode_record(read_record(fd, offset, length)) is not None
+                return decode_record(os.pread(fd, length, offset)) is not None
             except (OSError, OverflowError, IndexError):
                 return False
 

@@ -103,8 +103,10 @@ class EarlyAnswers:
 
     The scan reads every line once anyway; a store that can look a line up there
     (`scan_line(obj, raw, pending) -> Result | None`, the answer cache's) saves a second pass
-    and a second decoding of every answered line, which is what makes a re-run of a million
-    cached requests cost about what a resume costs. The output may not be touched before the
+    and a second decoding of every line. Such a store looks every pending line up once, in the
+    scan or in `settle` (`settle_line`, for lines whose answer needs the whole file counted),
+    and counts its own misses: exec does not ask it again before sending. The output may not be
+    touched before the
     whole input is checked and the servers are known to be fine, so the lines wait in a
     temporary file beside the output (named as `jsonl.remove_stale_rewrites` cleans up after a
     kill), appended to it once the run starts (`drain`).

@@ -254,7 +254,9 @@ class Run:
         store = self.seams.store
         if store is not None and not getattr(store, "counts_copies", False):
             self.repeats = occurrences(self.job.source)  # identical requests told apart
-        if store is not None:
+        if store is not None and self.early is not None:
+            self._store_notes()  # every pending line was looked up in the scan (EarlyAnswers)
+        elif store is not None:
             await self._answer(store)
             if self.stopping.is_set() or not self.pending:
                 return
