@@ -82,6 +82,7 @@ class CacheCounts:
     misses: int = 0
     stored: int = 0
     corrupt: int = 0  # records found torn or corrupt: treated as misses
+    refused: int = 0  # stored answers the run's checks refused (a schema): sent, as misses
     store_failed: int = 0
     saved_prompt_tokens: int = 0
     saved_completion_tokens: int = 0

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from jsonlbatch.cache import MODES as CACHE_MODES
-from jsonlbatch.cache.runcache import cache_dir_from
+from jsonlbatch.exec.answer_cache import cache_dir_from
 from jsonlbatch.cli.batch_options import (
     BATCH_NAMES,
     batch_api_options,

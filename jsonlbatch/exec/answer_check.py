@@ -33,7 +33,7 @@ from typing import Any
 import orjson
 
 from jsonlbatch.contract import answer_texts, compile_schema, declared_schema, judge_body
-from jsonlbatch.exec.checks import ACCEPT, Answer, AskAgain, CheckVerdict, Reject
+from jsonlbatch.exec.checks import ACCEPT, Answer, AskAgain, Check, CheckVerdict, Reject
 from jsonlbatch.idset import IdSet
 from jsonlbatch.jsonl import AppendWriter, iter_lines, rewrite_atomically
 from jsonlbatch.records import CHAT_URL, COMPLETIONS_URL, MESSAGES_URL, RESPONSES_URL, Request
@@ -73,7 +73,7 @@ class _State:
     completion_tokens: int | float = 0
 
 
-class AnswerChecker:
+class AnswerChecker(Check):
     """The answer contract of one run over one output file (see the module doc)."""
 
     def __init__(
@@ -144,7 +144,7 @@ class AnswerChecker:
         asks = "answer" if state.asks == 1 else f"all {state.asks} answers"
         failed = Reject(f"the {asks} broke the schema; the last: {bad.error}", "schema_invalid",
                         keep=True)  # fmt: skip
-        if state.asks > self.reask:
+        if state.asks > self.reask or answer.stored:  # a stored answer is not re-asked: sent
             return failed
         texts = answer_texts(answer.body(), declared.tool)
         said = next((t for t, v in zip(texts, verdicts, strict=False) if not v.valid), "")

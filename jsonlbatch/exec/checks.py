@@ -13,10 +13,15 @@ called once per usable answer, with the request as sent, and returns a verdict:
   `--max-retries` bounds them, and the last refusal is written as its `otherwise` (a `Reject`)
   says, else as a plain `Reject` would be.
 
-A check that keeps state across one request's asks may also define `begin(request) -> Request`
-(called before the first attempt; returns the request to send, e.g. a re-ask resumed from a
-journal) and `end(request)` (called once the request's result is made, whatever it is);
-`chain` runs several checks as one.
+A check that keeps state across one request's asks subclasses `Check`, whose `begin(request) ->
+Request` (called before the first attempt; returns the request to send, e.g. a re-ask resumed
+from a journal) and `end(request)` (called once the request's result is made, whatever it is)
+it overrides; a plain callable is wrapped once, where it enters the run (`as_check`), so the run
+calls every check the same way and never asks what it has. `chain` runs several checks as one.
+
+A stored answer (the answer cache, a provider's batch results) passes the same check before it
+is written (`vet`): one the check accepts is written with what the check added to its metrics
+(the contract's verdict); one it refuses is not served, and its request is sent instead.
 
 The output line keeps the fingerprint of the request as the file asks it, so a resume treats a
 re-asked request as the same request.
@@ -29,6 +34,7 @@ from typing import Any, Protocol
 
 import orjson
 
+from jsonlbatch.answers import unusable_reason
 from jsonlbatch.records import Request, Result
 from jsonlbatch.redact import redact
 
@@ -70,6 +76,9 @@ class Answer:
     result: Result
     raw: bytes | None = None
     decoded: Any = None
+    #: A stored answer (the cache's), not one sent now: a refusal means "send it", so a check
+    #: plans no re-ask on it.
+    stored: bool = False
 
     def body(self) -> Any:
         """The answer's JSON body, decoded once (checks of the same answer share it)."""
@@ -100,23 +109,77 @@ def refused(result: Result, verdict: Reject | AskAgain, attempts: int) -> Result
     return Result(result.custom_id, None, None, result.request_id, error, metrics)
 
 
-def begin(check: Any, request: Request) -> Request:
-    """The request to send first, as the check's `begin` (if it has one) says."""
-    hook = getattr(check, "begin", None)
-    return request if hook is None else hook(request)
+class Check:
+    """An on-answer check with the whole interface the run calls (override what you need).
+
+    `begin` and `end` bracket one request's asks; the defaults keep no state."""
+
+    def __call__(self, answer: Answer, /) -> CheckVerdict:
+        return ACCEPT
+
+    def begin(self, request: Request) -> Request:
+        """The request to send first (by default: as it is)."""
+        return request
+
+    def end(self, request: Request) -> None:
+        """The request's result is made (by default: nothing to forget)."""
 
 
-def end(check: Any, request: Request) -> None:
-    """Tell the check (if it wants to know) that the request's result is made."""
-    hook = getattr(check, "end", None)
-    if hook is not None:
-        hook(request)
+class _Plain(Check):
+    """A plain callable as a `Check`."""
+
+    def __init__(self, check: AnswerCheck) -> None:
+        self.check = check
+
+    def __call__(self, answer: Answer, /) -> CheckVerdict:
+        return self.check(answer)
 
 
-class _Chain:
+def begin(check: Check | None, request: Request) -> Request:
+    """The request to send first, as the run's check (if any) says."""
+    return request if check is None else check.begin(request)
+
+
+def end(check: Check | None, request: Request) -> None:
+    """Tell the run's check (if any) that the request's result is made."""
+    if check is not None:
+        check.end(request)
+
+
+def as_check(check: AnswerCheck | Check) -> Check:
+    """`check` with the whole interface: a `Check` as it is, a plain callable wrapped."""
+    return check if isinstance(check, Check) else _Plain(check)
+
+
+def vet(check: Check | None, request: Request, result: Result, raw: bytes | None) -> bool:
+    """Whether a stored answer (`result`, its body's bytes `raw`) may be written for `request`.
+
+    It takes the steps a fresh answer takes after it is read: the endpoint's shape (a usable
+    answer, `answers.py`: a cache folder is hostile input too), then the check, as a first
+    answer. An accepted answer keeps what the check wrote into its metrics (the contract's
+    verdict); a refused one is to be sent instead (the check plans no re-ask on it)."""
+    if raw is None:
+        body = result.body
+    else:
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return False
+    if unusable_reason(request.url, body) is not None:
+        return False
+    if check is None:
+        return True
+    sent = check.begin(request)
+    try:
+        return isinstance(check(Answer(sent, result, raw, body, stored=True)), Accept)
+    finally:
+        check.end(request)
+
+
+class _Chain(Check):
     """Checks run in turn on each answer: the first that does not accept decides."""
 
-    def __init__(self, checks: list[AnswerCheck]) -> None:
+    def __init__(self, checks: list[Check]) -> None:
         self.checks = checks
 
     def __call__(self, answer: Answer, /) -> CheckVerdict:
@@ -128,17 +191,17 @@ class _Chain:
 
     def begin(self, request: Request) -> Request:
         for check in self.checks:
-            request = begin(check, request)
+            request = check.begin(request)
         return request
 
     def end(self, request: Request) -> None:
         for check in self.checks:
-            end(check, request)
+            check.end(request)
 
 
-def chain(*checks: AnswerCheck | None) -> AnswerCheck | None:
+def chain(*checks: AnswerCheck | Check | None) -> Check | None:
     """One check that runs `checks` (None ones left out) in turn; None when there are none."""
-    given = [c for c in checks if c is not None]
+    given = [as_check(c) for c in checks if c is not None]
     if len(given) < 2:
         return given[0] if given else None
     return _Chain(given)

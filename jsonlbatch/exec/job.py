@@ -27,10 +27,12 @@ import weakref
 from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
-from jsonlbatch.cache.runcache import RunCache
 from jsonlbatch.errors import OutputError, UsageError
+from jsonlbatch.exec.answer_cache import RunCache
+from jsonlbatch.exec.answer_check import AnswerChecker
+from jsonlbatch.exec.checks import Check, chain
 from jsonlbatch.exec.endpoints import parse_endpoint
-from jsonlbatch.exec.lookup import EarlyAnswers
+from jsonlbatch.exec.lookup import EarlyAnswers, Vetter
 from jsonlbatch.exec.options import ExecOptions
 from jsonlbatch.exec.run import Prepared, Run
 from jsonlbatch.exec.scan import InputScan, OutputScan, scan_input, scan_output
@@ -78,6 +80,9 @@ class Job:
         self.input: InputScan | None = None
         self.existing: OutputScan | None = None
         self.early: EarlyAnswers | None = None  # lines the store answered during the scan
+        #: The answer contract (answer_check.py) of this output: made once the output is
+        #: scanned, it checks stored answers during the input scan and sent ones in the run.
+        self.contract: AnswerChecker | None = None
         self.source = self.requests  # what is read: the request file, or a copy of a pipe
         check_output(self.output, [self.requests], exec_lock=False)  # the lock comes next
         self._lock = OutputLock(self.output)
@@ -138,13 +143,17 @@ class Job:
                 self._open_cache()  # an unusable folder fails here, before anything runs
             prefetch(self.output)
             prefetch(self.source)  # read from disk while the output is scanned
-            store = self.seams.store
-            if lock and getattr(store, "answers_early", False) and not opts.cache_key_url:
-                self.early = EarlyAnswers(store, self.output, os.urandom(4).hex())
+            store = self.seams.the_store
             self.existing = scan_output(self.output)
-            resume_into = getattr(store, "resume_into", None)
-            if len(self.existing.ok) and resume_into is not None:
-                resume_into(self.output)  # its draws are not given to other lines
+            self.contract = AnswerChecker(
+                self.output, reask=opts.reask, feedback=opts.reask_feedback,
+                done=(self.existing.ok, self.existing.failed), enabled=opts.schema_check,
+            )  # fmt: skip
+            if store is not None and lock and store.answers_early and not opts.cache_key_url:
+                vetter = Vetter(store, self.checks(schemas=True))
+                self.early = EarlyAnswers(store, vetter, self.output, os.urandom(4).hex())
+            if store is not None and len(self.existing.ok):
+                store.resume_into(self.output)  # its draws are not given to other lines
             self.input = scan_input(
                 self.source,
                 name=self.requests,
@@ -168,6 +177,11 @@ class Job:
                 "streams are not read yet): run these requests without --stream"
             )
         return self.input
+
+    def checks(self, *, schemas: bool) -> Check | None:
+        """Every check an answer passes, in order: the answer contract (when a request may
+        declare a schema), then the caller's. Sent and stored answers alike."""
+        return chain(self.contract if schemas else None, self.seams.the_check)
 
     def _open_cache(self) -> None:
         """`--cache DIR`: the answer cache (jsonlbatch/cache/) as the run's before-send lookup
@@ -226,21 +240,25 @@ class Job:
         if self.input is None:
             self.prepare()
         run_urls = list(urls or self.options.urls)
-        if self.options.cache_key_url and isinstance(self.seams.store, RunCache):
-            self.seams.store.key_by(run_urls)  # launched servers' URLs included
+        store = self.seams.the_store
+        if self.options.cache_key_url and store is not None:
+            store.key_by(run_urls)  # launched servers' URLs included
         try:
             assert self.input is not None and self.existing is not None
+            assert self.contract is not None
             prepared = Prepared(
-                self.requests, self.output, self.source, self.options, self.input,
-                self.existing, self._lock, self.early,
+                requests=self.requests, output=self.output, source=self.source,
+                options=self.options, scan=self.input, existing=self.existing, lock=self._lock,
+                checks=self.checks(schemas=bool(self.input.schemas)), contract=self.contract,
+                early=self.early,
             )  # fmt: skip
             return await Run(
                 prepared,
-                run_urls,
-                dict(keys or {}),
-                watchdog,
-                handle_signals,
-                self.seams,
+                urls=run_urls,
+                keys=dict(keys or {}),
+                watchdog=watchdog,
+                handle_signals=handle_signals,
+                seams=self.seams,
             ).main()
         finally:
             self.close()

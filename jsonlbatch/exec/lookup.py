@@ -14,11 +14,14 @@ sending. Counting it needs one pass over the request file and a counter per dist
 
 Every pending request is looked up before the first one is sent, in file order (`Run._answer`):
 answers the store has are written at once, without the router, the queue or a server; only the
-others go on to be sent. Optional members a store may have: `counts_copies = True` (it tells
-identical requests apart itself, by its own notion of "identical": exec skips its count and
-passes occurrence 0), `notes()` (lines to show once the run starts), `progress()` (a few words
-for the progress bar) and `describe()` (one line for the run's summary). The answer cache
-(`jsonlbatch/cache/runcache.py`) has them all.
+others go on to be sent. A stored answer takes the same steps as a sent one before its line is
+written (`Vetter`: the endpoint's shape, the answer contract and the caller's check); one they
+refuse is not written, and its request is sent (the store hears of it: `refused`).
+
+A store's whole interface is `AnswerStore`; `StoreBase` gives every member a default that
+changes nothing, so a store overrides only what it has. A store with just `lookup` and `store`
+is wrapped once where it enters the run (`as_store`). The answer cache
+(`jsonlbatch/exec/answer_cache.py`) overrides them all.
 """
 
 from __future__ import annotations
@@ -34,12 +37,13 @@ from typing import Any, Protocol
 
 import orjson
 
+from jsonlbatch.exec.checks import Check, vet
 from jsonlbatch.jsonl import iter_lines, read_lines_at
 from jsonlbatch.records import Request, Result, fingerprint
 
 
 class AnswerStore(Protocol):
-    """Answers kept across runs (issue 29's cache implements this)."""
+    """Answers kept across runs: the two calls every store answers."""
 
     def lookup(self, request: Request, occurrence: int, /) -> Result | None:
         """A stored answer for this request (its `custom_id` is replaced by the request's), or
@@ -49,6 +53,94 @@ class AnswerStore(Protocol):
     def store(self, request: Request, occurrence: int, result: Result, /) -> None:
         """Called with each result of a sent request, before its line is written."""
         ...
+
+
+class StoreBase:
+    """The whole interface the run calls on a store, each member with a do-nothing default."""
+
+    #: True: the store tells identical requests apart itself (exec passes occurrence 0).
+    counts_copies = False
+    #: Pending lines `scan_line` left for `settle_line` (a later copy of a sampled body).
+    deferred = 0
+
+    def lookup(self, request: Request, occurrence: int, /) -> Result | None:
+        return None
+
+    def store(self, request: Request, occurrence: int, result: Result, /) -> None:
+        pass
+
+    @property
+    def answers_early(self) -> bool:
+        """Whether `scan_line` answers lines during exec's input scan (`EarlyAnswers`)."""
+        return False
+
+    def scan_line(
+        self, obj: dict[str, Any], raw: bytes, pending: bool, sorted_body: bytes | None, /
+    ) -> Result | None:
+        """A line's stored answer, looked up during the input scan (with `answers_early`)."""
+        return None
+
+    def settle_line(self, obj: dict[str, Any], /) -> Result | None:
+        """A line `scan_line` deferred, looked up once the whole file is counted."""
+        return None
+
+    def refused(self, request: Request, result: Result, /) -> None:
+        """A stored answer this store gave was refused by the checks: the request is sent."""
+
+    def resume_into(self, output: str, /) -> None:
+        """The run appends to `output`, which holds answers already."""
+
+    def key_by(self, urls: Sequence[str], /) -> None:
+        """The run's endpoint URLs, before the first lookup (`--cache-key-url`)."""
+
+    def notes(self) -> list[str]:
+        """Lines to show once the run starts."""
+        return []
+
+    def progress(self) -> str:
+        """A few words for the progress bar."""
+        return ""
+
+    def describe(self) -> str | None:
+        """One line for the run's summary (None: nothing to say)."""
+        return None
+
+    def finish(self, output: str, /) -> None:
+        """The run is over: seal what was stored."""
+
+
+class _Plain(StoreBase):
+    """A store with `lookup` and `store` only, with the defaults for the rest."""
+
+    def __init__(self, store: AnswerStore) -> None:
+        self._store = store
+
+    def lookup(self, request: Request, occurrence: int, /) -> Result | None:
+        return self._store.lookup(request, occurrence)
+
+    def store(self, request: Request, occurrence: int, result: Result, /) -> None:
+        self._store.store(request, occurrence, result)
+
+
+def as_store(store: AnswerStore | StoreBase) -> StoreBase:
+    """`store` with the whole interface: a `StoreBase` as it is, a plain one wrapped."""
+    return store if isinstance(store, StoreBase) else _Plain(store)
+
+
+class Vetter:
+    """The steps a stored answer takes before its line (`checks.vet`): a refused one is the
+    store's to hear of, and its request is sent."""
+
+    def __init__(self, store: StoreBase, check: Check | None) -> None:
+        self.store, self.check = store, check
+
+    def __call__(self, request: Request, result: Result) -> bool:
+        body = result.body
+        raw = orjson.dumps(body) if isinstance(body, orjson.Fragment) else None  # its bytes
+        if vet(self.check, request, result, raw):
+            return True
+        self.store.refused(request, result)
+        return False
 
 
 def occurrences(path: str) -> dict[str, int]:
@@ -70,7 +162,8 @@ def occurrences(path: str) -> dict[str, int]:
 
 
 async def answer_stored(
-    store: AnswerStore,
+    store: StoreBase,
+    vetter: Vetter,
     source: str,
     pending: Sequence[int],
     repeats: Mapping[str, int],
@@ -85,11 +178,12 @@ async def answer_stored(
     for n, raw in enumerate(read_lines_at(source, pending)):
         request = request_of(raw)
         stored = store.lookup(request, repeats.get(request.custom_id, 0))
-        if stored is None:
-            missed.append(pending[n])
-        else:
+        if stored is not None:
             stored.custom_id = request.custom_id
+        if stored is not None and vetter(request, stored):
             record(request, stored)
+        else:
+            missed.append(pending[n])
         if n % 1024 == 1023:
             await asyncio.sleep(0)  # progress, signals, the writer's flushes
             if stopping.is_set():
@@ -112,8 +206,9 @@ class EarlyAnswers:
     kill), appended to it once the run starts (`drain`).
     """
 
-    def __init__(self, store: Any, output: str, run_id: str) -> None:
+    def __init__(self, store: StoreBase, vetter: Vetter, output: str, run_id: str) -> None:
         self._store = store
+        self._vetter = vetter
         self._scan_line = store.scan_line
         self.output = output
         self.run_id = run_id
@@ -127,22 +222,25 @@ class EarlyAnswers:
         # the request as sorted JSON: its fingerprint and the store's key are both over it
         ordered = orjson.dumps(body, option=orjson.OPT_SORT_KEYS) if pending else None
         result = self._scan_line(obj, raw, pending, ordered)
-        if result is None:
+        if result is None or not self._vetted(result, obj):
             return False
         self._keep(result, obj, raw, ordered)
         return True
+
+    def _vetted(self, result: Result, obj: dict[str, Any]) -> bool:
+        return self._vetter(Request(obj["custom_id"], obj["url"], obj["body"]), result)
 
     def settle(self, scan: Any, source: str) -> None:
         """Once the scan is done: the pending lines it left because their draw was not known
         yet (later copies of sampled bodies: `settle_line`) are looked up, and those answered
         join the waiting lines, so a run the store answers whole needs no server."""
-        if not getattr(self._store, "deferred", 0) or not scan.pending:
+        if not self._store.deferred or not scan.pending:
             return
         settle_line, kept = self._store.settle_line, array("Q")
         for offset, raw in zip(scan.pending, read_lines_at(source, scan.pending), strict=True):
             obj = orjson.loads(raw)
             result = settle_line(obj)
-            if result is None:
+            if result is None or not self._vetted(result, obj):
                 kept.append(offset)
                 continue
             self._keep(result, obj, raw, None)

@@ -33,11 +33,11 @@ from jsonlbatch.exec import adaptive
 from jsonlbatch.exec.admit import preflight
 from jsonlbatch.exec.answer_check import AnswerChecker
 from jsonlbatch.exec.budget import Budget, BudgetReached, Meter, spent_in_output
-from jsonlbatch.exec.checks import chain
+from jsonlbatch.exec.checks import Check
 from jsonlbatch.exec.endpoints import Endpoint
 from jsonlbatch.exec.events import Answered, EventBus, Snapshot
 from jsonlbatch.exec.limits import RateLimiter
-from jsonlbatch.exec.lookup import AnswerStore, EarlyAnswers, answer_stored, occurrences
+from jsonlbatch.exec.lookup import EarlyAnswers, StoreBase, Vetter, answer_stored, occurrences
 from jsonlbatch.exec.modelroute import split_pending, unavailable
 from jsonlbatch.exec.options import AUTO_MAX_CONCURRENCY, ExecOptions
 from jsonlbatch.exec.pools import ModelPools, PoolSpec, build_pools, parse_endpoints
@@ -66,6 +66,8 @@ class Prepared:
     scan: InputScan
     existing: OutputScan
     lock: OutputLock
+    checks: Check | None  # every check an answer passes (`Job.checks`)
+    contract: AnswerChecker  # the answer contract's journal is closed with the run
     early: EarlyAnswers | None = None  # lines answered during the scan, waiting to be written
 
 
@@ -75,6 +77,7 @@ class Run:
     def __init__(
         self,
         job: Prepared,
+        *,
         urls: list[str],
         keys: dict[str, str | None],
         watchdog: Callable[[], None] | None,
@@ -133,12 +136,10 @@ class Run:
         self.preflight: asyncio.Task[str | None] | None = None
         self.repeats: dict[str, int] = {}  # custom_id -> occurrence, with a lookup only
         self.pending = self.scan.pending  # byte offsets of the lines still to send
-        #: The answer contract (answer_check.py), checked before any check of the caller's,
-        #: when a request to send may declare a schema (else the path stays as it was).
-        self.contract = AnswerChecker(
-            job.output, reask=opts.reask, feedback=opts.reask_feedback,
-            done=(job.existing.ok, job.existing.failed), enabled=opts.schema_check,
-        )  # fmt: skip
+        self.contract = job.contract
+        #: The store (seams.py, completed) and the steps its answers take before their line.
+        self.store = seams.the_store
+        self.vetter = Vetter(self.store, job.checks) if self.store is not None else None
 
     # -- the run -------------------------------------------------------------------------------
 
@@ -235,8 +236,7 @@ class Run:
                 self.n_workers = AUTO_MAX_CONCURRENCY if tuners else self.opts.fixed_concurrency
                 self.sender = Sender(
                     self.opts, session, pools, self.meter, self.stopping, self.summary,
-                    self.bus, chain(self.contract if self.scan.schemas else None,
-                                    self.seams.check),
+                    self.bus, self.job.checks,
                 )  # fmt: skip
                 await self._send_all()
                 if not self.signals and self.abort is None:
@@ -251,8 +251,8 @@ class Run:
             await pools.close()
 
     async def _send_all(self) -> None:
-        store = self.seams.store
-        if store is not None and not getattr(store, "counts_copies", False):
+        store = self.store
+        if store is not None and not store.counts_copies:
             self.repeats = occurrences(self.job.source)  # identical requests told apart
         if store is not None and self.early is not None:
             self._store_notes()  # every pending line was looked up in the scan (EarlyAnswers)
@@ -300,14 +300,15 @@ class Run:
             body["model"] = self.model_override
         return Request(obj["custom_id"], url, body, fingerprint=mark, priority=obj.get("priority"))
 
-    async def _answer(self, store: AnswerStore) -> None:
+    async def _answer(self, store: StoreBase) -> None:
         """Before anything is sent: write what the store answers (`lookup.answer_stored`) and
         keep only the rest pending."""
         self._check_source()
         self._store_notes()
+        assert self.vetter is not None
         self.pending = await answer_stored(
-            store, self.job.source, self.pending, self.repeats, self._request, self._record,
-            self.stopping,
+            store, self.vetter, self.job.source, self.pending, self.repeats, self._request,
+            self._record, self.stopping,
         )  # fmt: skip
 
     async def _read(
@@ -323,7 +324,7 @@ class Run:
             await queue.put(None)
 
     async def _work(self, queue: asyncio.Queue[Request | None]) -> None:
-        sender, store, repeats = self.sender, self.seams.store, self.repeats
+        sender, store, repeats = self.sender, self.store, self.repeats
         assert sender is not None
         while True:
             request = await queue.get()
@@ -356,17 +357,14 @@ class Run:
         self.recorder.emit(result)
 
     def _store_notes(self) -> None:
-        notes = getattr(self.seams.store, "notes", None)
-        for note in notes() if notes is not None else ():
+        for note in self.store.notes() if self.store is not None else ():
             self.progress.note(note)
 
     def _close_store(self) -> None:
-        describe = getattr(self.seams.store, "describe", None)
-        if describe is not None:
-            self.summary.cache = describe()
-        finish = getattr(self.seams.store, "finish", None)
-        if finish is not None:  # the cache keeps this run's counts for `cache stats`
-            finish(self.job.output)
+        if self.store is None:
+            return
+        self.summary.cache = self.store.describe()
+        self.store.finish(self.job.output)  # the cache keeps this run's counts (`cache stats`)
 
     # -- progress ------------------------------------------------------------------------------
 
@@ -376,9 +374,8 @@ class Run:
         status = self.pools.status if self.pools is not None else ""
         retrying = self.sender.retrying if self.sender is not None and not final else 0
         extra = " ".join(p for p in (adaptive.shown(self.endpoints), self.meter.status()) if p)
-        shown = getattr(self.seams.store, "progress", None)  # e.g. the cache's hits, savings
-        if shown is not None:
-            extra = f"{extra} {shown()}".strip()
+        if self.store is not None:  # e.g. the cache's hits, savings
+            extra = f"{extra} {self.store.progress()}".strip()
         self.bus.emit(Snapshot(self.summary, retrying, status, extra, final))
 
     async def _tick(self) -> None:

@@ -19,18 +19,22 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from jsonlbatch.exec.checks import AnswerCheck
+from jsonlbatch.exec.checks import AnswerCheck, Check, as_check
 from jsonlbatch.exec.concurrency import ConcurrencyController
-from jsonlbatch.exec.lookup import AnswerStore
+from jsonlbatch.exec.lookup import AnswerStore, StoreBase, as_store
 from jsonlbatch.exec.pools import PoolSpec, check_specs
 
 
 @dataclass(frozen=True)
 class Seams:
-    """What a run calls besides its own steps; every field's default is today's behaviour."""
+    """What a run calls besides its own steps; every field's default is today's behaviour.
 
-    check: AnswerCheck | None = None
-    store: AnswerStore | None = None
+    A check or store given with part of its interface (a plain function; a store with only
+    `lookup` and `store`) is completed here, once, with the defaults (`as_check`, `as_store`),
+    so the run calls every member without asking what it has."""
+
+    check: AnswerCheck | Check | None = None
+    store: AnswerStore | StoreBase | None = None
     pools: Sequence[PoolSpec] | None = None  # None: one pool over the run's URLs
     #: (callback, event types) pairs subscribed to the run's `EventBus` before it starts.
     subscribers: Sequence[tuple[Callable[[Any], None], tuple[type, ...]]] = field(
@@ -40,10 +44,25 @@ class Seams:
     concurrency: Callable[[str], ConcurrencyController] | None = None
 
     def __post_init__(self) -> None:
+        if self.check is not None:
+            object.__setattr__(self, "check", as_check(self.check))
+        if self.store is not None:
+            object.__setattr__(self, "store", as_store(self.store))
         if self.pools is not None:
             if not self.pools:
                 raise ValueError("Seams.pools, when given, needs at least one PoolSpec")
             check_specs(self.pools)
+
+
+    @property
+    def the_check(self) -> Check | None:
+        """The caller's check, completed (see the class doc)."""
+        return self.check if isinstance(self.check, Check) else None
+
+    @property
+    def the_store(self) -> StoreBase | None:
+        """The store, completed (see the class doc)."""
+        return self.store if isinstance(self.store, StoreBase) else None
 
 
 NO_SEAMS = Seams()

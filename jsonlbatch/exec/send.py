@@ -20,7 +20,7 @@ from jsonlbatch.errors import AuthenticationError
 from jsonlbatch.exec.answer_check import fit_to_context
 from jsonlbatch.exec.bodies import TOO_LARGE, read_answer, read_body
 from jsonlbatch.exec.budget import BudgetReached, Meter, Ticket
-from jsonlbatch.exec.checks import Accept, Answer, AnswerCheck, AskAgain, begin, end, refused
+from jsonlbatch.exec.checks import Accept, Answer, AskAgain, Check, begin, end, refused
 from jsonlbatch.exec.concurrency import Outcome
 from jsonlbatch.exec.endpoint_pool import EndpointPool
 from jsonlbatch.exec.endpoints import describe_exception
@@ -52,7 +52,7 @@ class Sender:
         stopping: asyncio.Event,
         summary: RunSummary,
         bus: EventBus,
-        check: AnswerCheck | None = None,
+        check: Check | None = None,
     ) -> None:
         self.opts = opts
         self.session = session

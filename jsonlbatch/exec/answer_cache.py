@@ -25,6 +25,7 @@ from jsonlbatch.cache.keys import body_digest, key_scope, one_draw
 from jsonlbatch.cache.pack import Entry, key64
 from jsonlbatch.cache.store import Cache, CacheCounts
 from jsonlbatch.cost import Price
+from jsonlbatch.exec.lookup import StoreBase
 from jsonlbatch.idset import IdSet
 from jsonlbatch.records import Request, Result
 from jsonlbatch.redact import redact_line
@@ -48,7 +49,7 @@ def cache_dir_from(option: str | None, no_cache: bool) -> str | None:
     return option or os.environ.get(ENV_VAR) or None
 
 
-class RunCache:
+class RunCache(StoreBase):
     """Lookups and stores of one run over one request file (`requests`, read once more to
     count the copies of sampled bodies: see `draws.py`)."""
 
@@ -208,13 +209,7 @@ class RunCache:
                 value = usage.get(name)
                 if type(value) is int:
                     metrics[name] = value
-        counts = self.counts
-        counts.hits += 1
-        prompt, completion = metrics.get("prompt_tokens", 0), metrics.get("completion_tokens", 0)
-        counts.saved_prompt_tokens += prompt
-        counts.saved_completion_tokens += completion
-        if self.price is not None:
-            counts.saved_usd = (counts.saved_usd or 0.0) + self.price.of(prompt, completion)
+        self._count_hit(metrics, 1)
         status = meta.get("status")
         return Result(
             custom_id,
@@ -224,6 +219,23 @@ class RunCache:
             None,
             metrics,
         )
+
+    def _count_hit(self, metrics: dict[str, Any], sign: int) -> None:
+        """A hit (`sign` 1) and what it saved; -1 takes one back that the checks refused."""
+        counts = self.counts
+        counts.hits += sign
+        prompt, completion = metrics.get("prompt_tokens", 0), metrics.get("completion_tokens", 0)
+        counts.saved_prompt_tokens += sign * prompt
+        counts.saved_completion_tokens += sign * completion
+        if self.price is not None:
+            counts.saved_usd = (counts.saved_usd or 0.0) + sign * self.price.of(prompt, completion)
+
+    def refused(self, request: Request, result: Result, /) -> None:
+        """A stored answer the run's checks refused (it breaks the request's schema, or is no
+        answer for its endpoint): not a hit but a miss, and the request is sent."""
+        self._count_hit(result.metrics, -1)
+        self.counts.misses += 1
+        self.counts.refused += 1
 
     def store(self, request: Request, occurrence: int, result: Result, /) -> None:
         """Keep a usable answer (never an error, a 429 or an invalid body) before its line is
@@ -281,6 +293,8 @@ class RunCache:
             f"cache {self.cache.root}: {c.hits} hits ({tokens:,} tokens not paid for{saved}), "
             f"{c.misses} misses, {c.stored} answers stored"
         )
+        if c.refused:
+            text += f", {c.refused} refused by the checks (sent instead)"
         if c.corrupt:
             text += f", {c.corrupt} corrupt entries ignored"
         if c.store_failed:
