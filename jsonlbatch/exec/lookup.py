@@ -213,6 +213,7 @@ class EarlyAnswers:
         self.output = output
         self.run_id = run_id
         self.count = 0
+        self.valid = 0  # of them, answers the contract checked and accepted
         self._file: Any = None
         self.path = ""
 
@@ -262,6 +263,7 @@ class EarlyAnswers:
             self._file = open(fd, "wb", buffering=1 << 20)  # noqa: SIM115 (closed by drain)
         self._file.write(result.to_line())
         self.count += 1
+        self.valid += "contract" in result.metrics  # only an accepted answer is kept
 
     def drain(self, chunk: int = 1 << 22) -> Iterator[bytes]:
         """The waiting lines, in chunks of whole lines; the file is removed afterwards."""

@@ -140,6 +140,7 @@ class Recorder:
                 return
         self.summary.succeeded += early.count
         self.summary.cache_hits += early.count
+        self.summary.schema_valid += early.valid  # the answers the contract accepted
 
     async def sync_every(self, seconds: float = FSYNC_EVERY) -> None:
         """fsync the output every `seconds` (in a thread) until cancelled."""

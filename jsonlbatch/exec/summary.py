@@ -58,6 +58,12 @@ class RunSummary:
         return self.completion_tokens / self.wall_s if self.wall_s > 0 else 0.0
 
     def count(self, result: Result) -> None:
+        contract = result.metrics.get("contract")
+        if contract is not None:  # stored answers pass the contract too (lookup.Vetter)
+            held = contract.get("valid") is True
+            self.schema_valid += held
+            self.schema_invalid += not held
+            self.reasks += contract.get("asks", 1) - 1
         if result.metrics.get("cache") == "hit":  # not sent: no endpoint, no tokens paid
             self.succeeded += 1
             self.cache_hits += 1
@@ -67,12 +73,6 @@ class RunSummary:
         else:
             self.failed += 1
             self.failures[(result.error or {}).get("code", "error")] += 1
-        contract = result.metrics.get("contract")
-        if contract is not None:
-            held = contract.get("valid") is True
-            self.schema_valid += held
-            self.schema_invalid += not held
-            self.reasks += contract.get("asks", 1) - 1
         endpoint = result.metrics.get("endpoint")
         if endpoint:
             self.endpoints[endpoint] += 1
