@@ -40,8 +40,10 @@ _LAZY = {
     "RunSummary": "jsonlbatch.exec",
     "Seams": "jsonlbatch.exec",
     "ValidationReport": "jsonlbatch.exec",
-    "aexecute": "jsonlbatch.exec",
-    "execute": "jsonlbatch.exec",
+    # the front door: every mode of `jsonlbatch exec`, with its option names (cli/library.py)
+    "aexecute": "jsonlbatch.cli.library",
+    "execute": "jsonlbatch.cli.library",
+    "build_spec": "jsonlbatch.cli.library",
     "validate_file": "jsonlbatch.exec",
     "GenSummary": "jsonlbatch.gen",
     "RequestWriter": "jsonlbatch.gen",
@@ -54,14 +56,13 @@ _LAZY = {
 
 if TYPE_CHECKING:  # what the lazy names are, for type checkers and IDEs
     from jsonlbatch import post, report
+    from jsonlbatch.cli.library import aexecute, build_spec, execute
     from jsonlbatch.exec import (
         ExecOptions,
         Job,
         RunSummary,
         Seams,
         ValidationReport,
-        aexecute,
-        execute,
         validate_file,
     )
     from jsonlbatch.gen import GenSummary, RequestWriter
@@ -92,6 +93,7 @@ __all__ = [
     "UsageError",
     "ValidationReport",
     "aexecute",
+    "build_spec",
     "execute",
     "post",
     "report",

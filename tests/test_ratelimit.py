@@ -14,7 +14,7 @@ import pytest
 from batchutil import exec_cli, failures, read_results, write_requests
 
 from jsonlbatch.exec import limits
-from jsonlbatch.exec.job import execute
+from jsonlbatch.exec.front import execute
 from jsonlbatch.exec.limits import Cost, RateLimiter, parse_reset
 from jsonlbatch.mock.limits import go_duration
 
@@ -288,7 +288,7 @@ def test_hostile_limit_headers_cannot_stall_a_run(tmp_path, monkeypatch, case):
     from aiohttp import web
     from batchutil import odd_server
 
-    from jsonlbatch.exec.job import aexecute
+    from jsonlbatch.exec.front import aexecute
 
     monkeypatch.setattr(limits, "_MAX_LEARNED_WAIT_S", 0.1)
     body = {"id": "x", "object": "chat.completion", "model": "mock",

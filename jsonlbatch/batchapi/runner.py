@@ -1,9 +1,10 @@
 """The server's batch runner: one batch at a time, oldest first, through jsonlbatch's executor.
 
-A batch's requests go through `jsonlbatch.exec.Job` (the same retries, timeouts and
-exactly-once resume as `jsonlbatch exec`) into a results file in the work directory; that file
-is the batch's progress. After a `kill -9` the next server process finds the batch still
-`in_progress` and runs the same Job again, which skips every request already answered. The
+A batch's requests go through the same run as `jsonlbatch exec` (a `RunSpec` started by
+`exec.front.astart`: the same checks, retries, timeouts and exactly-once resume) into a results
+file in the work directory; that file is the batch's progress. After a `kill -9` the next server
+process finds the batch still `in_progress` and starts the same run again, which skips every
+request already answered. The
 whole concurrency budget goes to the batch at the head of the queue, so batches finish in the
 order they were created and never compete with each other for the backend.
 """
@@ -24,7 +25,8 @@ import orjson
 from jsonlbatch.batchapi.objects import MISSING_CODES, failure_line, now
 from jsonlbatch.batchapi.store import Store
 from jsonlbatch.errors import InputError, JsonlbatchError, ServerError, ServerUnavailableError
-from jsonlbatch.exec.job import ExecOptions, Job
+from jsonlbatch.exec.front import RunSpec, Urls, astart
+from jsonlbatch.exec.options import ExecOptions
 from jsonlbatch.exec.scan import scan_input
 from jsonlbatch.jsonl import iter_lines
 from jsonlbatch.records import is_failure
@@ -129,10 +131,12 @@ class BatchRunner:
 
     async def _execute(self, batch: dict[str, Any]) -> None:
         opts = self.options
-        job = Job(
-            self.store.file_path(batch["input_file_id"]),
-            self.results_path(batch["id"]),
-            ExecOptions(
+        # The same run `jsonlbatch exec` makes (exec/front.py), started in a worker thread;
+        # cancelling it stops it at once (grace 0), as a batch being cancelled wants.
+        spec = RunSpec(
+            requests=os.fspath(self.store.file_path(batch["input_file_id"])),
+            output=os.fspath(self.results_path(batch["id"])),
+            options=ExecOptions(
                 urls=list(opts.urls),
                 api_key=opts.api_key,
                 concurrency=opts.concurrency,
@@ -140,16 +144,16 @@ class BatchRunner:
                 max_retries=opts.max_retries,
                 ready_timeout=opts.ready_timeout,
                 quiet=True,
+                grace=0.0,
             ),
+            target=Urls(tuple(opts.urls)),
         )
-        loop = asyncio.get_running_loop()
         self.running = batch["id"]
         tally = _Tally(self.results_path(batch["id"]))
         ending: str | None = None
         task: asyncio.Future[Any] | None = None
         try:
-            await loop.run_in_executor(None, job.prepare)
-            task = asyncio.ensure_future(job.run())
+            task = asyncio.ensure_future(astart(spec))
             while not task.done():
                 await asyncio.wait({task}, timeout=_TICK)
                 batch = self._fresh(batch)
@@ -166,7 +170,6 @@ class BatchRunner:
             if ending is None:
                 task.result()  # raises what the run raised
         except (InputError, ServerError) as exc:
-            job.close()
             if isinstance(exc, ServerUnavailableError):  # wait for the backend, keep the batch
                 log.warning("batch %s: %s; trying again", batch["id"], exc)
                 await asyncio.sleep(_RETRY_BACKEND)

@@ -48,6 +48,7 @@ from jsonlbatch.cost import Price
 from jsonlbatch.errors import Interrupted, UsageError
 from jsonlbatch.exec.endpoints import parse_endpoint
 from jsonlbatch.exec.job import ExecOptions, Job
+from jsonlbatch.exec.outcome import Results
 from jsonlbatch.exec.retry import Backoff
 from jsonlbatch.exec.scan import InputScan, OutputScan, line_custom_id
 from jsonlbatch.jsonl import (
@@ -119,6 +120,11 @@ class SubmitSummary:
             self.cost += cost
         elif not failed:
             self.unpriced += 1
+
+    @property
+    def results(self) -> Results:
+        """The output's answers by custom_id, typed (read from the file on use)."""
+        return Results(self.output)
 
     def format(self) -> str:
         text = (

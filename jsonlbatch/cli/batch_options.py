@@ -5,14 +5,16 @@ Kept beside exec's own module so `cli/exec.py` only grows by a decorator and one
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from jsonlbatch.cli.params import SECONDS
 from jsonlbatch.errors import UsageError
+
+if TYPE_CHECKING:
+    from jsonlbatch.batchapi.target import ProviderBatch
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -118,16 +120,15 @@ def pop_batch_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     return {name: kwargs.pop(name) for name in _NAMES}
 
 
-def run_batch_api(
-    requests: str,
-    output: str,
+def batch_target(
     urls: tuple[str, ...],
     headers: dict[str, str],
     batch: dict[str, Any],
     kwargs: dict[str, Any],
-) -> None:
-    """`exec --batch-api`: submit, watch, merge; exit 3 when some requests failed."""
-    from jsonlbatch.batchapi.submit import SubmitOptions, submit
+) -> ProviderBatch:
+    """`exec --batch-api`: the run's target (submit, watch, merge), from exec's options."""
+    from jsonlbatch.batchapi.submit import SubmitOptions
+    from jsonlbatch.batchapi.target import ProviderBatch
     from jsonlbatch.cost import parse_price
     from jsonlbatch.prices import load_price_file
 
@@ -160,13 +161,4 @@ def run_batch_api(
         prices=load_price_file(batch["price_file"]) if batch["price_file"] else {},
         max_cost=kwargs.get("max_cost"),
     )
-    summary = submit(requests, output, options)  # Ctrl-C: `Interrupted`, said by the CLI
-    if not options.quiet or summary.failed or summary.failed_before:
-        click.echo(summary.format(), err=True)
-    if summary.budget_stopped:
-        sys.exit(4)  # as exec's EXIT_BUDGET
-    if summary.failed or summary.failed_before:
-        click.echo(
-            "some requests failed; re-run with --retry-failed to submit them again", err=True
-        )
-        sys.exit(3)  # as exec's EXIT_SOME_FAILED
+    return ProviderBatch(options)

@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import replace
 from typing import Any
 
 import click
 
 from jsonlbatch.cache import MODES as CACHE_MODES
-from jsonlbatch.exec.answer_cache import cache_dir_from
 from jsonlbatch.cli.batch_options import (
     BATCH_NAMES,
     batch_api_options,
+    batch_target,
     pop_batch_kwargs,
-    run_batch_api,
 )
-from jsonlbatch.cli.exec_watch import add_watch_options, pop_watch_kwargs, watching
+from jsonlbatch.cli.exec_watch import add_watch_options, pop_watch_kwargs
 from jsonlbatch.cli.params import (
     BYTES,
     COUNT_OR_AUTO,
@@ -27,7 +25,6 @@ from jsonlbatch.cli.params import (
     HttpUrl,
     NonEmpty,
 )
-from jsonlbatch.cli.routing import route_by_listing, run_with_endpoints, run_with_fleet
 from jsonlbatch.cli.sections import Section, Sectioned
 from jsonlbatch.cli.serve_options import (
     SERVE_NAMES,
@@ -37,14 +34,16 @@ from jsonlbatch.cli.serve_options import (
 )
 from jsonlbatch.cost import parse_price
 from jsonlbatch.errors import Interrupted, UsageError
-from jsonlbatch.exec.job import ExecOptions, Job, run_coroutine
+from jsonlbatch.exec.answer_cache import cache_dir_from
+from jsonlbatch.exec.front import EndpointsFiles, RunSpec, Target, Urls, Watcher, start
+from jsonlbatch.exec.options import ExecOptions
 from jsonlbatch.exec.router import POLICIES, RouteOptions
 from jsonlbatch.exec.seams import Seams
 from jsonlbatch.exec.shard import parse_shard
 from jsonlbatch.exec.summary import RunSummary
 from jsonlbatch.records import PRIORITY_RANGE
 from jsonlbatch.redact import register_secret
-from jsonlbatch.serve.backends import ServeOptions
+from jsonlbatch.serve.target import Fleet, Launch
 
 #: Exit status of a run that finished but recorded failed requests.
 EXIT_SOME_FAILED = 3
@@ -348,19 +347,7 @@ _EXAMPLES = (
 @serve_options
 @batch_api_options
 @add_watch_options
-def exec_(
-    requests: str,
-    output: str,
-    urls: tuple[str, ...],
-    headers: tuple[str, ...],
-    shard: str | None,
-    rate_limits: str,
-    price: str | None,
-    dry_run: bool,
-    cache: str | None,
-    no_cache: bool,
-    **kwargs: Any,
-) -> None:
+def exec_(requests: str, output: str, **params: Any) -> None:
     """Send the REQUESTS file (OpenAI Batch JSONL) and write one result line per request.
 
     Stop it at any time (Ctrl-C, kill -9, power loss): the same command again resumes and
@@ -368,14 +355,56 @@ def exec_(
     (their lines say why; --retry-failed sends them again), 4 stopped by --max-cost,
     130 interrupted.
     """
+    spec = spec_from_params(requests, output, params)
+    try:
+        outcome = start(spec)
+    except Interrupted as exc:
+        if isinstance(exc.summary, RunSummary) and not spec.options.quiet:
+            click.echo(exc.summary.format(), err=True)
+        raise
+    if outcome.dry is not None:
+        click.echo(outcome.dry.format())
+        return
+    summary = outcome.summary
+    if not spec.options.quiet or summary.failed or summary.failed_before or summary.budget_stopped:
+        click.echo(summary.format(), err=True)
+    if summary.budget_stopped:
+        sys.exit(EXIT_BUDGET)
+    if summary.failed or summary.failed_before:
+        again = "send" if spec.target.uses_job else "submit"
+        click.echo(f"some requests failed; re-run with --retry-failed to {again} them again",
+                   err=True)  # fmt: skip
+        sys.exit(EXIT_SOME_FAILED)
+
+
+def spec_from_params(
+    requests: str, output: str, params: dict[str, Any], seams: Seams | None = None
+) -> RunSpec:
+    """The run `jsonlbatch exec` describes, from its parameters as click gives them (every
+    option, defaults included): the one place where the modes (URLs, --serve, --fleet,
+    --endpoints, --batch-api, --dry-run) and what does not go together are decided. The
+    library's `execute(**options)` comes here too (`cli/api.py`)."""
+    kwargs = dict(params)
+    urls: tuple[str, ...] = tuple(kwargs.pop("urls"))
+    headers = parse_headers(tuple(kwargs.pop("headers")))
+    shard, rate_limits, price = kwargs.pop("shard"), kwargs.pop("rate_limits"), kwargs.pop("price")
+    dry_run, cache, no_cache = kwargs.pop("dry_run"), kwargs.pop("cache"), kwargs.pop("no_cache")
     if requests == "-":  # read once into a temporary file, like any other pipe
         requests = "/dev/stdin"
     batch = pop_batch_kwargs(kwargs)
-    watch = pop_watch_kwargs(kwargs)
-    if (watch["view"] or watch["metrics_port"] is not None) and (batch["batch_api"] or dry_run):
-        raise UsageError(
-            "--view and --metrics-port watch a direct run: not with --batch-api or --dry-run"
-        )
+    watching = pop_watch_kwargs(kwargs)
+    watchers: tuple[Watcher, ...] = ()
+    if watching["view"] or watching["metrics_port"] is not None:
+        if batch["batch_api"] or dry_run:
+            raise UsageError(
+                "--view and --metrics-port watch a direct run: not with --batch-api or --dry-run"
+            )
+        from jsonlbatch.view.watch import Watch  # the page's server only when asked for
+
+        watchers = (Watch(view=watching["view"], view_port=watching["view_port"],
+                          metrics_port=watching["metrics_port"], host=watching["watch_host"]),)  # fmt: skip
+    seams = seams or Seams()
+    target: Target
     if batch["batch_api"]:
         if shard:
             raise UsageError("--shard does not go with --batch-api")
@@ -383,11 +412,10 @@ def exec_(
             raise UsageError("--cache does not go with --batch-api")
         if dry_run:
             raise UsageError("--dry-run counts a direct run: leave out --batch-api to count")
-        run_batch_api(
-            requests, output, urls, parse_headers(headers), batch, {**kwargs, "price": price}
-        )
-        return
-    fleet, endpoint_files = kwargs.pop("fleet"), kwargs.pop("endpoint_files")
+        target = batch_target(urls, headers, batch, {**kwargs, "price": price})
+        return RunSpec(requests=requests, output=output, target=target, seams=seams,
+                       options=ExecOptions(quiet=kwargs["quiet"]))  # fmt: skip
+    fleet, endpoint_files = kwargs.pop("fleet"), tuple(kwargs.pop("endpoint_files"))
     if sum(map(bool, (fleet, endpoint_files, kwargs.get("backend")))) > 1:
         raise UsageError("give one of --serve, --fleet and --endpoints")
     if (fleet or endpoint_files) and urls:
@@ -402,72 +430,20 @@ def exec_(
     register_secret(kwargs["api_key"])
     options = ExecOptions(
         urls=urls,
-        headers=parse_headers(headers),
+        headers=headers,
         shard=parse_shard(shard) if shard else None,
         rate_limits=rate_limits == "on",
         price=parse_price(price),
         cache=cache_dir_from(cache, no_cache),
         **kwargs,
     )
-    # The block releases the output's lock (and removes its file) however the run ends, also
-    # when a launched server cannot even start (a busy --port).
-    with (
-        watching(watch, output=output, requests=requests, price=options.price) as subscribers,
-        Job(requests, output, options, seams=Seams(subscribers=subscribers)) as job,
-    ):
-        if dry_run:
-            from jsonlbatch.exec.dryrun import dry_run as count
-
-            click.echo(count(job).format())
-            return
-        _run(job, serve, urls, options, plan, endpoint_files)
-
-
-def _run(
-    job: Job,
-    serve: ServeOptions | None,
-    urls: tuple[str, ...],
-    options: ExecOptions,
-    plan: dict[str, Any] | None = None,
-    endpoint_files: tuple[str, ...] = (),
-) -> None:
-    scan = job.prepare()  # bad input fails here, before any server boots
-    output = job.output
-    try:
-        if endpoint_files:
-            summary = run_with_endpoints(job, endpoint_files)
-        elif plan is not None and scan.pending:
-            summary = run_with_fleet(job, plan)
-        elif serve is None or not scan.pending:
-            route_by_listing(job, urls, {})
-            summary = run_coroutine(job.run(handle_signals=True))
-        else:
-            if serve.backend == "mock" and not serve.served_model_name:
-                serve = replace(serve, served_model_name=tuple(job.models) or ("mock",))
-            from jsonlbatch.serve.start import serving  # only a run that launches servers
-
-            with serving(serve, quiet=options.quiet, log_stem=output) as servers:
-                # Each endpoint gets its own key: the launched servers theirs, the --urls the
-                # user's --api-key (which must never reach a local server's logs, nor the
-                # local key a remote host).
-                keys = dict.fromkeys(servers.urls, servers.api_key)
-                route_by_listing(job, [*urls, *servers.urls], keys, servers.check)
-                summary = run_coroutine(
-                    job.run(
-                        [*urls, *servers.urls],
-                        keys=keys,
-                        watchdog=servers.check,
-                        handle_signals=True,
-                    )
-                )
-    except Interrupted as exc:
-        if isinstance(exc.summary, RunSummary) and not options.quiet:
-            click.echo(exc.summary.format(), err=True)
-        raise
-    if not options.quiet or summary.failed or summary.failed_before or summary.budget_stopped:
-        click.echo(summary.format(), err=True)
-    if summary.budget_stopped:
-        sys.exit(EXIT_BUDGET)
-    if summary.failed or summary.failed_before:
-        click.echo("some requests failed; re-run with --retry-failed to send them again", err=True)
-        sys.exit(EXIT_SOME_FAILED)
+    if endpoint_files:
+        target = EndpointsFiles(endpoint_files)
+    elif plan is not None:
+        target = Fleet(plan)
+    elif serve is not None:
+        target = Launch(serve, urls)
+    else:
+        target = Urls(urls)
+    return RunSpec(requests=requests, output=output, options=options, target=target,
+                   seams=seams, dry_run=dry_run, watchers=watchers)  # fmt: skip

@@ -1,19 +1,14 @@
-"""`exec --view` and `exec --metrics-port`: a run watched from a browser or a Prometheus server.
-
-Both are subscribers of the run's event stream (`Seams.subscribers`), started before the run
-and stopped after it, on threads of their own so the run's loop only sends.
-"""
+"""`exec --view` and `exec --metrics-port`: the options of a run watched from a browser or a
+Prometheus server (`view/watch.py` starts and stops what they ask for)."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import click
 
 from jsonlbatch.cli.params import NonEmpty
-from jsonlbatch.cost import Price
 
 Subscription = tuple[Callable[[Any], None], tuple[type, ...]]
 
@@ -54,45 +49,3 @@ def add_watch_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
 def pop_watch_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     return {name: kwargs.pop(name) for name in ("view", "view_port", "metrics_port", "watch_host")}
-
-
-@contextlib.contextmanager
-def watching(
-    watch: dict[str, Any], *, output: str, requests: str, price: Price | None
-) -> Iterator[list[Subscription]]:
-    """The subscribers for the run's seams; the page and the metrics server live as long as the
-    block. Nothing is imported or started unless asked for."""
-    subscribers: list[Subscription] = []
-    if not watch["view"] and watch["metrics_port"] is None:
-        yield subscribers
-        return
-    from jsonlbatch.view import BackgroundViewer, LiveState, PrometheusExporter
-
-    with contextlib.ExitStack() as stack:
-        if watch["metrics_port"] is not None:
-            exporter = PrometheusExporter(price=price)
-            port = exporter.start(watch["metrics_port"], watch["watch_host"])
-            stack.callback(exporter.close)
-            subscribers += exporter.subscriptions()
-            click.echo(f"metrics: http://{_host(watch['watch_host'])}:{port}/metrics", err=True)
-        if watch["view"]:
-            live = LiveState()
-            viewer = BackgroundViewer(
-                [output],
-                requests=[requests] if requests not in ("-", "/dev/stdin") else [],
-                host=watch["watch_host"],
-                port=watch["view_port"],
-                price=price,
-                live=live,
-            )
-            stack.callback(viewer.close)
-            subscribers += live.subscriptions()
-            click.echo(
-                f"view: {viewer.url}  (closes with the run; afterwards: jsonlbatch view {output})",
-                err=True,
-            )
-        yield subscribers
-
-
-def _host(host: str) -> str:
-    return f"[{host}]" if ":" in host else host

@@ -23,8 +23,11 @@ from jsonlbatch.lazy import lazy
 _LAZY = {
     "ExecOptions": "jsonlbatch.exec.options",
     "Job": "jsonlbatch.exec.job",
-    "aexecute": "jsonlbatch.exec.job",
-    "execute": "jsonlbatch.exec.job",
+    "aexecute": "jsonlbatch.exec.front",
+    "execute": "jsonlbatch.exec.front",
+    "RunSpec": "jsonlbatch.exec.front",
+    "start": "jsonlbatch.exec.front",
+    "astart": "jsonlbatch.exec.front",
     "run_coroutine": "jsonlbatch.exec.job",
     "MergeError": "jsonlbatch.exec.shard",
     "MergeSummary": "jsonlbatch.exec.shard",
@@ -37,7 +40,8 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
-    from jsonlbatch.exec.job import Job, aexecute, execute, run_coroutine
+    from jsonlbatch.exec.front import RunSpec, aexecute, astart, execute, start
+    from jsonlbatch.exec.job import Job, run_coroutine
     from jsonlbatch.exec.options import ExecOptions
     from jsonlbatch.exec.seams import Seams
     from jsonlbatch.exec.shard import MergeError, MergeSummary, merge, parse_shard
@@ -53,13 +57,16 @@ __all__ = [
     "Job",
     "MergeError",
     "MergeSummary",
+    "RunSpec",
     "RunSummary",
     "Seams",
     "ValidationReport",
     "aexecute",
+    "astart",
     "execute",
     "merge",
     "parse_shard",
     "run_coroutine",
+    "start",
     "validate_file",
 ]

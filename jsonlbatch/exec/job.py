@@ -48,7 +48,7 @@ from jsonlbatch.jsonl import (
     spool,
 )
 
-__all__ = ["ExecOptions", "Job", "aexecute", "execute", "run_coroutine"]
+__all__ = ["ExecOptions", "Job", "refuse_running_loop", "run_coroutine"]
 
 _T = TypeVar("_T")
 
@@ -83,6 +83,8 @@ class Job:
         #: The answer contract (answer_check.py) of this output: made once the output is
         #: scanned, it checks stored answers during the input scan and sent ones in the run.
         self.contract: AnswerChecker | None = None
+        self._running: tuple[asyncio.AbstractEventLoop, Run] | None = None  # for `stop`
+        self._stop_asked = False
         self.source = self.requests  # what is read: the request file, or a copy of a pipe
         check_output(self.output, [self.requests], exec_lock=False)  # the lock comes next
         self._lock = OutputLock(self.output)
@@ -252,51 +254,31 @@ class Job:
                 checks=self.checks(schemas=bool(self.input.schemas)), contract=self.contract,
                 early=self.early,
             )  # fmt: skip
-            return await Run(
+            run = Run(
                 prepared,
                 urls=run_urls,
                 keys=dict(keys or {}),
                 watchdog=watchdog,
                 handle_signals=handle_signals,
                 seams=self.seams,
-            ).main()
+            )
+            self._running = (asyncio.get_running_loop(), run)
+            if self._stop_asked:
+                run.request_stop()
+            return await run.main()
         finally:
+            self._running = None
             self.close()
 
-
-def execute(
-    requests: str | os.PathLike[str],
-    output: str | os.PathLike[str],
-    *,
-    watchdog: Callable[[], None] | None = None,
-    handle_signals: bool = True,
-    seams: Seams | None = None,
-    **options: Any,
-) -> RunSummary:
-    """Run a request file to completion and return its summary (blocking).
-
-    Options are the fields of `ExecOptions` (`urls=[...]`, `concurrency=`, `model=`, ...);
-    `seams` plugs in checks, a store, pools or listeners (exec/seams.py).
-    Raises `Interrupted` (with `.summary`) on Ctrl-C; re-running with the same arguments resumes.
-    """
-    refuse_running_loop("jsonlbatch.execute", "jsonlbatch.aexecute")  # before the output lock
-    job = Job(requests, output, ExecOptions(**options), seams=seams)
-    job.prepare()
-    return run_coroutine(job.run(watchdog=watchdog, handle_signals=handle_signals))
-
-
-async def aexecute(
-    requests: str | os.PathLike[str],
-    output: str | os.PathLike[str],
-    *,
-    watchdog: Callable[[], None] | None = None,
-    seams: Seams | None = None,
-    **options: Any,
-) -> RunSummary:
-    """`execute` for callers that already run an event loop (signals are left to them)."""
-    job = Job(requests, output, ExecOptions(**options), seams=seams)
-    job.prepare()
-    return await job.run(watchdog=watchdog)
+    def stop(self) -> None:
+        """End the run as a first Ctrl-C does (no new requests; those in flight get
+        `options.grace` seconds). Safe from any thread; before the run starts, it stops at once.
+        """
+        self._stop_asked = True
+        running = self._running
+        if running is not None:
+            loop, run = running
+            loop.call_soon_threadsafe(run.request_stop)
 
 
 def refuse_running_loop(blocking: str, awaitable: str) -> None:

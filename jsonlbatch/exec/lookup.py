@@ -101,9 +101,9 @@ class StoreBase:
         """A few words for the progress bar."""
         return ""
 
-    def describe(self) -> str | None:
-        """One line for the run's summary (None: nothing to say)."""
-        return None
+    def describe(self) -> str:
+        """One line for the run's summary ("": nothing to say)."""
+        return ""
 
     def finish(self, output: str, /) -> None:
         """The run is over: seal what was stored."""

@@ -29,6 +29,7 @@ class Recorder:
 
     def __init__(
         self,
+        *,
         output: str,
         requests: str,
         lock: OutputLock,

@@ -117,8 +117,9 @@ class Run:
         self.signals = 0
         self._cancel_scheduled = False
         self.recorder = Recorder(
-            job.output, job.requests, job.lock, self.scan, job.existing, self.summary,
-            self.bus, self.progress.note, opts.changed,
+            output=job.output, requests=job.requests, lock=job.lock, scan=self.scan,
+            existing=job.existing, summary=self.summary, bus=self.bus, note=self.progress.note,
+            changed_policy=opts.changed,
         )  # fmt: skip
         self.recorder.on_error = self._stop
         self.sender: Sender | None = None
@@ -427,6 +428,11 @@ class Run:
     def _cancel_workers(self) -> None:
         for task in self.workers:
             task.cancel()
+
+    def request_stop(self) -> None:
+        """A stop asked by the caller (`Job.stop`): as the first Ctrl-C."""
+        if not self.signals:
+            self._on_signal()
 
     def _on_signal(self) -> None:
         self.signals += 1

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from jsonlbatch.exec.server_metrics import ServerStats
 from jsonlbatch.records import Result
 from jsonlbatch.stats import plural
+
+if TYPE_CHECKING:
+    from jsonlbatch.exec.outcome import Results
 
 
 @dataclass
@@ -39,6 +43,13 @@ class RunSummary:
     schema_valid: int = 0  # lines whose answer held its request's schema
     schema_invalid: int = 0  # lines whose last answer did not
     reasks: int = 0  # asks beyond the first for answers that broke their schema
+
+    @property
+    def results(self) -> Results:
+        """The output's answers by custom_id, typed (read from the file on use)."""
+        from jsonlbatch.exec.outcome import Results
+
+        return Results(self.output)
 
     @property
     def written(self) -> int:
