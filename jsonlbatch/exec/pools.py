@@ -137,6 +137,7 @@ def parse_endpoints(
 
 def build_pools(
     session: aiohttp.ClientSession,
+    *,
     specs: Sequence[PoolSpec],
     urls: Sequence[str],
     by_url: Mapping[str, Endpoint],

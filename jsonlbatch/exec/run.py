@@ -201,8 +201,9 @@ class Run:
     ) -> None:
         make = self.seams.concurrency
         self.pools = pools = build_pools(
-            session, specs, self.urls, by_url, self.keys, self.opts, make, self.watchdog
-        )
+            session, specs=specs, urls=self.urls, by_url=by_url, keys=self.keys, opts=self.opts,
+            controller=make, watchdog=self.watchdog,
+        )  # fmt: skip
         headers = pools.headers
         if self.opts.model is None:
             pools.check_models(self.scan.models)
