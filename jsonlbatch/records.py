@@ -45,6 +45,7 @@ KNOWN_URLS = frozenset(
         MESSAGES_URL,
         "/v1/score",
         "/v1/rerank",
+        "/v2/rerank",  # vLLM's Cohere-style rerank, which `vllm run-batch` also takes
         "/score",
         "/rerank",
     }

@@ -160,3 +160,40 @@ def test_every_line_kind_exec_writes_fits_openai_line_schema(tmp_path: Path) -> 
     # what exec wrote, every kind of line, reads back as its own format
     checked = cli("validate", str(out))
     assert checked.returncode == 0, checked.stdout
+
+
+#: vLLM's rerank batch input (tests/entrypoints/openai/test_run_batch.py INPUT_RERANK_BATCH at
+#: 09cdc7d1f08fe9c4f9c1443341c6ed83bffae6a5): the same request to `/rerank`, `/v1/rerank` and
+#: `/v2/rerank`. vLLM's file repeats the custom_id `request-2`; the third is renamed here,
+#: since a custom_id must be unique (OpenAI's rule, which jsonlbatch keeps).
+_RERANK_BODY = {"model": "BAAI/bge-reranker-v2-m3", "query": "What is the capital of France?",
+                "documents": ["The capital of Brazil is Brasilia.",
+                              "The capital of France is Paris."]}  # fmt: skip
+VLLM_RERANK_REQUESTS = [
+    {"custom_id": cid, "method": "POST", "url": url, "body": _RERANK_BODY}
+    for cid, url in (("request-1", "/rerank"), ("request-2", "/v1/rerank"),
+                     ("request-3", "/v2/rerank"))
+]  # fmt: skip
+
+
+def test_vllm_rerank_lines_run_and_v2_is_not_joined_under_v1(tmp_path: Path) -> None:
+    seen: list[str] = []
+
+    async def rerank(request: web.Request) -> web.Response:
+        seen.append(request.path)
+        return web.json_response({"id": "rerank-1", "model": "BAAI/bge-reranker-v2-m3",
+                                  "usage": {"total_tokens": 20},
+                                  "results": [{"index": 1, "relevance_score": 0.99}]})  # fmt: skip
+
+    requests, out = _write(tmp_path / "in.jsonl", VLLM_RERANK_REQUESTS), tmp_path / "out.jsonl"
+    checked = cli("validate", str(requests))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    url, stop = odd_server(rerank, "/v1/rerank", "/v2/rerank")
+    try:
+        done = exec_cli(requests, out, "--url", url, "--max-retries", "0", "--model", "auto")
+    finally:
+        stop()
+    assert done.returncode == 0, done.stderr
+    assert sorted(seen) == ["/v1/rerank", "/v1/rerank", "/v2/rerank"]
+    lines = read_results(out)
+    assert all(line["response"]["status_code"] == 200 for line in lines.values())
