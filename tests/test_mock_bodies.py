@@ -23,7 +23,7 @@ def _post(url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
     request = urllib.request.Request(
         url + path, data=orjson.dumps(body), headers={"Content-Type": "application/json"}
     )
-    with urllib.request.urlopen(request, timeout=30) as answer:  # noqa: S310 - 127.0.0.1
+    with urllib.request.urlopen(request, timeout=30) as answer:
         return orjson.loads(answer.read())
 
 

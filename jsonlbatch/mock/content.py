@@ -378,8 +378,9 @@ def _number(schema: dict[str, Any], integer: bool, draw: int) -> int | float:
     """A number from `draw` (0..255) within the schema's `minimum`/`maximum` and their
     exclusive forms: a schema's "confidence between 0 and 1" must get one, or every answer to
     it breaks its contract and a test cannot tell the mock's fault from the tool's."""
-    low, high = _bound(schema, "minimum", "exclusiveMinimum", max), _bound(
-        schema, "maximum", "exclusiveMaximum", min
+    low, high = (
+        _bound(schema, "minimum", "exclusiveMinimum", max),
+        _bound(schema, "maximum", "exclusiveMaximum", min),
     )
     if integer:
         lo = None if low is None else math.floor(low[0]) + 1 if low[1] else math.ceil(low[0])
