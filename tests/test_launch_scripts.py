@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -9,7 +11,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from batchutil import content, read_results, write_requests
+from aiohttp import web
+from batchutil import content, odd_server, read_results, write_requests
 from conftest import free_port
 from standins.harness import ROOT, Standins, standin_session
 
@@ -43,6 +46,64 @@ def test_process_batch_requests_takes_the_endpoint_url_and_resumes(
     assert results["req-0"]["response"]["body"]["model"] == "/ckpt/served"
     again = script("process_batch_requests.py", *args, "--url", url)
     assert again.returncode == 0 and "all 20 requests have a result" in again.stderr
+
+
+def agentless_process_batch(path: Path) -> dict[str, str]:
+    """Step 3 of the Agentless batch workflow (`repair.py --process_batch`), as issue 38 quotes
+    its reader: each line's `res["response"]["body"]["choices"][0]["message"]["content"]`, with
+    only KeyError and IndexError caught (a TypeError, from `"response": null`, stops it)."""
+    out = {}
+    for raw in path.read_text().splitlines():
+        res = json.loads(raw)
+        try:
+            out[res["custom_id"]] = res["response"]["body"]["choices"][0]["message"]["content"]
+        except (KeyError, IndexError):
+            out[res["custom_id"]] = ""
+    return out
+
+
+def test_process_batch_requests_output_survives_the_agentless_reader(standins: Standins) -> None:
+    async def chat(request: web.Request) -> web.Response:
+        body = await request.json()
+        number = int(body["messages"][0]["content"].split()[-1])
+        if number == 3 and slow:
+            await asyncio.sleep(3)  # past --timeout 1: request_timeout, no response
+        if number == 4 and slow:
+            return web.Response(status=400, text="bad request")
+        message = {"role": "assistant", "content": f"answer {number}"}
+        return web.json_response({"id": f"c{number}", "object": "chat.completion", "created": 1,
+                                  "model": "mock", "choices": [{"index": 0, "message": message,
+                                  "finish_reason": "stop"}]})  # fmt: skip
+
+    requests, output = standins.tmp / "req.jsonl", standins.tmp / "responses.jsonl"
+    errors = standins.tmp / "responses.errors.jsonl"
+    write_requests(requests, 8)
+    args = ("--input_file", str(requests), "--output_file", str(output), "--timeout", "1",
+            "--max_retries", "0")  # fmt: skip
+    slow = True
+    url, stop = odd_server(chat)
+    try:
+        done = script("process_batch_requests.py", *args, "--url", f"{url}/chat/completions")
+    finally:
+        stop()
+    assert done.returncode == 3, done.stderr
+    assert "2 failed requests are in" in done.stderr, done.stderr
+    read = agentless_process_batch(output)  # raised TypeError on the timed-out line before
+    assert sorted(read) == [f"req-{i}" for i in range(8) if i not in (3, 4)]
+    failed = read_results(errors)
+    assert failed["req-3"]["response"] is None
+    assert failed["req-3"]["error"]["code"] == "request_timeout"
+    assert failed["req-4"]["response"]["status_code"] == 400
+    slow = False  # the same command again sends the failed requests again
+    url, stop = odd_server(chat)
+    try:
+        again = script("process_batch_requests.py", *args, "--url", f"{url}/chat/completions")
+    finally:
+        stop()
+    assert again.returncode == 0, again.stderr
+    read = agentless_process_batch(output)
+    assert read == {f"req-{i}": f"answer {i}" for i in range(8)}
+    assert errors.read_bytes() == b""  # no failure left to list
 
 
 def test_process_batch_requests_reports_errors_without_a_traceback(standins: Standins) -> None:
