@@ -7,14 +7,17 @@ validated strictly, so a missing required field or a wrong type fails), over rea
 
 from __future__ import annotations
 
+import io
 import urllib.request
 from collections.abc import Callable
 from typing import Any
 
 import jsonschema
 import orjson
+from batchapiutil import BatchServer, jsonl_lines, wait_batch
 from openai.types import ModerationCreateResponse
 from openai.types.responses import Response
+from test_formats_interop import OPENAI_BATCH_REQUEST_OUTPUT
 
 from jsonlbatch.mock import content
 
@@ -80,3 +83,33 @@ def test_structured_answers_through_the_server_hold_bounds(mock_server: Callable
                 {"name": "review", "schema": REVIEW, "strict": True}}}  # fmt: skip
         chat = _post(url, "/chat/completions", body)
         jsonschema.validate(orjson.loads(chat["choices"][0]["message"]["content"]), REVIEW)
+
+
+def test_batch_api_results_of_the_mock_pass_the_sdk_types(tmp_path, mock_server) -> None:
+    """`serve --batch-api` in front of the mock: an SDK user's results lines parse as the SDK's
+    types, and each line holds OpenAI's line schema."""
+    server = BatchServer(tmp_path / "state", mock_server()).start()
+    try:
+        client = server.client()
+        for url, model, body in (
+            ("/v1/responses", Response, {"model": "mock", "input": "Say hi"}),
+            ("/v1/moderations", ModerationCreateResponse, {"input": "an attack plan"}),
+        ):
+            lines = [{"custom_id": f"r{i}", "method": "POST", "url": url, "body": body}
+                     for i in range(3)]  # fmt: skip
+            data = b"".join(orjson.dumps(x) + b"\n" for x in lines)
+            file_id = client.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch").id
+            batch = client.batches.create(
+                input_file_id=file_id,
+                endpoint=url,  # type: ignore[arg-type]
+                completion_window="24h",
+            )
+            done = wait_batch(client, batch.id)
+            assert done.status == "completed", done
+            results = jsonl_lines(client.files.content(done.output_file_id).text)
+            assert len(results) == 3
+            for line in results:
+                jsonschema.validate(line, OPENAI_BATCH_REQUEST_OUTPUT)
+                model.model_validate(line["response"]["body"], strict=True)
+    finally:
+        server.kill()
