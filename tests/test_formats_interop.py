@@ -126,6 +126,12 @@ async def _scripted(request: web.Request) -> web.StreamResponse:
                                             "param": None, "code": 400}}, status=400)  # fmt: skip
     if number == 5:
         return web.json_response({})  # 200 without an answer: invalid_response
+    if number == 7:  # an answer that breaks the request's schema: schema_invalid
+        return web.json_response(_CHAT)
+    if number == 8:  # the connection dropped: connection_error
+        assert request.transport is not None
+        request.transport.close()
+        return web.Response()
     await asyncio.sleep(4)  # 6: no answer in time (--timeout 1): request_timeout
     return web.json_response(_CHAT)
 
@@ -134,14 +140,18 @@ def test_every_line_kind_exec_writes_fits_openai_line_schema(tmp_path: Path) -> 
     url, stop = odd_server(_scripted)
     try:
         requests, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
-        write_requests(requests, 7)
+        lines = write_requests(requests, 9)
+        lines[7]["body"]["response_format"] = {"type": "json_schema", "json_schema": {
+            "name": "n", "schema": {"type": "object", "required": ["n"],
+                                    "properties": {"n": {"type": "integer"}}}}}  # fmt: skip
+        _write(requests, lines)
         done = exec_cli(requests, out, "--url", url, "--max-retries", "0", "--timeout", "1",
                         "--backoff", "0")  # fmt: skip
     finally:
         stop()
     assert done.returncode == 3, done.stderr
     lines = read_results(out)
-    assert len(lines) == 7
+    assert len(lines) == 9
     for cid, line in lines.items():
         jsonschema.validate(line, OPENAI_BATCH_REQUEST_OUTPUT)  # raises naming the field
         if line["response"] is not None:
@@ -157,6 +167,10 @@ def test_every_line_kind_exec_writes_fits_openai_line_schema(tmp_path: Path) -> 
     assert lines["req-5"]["error"]["code"] == "invalid_response"
     assert lines["req-6"]["response"] is None
     assert lines["req-6"]["error"]["code"] == "request_timeout"
+    assert lines["req-7"]["error"]["code"] == "schema_invalid"
+    assert lines["req-7"]["response"]["status_code"] == 200
+    assert lines["req-8"]["response"] is None
+    assert lines["req-8"]["error"]["code"] == "connection_error"
     # what exec wrote, every kind of line, reads back as its own format
     checked = cli("validate", str(out))
     assert checked.returncode == 0, checked.stdout
