@@ -80,12 +80,16 @@ def test_process_batch_requests_output_survives_the_agentless_reader(standins: S
     write_requests(requests, 8)
     args = ("--input_file", str(requests), "--output_file", str(output), "--timeout", "1",
             "--max_retries", "0")  # fmt: skip
+
+    def run() -> subprocess.CompletedProcess:
+        url, stop = odd_server(chat)  # a fresh server per run: the timed-out handler waits
+        try:
+            return script("process_batch_requests.py", *args, "--url", f"{url}/chat/completions")
+        finally:
+            stop()
+
     slow = True
-    url, stop = odd_server(chat)
-    try:
-        done = script("process_batch_requests.py", *args, "--url", f"{url}/chat/completions")
-    finally:
-        stop()
+    done = run()
     assert done.returncode == 3, done.stderr
     assert "2 failed requests are in" in done.stderr, done.stderr
     read = agentless_process_batch(output)  # raised TypeError on the timed-out line before
@@ -95,11 +99,7 @@ def test_process_batch_requests_output_survives_the_agentless_reader(standins: S
     assert failed["req-3"]["error"]["code"] == "request_timeout"
     assert failed["req-4"]["response"]["status_code"] == 400
     slow = False  # the same command again sends the failed requests again
-    url, stop = odd_server(chat)
-    try:
-        again = script("process_batch_requests.py", *args, "--url", f"{url}/chat/completions")
-    finally:
-        stop()
+    again = run()
     assert again.returncode == 0, again.stderr
     read = agentless_process_batch(output)
     assert read == {f"req-{i}": f"answer {i}" for i in range(8)}
