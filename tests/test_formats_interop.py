@@ -79,6 +79,25 @@ def _write(path: Path, lines: list[dict[str, Any]]) -> Path:
     return path
 
 
+def test_exec_resumes_over_vllm_run_batch_output(tmp_path: Path, mock_server: Any) -> None:
+    """`exec -o` a file `vllm run-batch` wrote: its answers are kept, its failures count as
+    failures (sent again with --retry-failed), and only what has no line is sent."""
+    out = _write(tmp_path / "vllm-out.jsonl", VLLM_RUN_BATCH_LINES)
+    requests = tmp_path / "in.jsonl"
+    ids = [line["custom_id"] for line in VLLM_RUN_BATCH_LINES] + ["request-7"]
+    _write(requests, [{"custom_id": cid, "method": "POST", "url": "/v1/chat/completions",
+                       "body": {"model": "mock", "messages": [{"role": "user", "content": cid}]}}
+                      for cid in ids])  # fmt: skip
+    url = mock_server()
+    resumed = exec_cli(requests, out, "--url", url)
+    assert resumed.returncode == 3, resumed.stderr  # vLLM's four failures still count
+    assert "resuming: 5 of 6 requests already have" in resumed.stderr, resumed.stderr
+    retried = exec_cli(requests, out, "--url", url, "--retry-failed")
+    assert retried.returncode == 0, retried.stderr
+    assert "retrying 4 failed requests" in retried.stderr
+    assert sorted(read_results(out)) == sorted(ids)
+
+
 def test_vllm_run_batch_output_is_read_by_validate_report_post_and_export(tmp_path: Path) -> None:
     out = _write(tmp_path / "vllm-out.jsonl", VLLM_RUN_BATCH_LINES)
     checked = cli("validate", str(out))
