@@ -21,6 +21,7 @@ failed (the error file says why), 130 interrupted, 1-2 an error.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -28,7 +29,7 @@ from collections.abc import Callable, Iterator, Sequence
 import orjson
 
 import jsonlbatch
-from jsonlbatch.jsonl import rewrite_atomically
+from jsonlbatch.jsonl import OutputLock, rewrite_atomically
 from jsonlbatch.records import is_failure
 from jsonlbatch.redact import redact
 
@@ -100,8 +101,11 @@ def process(
             watchdog=watchdog,
             **retries,
         )
-    finally:
-        moved = split_failures(args.output_file, error_file(args))
+    except BaseException:
+        with contextlib.suppress(jsonlbatch.JsonlbatchError):  # the run's own error is news
+            split_failures(args.output_file, error_file(args))
+        raise
+    moved = split_failures(args.output_file, error_file(args))
     print(summary.format(), file=sys.stderr)
     if moved:
         print(f"{moved} failed requests are in {error_file(args)} (running this command again "
@@ -123,12 +127,20 @@ def split_failures(output: str, errors: str) -> int:
     is written first: a crash in between leaves a failure in both files, never in neither."""
     if not os.path.exists(output):
         return 0
-    failed = sum(1 for line in _lines(output) if _failed(line))
-    if failed or os.path.exists(errors):
-        rewrite_atomically(errors, (line for line in _lines(output) if _failed(line)))
-    if failed:
-        rewrite_atomically(output, (line for line in _lines(output) if not _failed(line)))
-    return failed
+    lock = OutputLock(output)
+    try:
+        lock.acquire()
+    except jsonlbatch.JsonlbatchError:
+        return 0  # another run writes it (why this one stopped): the split is that run's
+    try:
+        failed = sum(1 for line in _lines(output) if _failed(line))
+        if failed or os.path.exists(errors):
+            rewrite_atomically(errors, (line for line in _lines(output) if _failed(line)))
+        if failed:
+            rewrite_atomically(output, (line for line in _lines(output) if not _failed(line)))
+        return failed
+    finally:
+        lock.release()
 
 
 def _lines(path: str) -> Iterator[bytes]:

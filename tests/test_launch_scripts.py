@@ -16,6 +16,8 @@ from batchutil import content, odd_server, read_results, write_requests
 from conftest import free_port
 from standins.harness import ROOT, Standins, standin_session
 
+from jsonlbatch.jsonl import OutputLock
+
 SCRIPTS = ROOT / "scripts"
 pytestmark = pytest.mark.timeout(120, method="thread")
 
@@ -104,6 +106,27 @@ def test_process_batch_requests_output_survives_the_agentless_reader(standins: S
     read = agentless_process_batch(output)
     assert read == {f"req-{i}": f"answer {i}" for i in range(8)}
     assert errors.read_bytes() == b""  # no failure left to list
+
+
+def test_process_batch_requests_leaves_an_output_another_run_writes(standins: Standins) -> None:
+    """The failures are moved only by the run that holds the output: a second command on the
+    same output is refused and must not rewrite the file under the first."""
+    requests, output = standins.tmp / "req.jsonl", standins.tmp / "responses.jsonl"
+    write_requests(requests, 1)
+    failed = {"id": "batch_req_1", "custom_id": "req-0", "response": None,
+              "error": {"code": "request_timeout", "message": "no response within 1s"}}  # fmt: skip
+    output.write_bytes(json.dumps(failed).encode() + b"\n")
+    before = output.read_bytes()
+    lock = OutputLock(output)
+    lock.acquire()
+    try:
+        done = script("process_batch_requests.py", "--input_file", str(requests),
+                      "--output_file", str(output), "--url", "http://127.0.0.1:9/v1")  # fmt: skip
+    finally:
+        lock.release()
+    assert done.returncode == 1 and "being written by another jsonlbatch run" in done.stderr
+    assert output.read_bytes() == before
+    assert not (standins.tmp / "responses.errors.jsonl").exists()
 
 
 def test_process_batch_requests_reports_errors_without_a_traceback(standins: Standins) -> None:
