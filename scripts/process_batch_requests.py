@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator, Sequence
 import orjson
 
 import jsonlbatch
-from jsonlbatch.jsonl import OutputLock, rewrite_atomically
+from jsonlbatch.jsonl import OutputLock, check_output, rewrite_atomically
 from jsonlbatch.records import is_failure
 from jsonlbatch.redact import redact
 
@@ -89,6 +89,7 @@ def process(
     """Run the request file, then move the failed lines to the error file; returns the exit
     status. The move happens however the run ends (an interrupt too), so the output never
     holds a line the next step cannot read."""
+    check_output(error_file(args), [args.input_file, args.output_file])  # both are read
     retries = {} if args.max_retries is None else {"max_retries": args.max_retries}
     try:
         summary = jsonlbatch.execute(

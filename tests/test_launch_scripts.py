@@ -127,6 +127,12 @@ def test_process_batch_requests_leaves_an_output_another_run_writes(standins: St
     assert done.returncode == 1 and "being written by another jsonlbatch run" in done.stderr
     assert output.read_bytes() == before
     assert not (standins.tmp / "responses.errors.jsonl").exists()
+    for same in (output, requests):  # an error file that is an input would destroy it
+        done = script("process_batch_requests.py", "--input_file", str(requests),
+                      "--output_file", str(output), "--error_file", str(same),
+                      "--url", "http://127.0.0.1:9/v1")  # fmt: skip
+        assert done.returncode == 2 and "is also an input" in done.stderr, done.stderr
+        assert output.read_bytes() == before
 
 
 def test_process_batch_requests_reports_errors_without_a_traceback(standins: Standins) -> None:
