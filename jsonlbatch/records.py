@@ -45,6 +45,7 @@ KNOWN_URLS = frozenset(
         MESSAGES_URL,
         "/v1/score",
         "/v1/rerank",
+        "/v2/rerank",  # vLLM's Cohere-style rerank, which `vllm run-batch` also takes
         "/score",
         "/rerank",
     }
@@ -310,11 +311,11 @@ class Result:
         hold a registered secret)."""
         response = None
         if self.status_code is not None:
-            response = {
-                "status_code": self.status_code,
-                "request_id": self.request_id,
-                "body": self.body,
-            }
+            request_id = self.request_id
+            if type(request_id) is not str:  # OpenAI's schema says string: none was sent
+                request_id = "req_" + _line_id().decode()
+            response = {"status_code": self.status_code, "request_id": request_id,
+                        "body": self.body}  # fmt: skip
         line_id = "batch_req_" + _line_id().decode()
         if (
             self.error is not None
@@ -357,7 +358,8 @@ def is_failure(obj: dict[str, Any]) -> bool:
     """Whether a decoded response line records a failed request.
 
     The OpenAI service signals HTTP errors only through `response.status_code` (with `error`
-    null) while `vllm run-batch` uses `error`: look at both.
+    null) while `vllm run-batch` sets `error` (an object, or a bare message string) beside its
+    status code, and no status at all where it had none: look at both.
     """
     if obj.get("error"):
         return True
@@ -381,8 +383,9 @@ def check_response(obj: Any) -> list[tuple[str, str]]:
     response = obj.get("response")
     error = obj.get("error")
     if response is None:
-        if not isinstance(error, dict):
-            out.append(("error", "a line without a response must carry an error object"))
+        if not (isinstance(error, dict) or (isinstance(error, str) and error)):
+            out.append(("error", "a line without a response must carry an error object (or "
+                        "vLLM's message string)"))  # fmt: skip
     elif not isinstance(response, dict):
         out.append(("response", f"must be an object or null, got {_kind(response)}"))
     else:
@@ -391,8 +394,8 @@ def check_response(obj: Any) -> list[tuple[str, str]]:
         body = response.get("body")
         if response.get("status_code") == 200 and not isinstance(body, dict):
             out.append(("response.body", "a 200 response must have an object body"))
-    if error is not None and not isinstance(error, dict):
-        out.append(("error", f"must be an object or null, got {_kind(error)}"))
+    if error is not None and not isinstance(error, (dict, str)):
+        out.append(("error", f"must be an object, a string or null, got {_kind(error)}"))
     return out
 
 

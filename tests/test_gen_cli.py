@@ -87,6 +87,30 @@ def test_issue_example_agentless_samples(tmp_path):
     assert "prompt tokens (estimated as characters / 4" in proc.stderr
 
 
+def test_agentless_skip_greedy_numbering_from_one(tmp_path):
+    """Agentless's batch generation numbers samples `<instance_id>|<i>` from 0 (0 greedy) and,
+    with `--skip_greedy`, from 1 (issue 38: the same request file must come out of gen)."""
+    data = write_jsonl(tmp_path / "tasks.jsonl", TASKS[:2])
+    out = tmp_path / "requests.jsonl"
+    proc = gen(
+        "--data", data, "--prompt", "Fix {{ problem }}", "--model", "Qwen/Qwen3-8B",
+        "--id", "{{ instance_id }}", "--samples", 10, "--first-sample", 1,
+        "--temperature", 0.8, "--seed", 7, "-o", out,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    lines = read(out)
+    assert [x["custom_id"] for x in lines[:10]] == [
+        f"astropy__astropy-12907|{k}" for k in range(1, 11)
+    ]
+    assert lines[10]["custom_id"] == "django__django-11099|1"
+    assert {x["body"]["temperature"] for x in lines} == {0.8}  # no greedy sample
+    assert [x["body"]["seed"] for x in lines[:10]] == [7 + k for k in range(1, 11)]
+    both = gen("--data", data, "--prompt", "x", "--model", "m", "--samples", 2, "--first-sample",
+               1, "--greedy-first", "-o", tmp_path / "bad.jsonl")  # fmt: skip
+    assert_clean_failure(both, 2, tmp_path)
+    assert "skip_greedy" in both.stderr and not (tmp_path / "bad.jsonl").exists()
+
+
 def test_issue_example_csv_with_n_choices(tmp_path):
     data = tmp_path / "questions.csv"
     with open(data, "w", newline="") as f:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -9,9 +11,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from batchutil import content, read_results, write_requests
+from aiohttp import web
+from batchutil import content, odd_server, read_results, write_requests
 from conftest import free_port
 from standins.harness import ROOT, Standins, standin_session
+
+from jsonlbatch.jsonl import OutputLock
 
 SCRIPTS = ROOT / "scripts"
 pytestmark = pytest.mark.timeout(120, method="thread")
@@ -43,6 +48,91 @@ def test_process_batch_requests_takes_the_endpoint_url_and_resumes(
     assert results["req-0"]["response"]["body"]["model"] == "/ckpt/served"
     again = script("process_batch_requests.py", *args, "--url", url)
     assert again.returncode == 0 and "all 20 requests have a result" in again.stderr
+
+
+def agentless_process_batch(path: Path) -> dict[str, str]:
+    """Step 3 of the Agentless batch workflow (`repair.py --process_batch`), as issue 38 quotes
+    its reader: each line's `res["response"]["body"]["choices"][0]["message"]["content"]`, with
+    only KeyError and IndexError caught (a TypeError, from `"response": null`, stops it)."""
+    out = {}
+    for raw in path.read_text().splitlines():
+        res = json.loads(raw)
+        try:
+            out[res["custom_id"]] = res["response"]["body"]["choices"][0]["message"]["content"]
+        except (KeyError, IndexError):
+            out[res["custom_id"]] = ""
+    return out
+
+
+def test_process_batch_requests_output_survives_the_agentless_reader(standins: Standins) -> None:
+    async def chat(request: web.Request) -> web.Response:
+        body = await request.json()
+        number = int(body["messages"][0]["content"].split()[-1])
+        if number == 3 and slow:
+            await asyncio.sleep(3)  # past --timeout 1: request_timeout, no response
+        if number == 4 and slow:
+            return web.Response(status=400, text="bad request")
+        message = {"role": "assistant", "content": f"answer {number}"}
+        return web.json_response({"id": f"c{number}", "object": "chat.completion", "created": 1,
+                                  "model": "mock", "choices": [{"index": 0, "message": message,
+                                  "finish_reason": "stop"}]})  # fmt: skip
+
+    requests, output = standins.tmp / "req.jsonl", standins.tmp / "responses.jsonl"
+    errors = standins.tmp / "responses.errors.jsonl"
+    write_requests(requests, 8)
+    args = ("--input_file", str(requests), "--output_file", str(output), "--timeout", "1",
+            "--max_retries", "0")  # fmt: skip
+
+    def run() -> subprocess.CompletedProcess:
+        url, stop = odd_server(chat)  # a fresh server per run: the timed-out handler waits
+        try:
+            return script("process_batch_requests.py", *args, "--url", f"{url}/chat/completions")
+        finally:
+            stop()
+
+    slow = True
+    done = run()
+    assert done.returncode == 3, done.stderr
+    assert "2 failed requests are in" in done.stderr, done.stderr
+    read = agentless_process_batch(output)  # raised TypeError on the timed-out line before
+    assert sorted(read) == [f"req-{i}" for i in range(8) if i not in (3, 4)]
+    failed = read_results(errors)
+    assert failed["req-3"]["response"] is None
+    assert failed["req-3"]["error"]["code"] == "request_timeout"
+    assert failed["req-4"]["response"]["status_code"] == 400
+    slow = False  # the same command again sends the failed requests again
+    again = run()
+    assert again.returncode == 0, again.stderr
+    read = agentless_process_batch(output)
+    assert read == {f"req-{i}": f"answer {i}" for i in range(8)}
+    assert errors.read_bytes() == b""  # no failure left to list
+
+
+def test_process_batch_requests_leaves_an_output_another_run_writes(standins: Standins) -> None:
+    """The failures are moved only by the run that holds the output: a second command on the
+    same output is refused and must not rewrite the file under the first."""
+    requests, output = standins.tmp / "req.jsonl", standins.tmp / "responses.jsonl"
+    write_requests(requests, 1)
+    failed = {"id": "batch_req_1", "custom_id": "req-0", "response": None,
+              "error": {"code": "request_timeout", "message": "no response within 1s"}}  # fmt: skip
+    output.write_bytes(json.dumps(failed).encode() + b"\n")
+    before = output.read_bytes()
+    lock = OutputLock(output)
+    lock.acquire()
+    try:
+        done = script("process_batch_requests.py", "--input_file", str(requests),
+                      "--output_file", str(output), "--url", "http://127.0.0.1:9/v1")  # fmt: skip
+    finally:
+        lock.release()
+    assert done.returncode == 1 and "being written by another jsonlbatch run" in done.stderr
+    assert output.read_bytes() == before
+    assert not (standins.tmp / "responses.errors.jsonl").exists()
+    for same in (output, requests):  # an error file that is an input would destroy it
+        done = script("process_batch_requests.py", "--input_file", str(requests),
+                      "--output_file", str(output), "--error_file", str(same),
+                      "--url", "http://127.0.0.1:9/v1")  # fmt: skip
+        assert done.returncode == 2 and "is also an input" in done.stderr, done.stderr
+        assert output.read_bytes() == before
 
 
 def test_process_batch_requests_reports_errors_without_a_traceback(standins: Standins) -> None:

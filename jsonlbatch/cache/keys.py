@@ -33,7 +33,15 @@ ANSWER_NEUTRAL = frozenset(
 
 #: Endpoints whose answer is a function of the request: every copy is the same one draw.
 DETERMINISTIC_URLS = frozenset(
-    {"/v1/embeddings", "/v1/moderations", "/v1/score", "/v1/rerank", "/score", "/rerank"}
+    {
+        "/v1/embeddings",
+        "/v1/moderations",
+        "/v1/score",
+        "/v1/rerank",
+        "/v2/rerank",
+        "/score",
+        "/rerank",
+    }
 )
 
 _VERSION = b"jsonlbatch-cache-1\0"

@@ -30,7 +30,8 @@ _SECTIONS: list[Section] = [
               "fmt", "where", "limit", "sample")),
     ("Prompt", ("template", "prompt_text", "messages", "system", "id_template")),
     ("Request body", ("model", "url", "n", "samples", "greedy_first", "sample_sep",
-                      "temperature", "top_p", "top_k", "min_p", "max_tokens", "seed", "stop",
+                      "first_sample", "temperature", "top_p", "top_k", "min_p", "max_tokens",
+                      "seed", "stop",
                       "param", "body_file", "no_think", "no_think_suffix", "suffix",
                       "think_budget")),
     ("Structured output", ("schema_spec", "schema_field", "schema_name")),
@@ -136,6 +137,13 @@ _EXAMPLES = (
     show_default=True,
     help="Separator of <id> and <k> in sample ids.",
 )
+@click.option(
+    "--first-sample",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Number of the first sample: 1 writes <id>|1..<id>|K, as Agentless --skip_greedy.",
+)
 @click.option("--temperature", type=Finite(min=0))
 @click.option("--top-p", type=Finite(min=0, max=1))
 @click.option("--top-k", type=int)
@@ -207,6 +215,7 @@ def gen(
     samples: int | None,
     greedy_first: bool,
     sample_sep: str,
+    first_sample: int,
     temperature: float | None,
     top_p: float | None,
     top_k: int | None,
@@ -288,6 +297,7 @@ def gen(
         samples=samples,
         greedy_first=greedy_first,
         sample_sep=sample_sep,
+        first_sample=first_sample,
         no_think=no_think,
         no_think_suffix=no_think_suffix,
         think_budget=think_budget,

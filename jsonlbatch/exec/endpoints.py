@@ -8,6 +8,7 @@ endpoint gets the next request, and how a dead one is waited for, is `endpoint_p
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import urllib.parse
 import urllib.request
@@ -27,6 +28,11 @@ _AZURE_SUFFIXES = (".openai.azure.com", ".cognitiveservices.azure.com", ".servic
 _ANTHROPIC_HOSTS = ("anthropic.com",)
 #: Sent to Anthropic's API unless a `--header anthropic-version=...` says otherwise.
 ANTHROPIC_VERSION = "2023-06-01"
+
+
+#: A path that starts with an API version (`/v2/rerank`), and a path segment that is one.
+_VERSIONED = re.compile(r"/v[0-9]+/")
+_VERSION = re.compile(r"v[0-9]+")
 
 
 @dataclass(eq=False)
@@ -62,11 +68,18 @@ class Endpoint:
         return url
 
     def url_for(self, path: str) -> str:
-        """Join the base with a request line's `url`, avoiding a doubled `/v1`."""
+        """Join the base with a request line's `url`, avoiding a doubled `/v1`: a base ending in
+        a version (`.../v1`) takes a path of another version in its place (`/v2/rerank` under
+        `http://host/v1` is `http://host/v2/rerank`, not `/v1/v2/rerank`)."""
         split = urllib.parse.urlsplit(self.base)
         base_path = split.path.rstrip("/")
         if base_path and path.startswith("/v1/"):
             path = path[3:]
+        else:
+            version = _VERSIONED.match(path)
+            head, _, last = base_path.rpartition("/")
+            if version and _VERSION.fullmatch(last):
+                base_path = head
         url = urllib.parse.urlunsplit((split.scheme, split.netloc, base_path + path, "", ""))
         return f"{url}?{self.query}" if self.query else url
 

@@ -40,7 +40,20 @@ def http_result(
         return Result(req.custom_id, status, _exact(raw), request_id, None, metrics), verdict
     message = redact(_error_message(body) or f"HTTP {status}", limit=500)
     error = {"code": f"http_{status}", "message": message}
-    return Result(req.custom_id, status, body, request_id, error, metrics), verdict
+    return Result(req.custom_id, status, _error_body(body), request_id, error, metrics), verdict
+
+
+def _error_body(body: Any) -> dict[str, Any]:
+    """An error answer's body as OpenAI's line schema has it: an object. JSON objects stay as
+    sent; a text (a proxy's HTML page, "Unauthorized"), an empty body or JSON that is no object
+    is kept as the message of an OpenAI-shaped error, so `response.body` is always an object
+    and `response.body.error.message` always says what came back."""
+    if isinstance(body, dict):
+        return body
+    if body is None or body == "":
+        return {"error": {"message": "", "type": "empty_body", "param": None, "code": None}}
+    text = body if isinstance(body, str) else orjson.dumps(body).decode()
+    return {"error": {"message": text, "type": "non_object_body", "param": None, "code": None}}
 
 
 def _decode(raw: bytes) -> Any:

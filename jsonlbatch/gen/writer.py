@@ -134,8 +134,10 @@ class RequestWriter:
     `body_defaults` (temperature=..., max_tokens=..., any body field) go into every request,
     on top of `body` (the same as one mapping, e.g. a JSON file's); `add` may override them
     per prompt. With `samples=K` each prompt becomes K requests
-    `<id><sample_sep><k>` (Agentless naming); `greedy_first` makes sample 0 greedy
-    (temperature 0, a single choice), and a `seed` becomes seed + k per sample.
+    `<id><sample_sep><k>` for k = `first_sample` .. `first_sample`+K-1 (Agentless naming: it
+    numbers from 0, and from 1 with its `--skip_greedy`, which leaves out the greedy sample 0);
+    `greedy_first` makes sample 0 greedy (temperature 0, a single choice), and a `seed` becomes
+    seed + k per sample (the same sample number always gets the same seed).
     `no_think` / `think_budget` set the chat-template and server switches of reasoning models;
     `no_think_suffix` appends `/no_think` to the last user message for servers that take no
     `chat_template_kwargs`; `suffix` appends any text there (e.g. an experiment condition's).
@@ -157,6 +159,7 @@ class RequestWriter:
         samples: int | None = None,
         greedy_first: bool = False,
         sample_sep: str = "|",
+        first_sample: int = 0,
         no_think: bool = False,
         no_think_suffix: bool = False,
         think_budget: int | None = None,
@@ -176,6 +179,7 @@ class RequestWriter:
             samples,
             greedy_first,
             sample_sep,
+            first_sample,
             no_think,
             no_think_suffix or bool(suffix),
             think_budget,
@@ -212,6 +216,7 @@ class RequestWriter:
         self.url = url
         self.force = force
         self.samples, self.greedy_first, self.sample_sep = samples, greedy_first, sample_sep
+        self.first_sample = first_sample
         # appended to the last user message: a prompt suffix such as " /no_think"
         self.suffix = (suffix or "") + (f" {NO_THINK_SUFFIX}" if no_think_suffix else "")
         self._base = base
@@ -315,7 +320,7 @@ class RequestWriter:
         if self.samples is None:
             return [(custom_id, body)]
         out = []
-        for k in range(self.samples):
+        for k in range(self.first_sample, self.first_sample + self.samples):
             sample = dict(body)
             if isinstance(body.get("seed"), int):
                 sample["seed"] = body["seed"] + k
@@ -452,6 +457,7 @@ def _check_options(
     samples: int | None,
     greedy_first: bool,
     sample_sep: str,
+    first_sample: int,
     no_think: bool,
     no_think_suffix: bool,
     think_budget: int | None,
@@ -460,6 +466,16 @@ def _check_options(
         raise UsageError(f"samples must be >= 1, got {samples}")
     if greedy_first and samples is None:
         raise UsageError("greedy-first needs samples (--samples K)")
+    if type(first_sample) is not int or first_sample < 0:
+        raise UsageError(f"first sample must be an integer >= 0, got {first_sample!r}")
+    if first_sample and samples is None:
+        raise UsageError("first-sample needs samples (--samples K)")
+    if first_sample and greedy_first:
+        raise UsageError(
+            f"greedy-first makes sample 0 greedy, but samples start at {first_sample}: "
+            "Agentless's --skip_greedy (samples from 1) means no greedy sample, so leave out "
+            "--greedy-first"
+        )
     if not sample_sep:
         raise UsageError("the sample separator must not be empty")
     if think_budget is not None and think_budget < 0:

@@ -20,7 +20,7 @@ import json
 import math
 import re
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -374,10 +374,49 @@ def _tool_call(function: dict[str, Any], seed: bytes) -> ToolCall:
     return ToolCall(call_id, str(function.get("name")), arguments, _PIECE.findall(arguments))
 
 
+def _number(schema: dict[str, Any], integer: bool, draw: int) -> int | float:
+    """A number from `draw` (0..255) within the schema's `minimum`/`maximum` and their
+    exclusive forms: a schema's "confidence between 0 and 1" must get one, or every answer to
+    it breaks its contract and a test cannot tell the mock's fault from the tool's."""
+    low, high = (
+        _bound(schema, "minimum", "exclusiveMinimum", max),
+        _bound(schema, "maximum", "exclusiveMaximum", min),
+    )
+    if integer:
+        lo = None if low is None else math.floor(low[0]) + 1 if low[1] else math.ceil(low[0])
+        hi = None if high is None else math.ceil(high[0]) - 1 if high[1] else math.floor(high[0])
+        if lo is not None and hi is not None:
+            return lo + draw % (hi - lo + 1) if hi >= lo else lo  # an empty range: no answer
+        return lo + draw if lo is not None else hi - draw if hi is not None else draw
+    if low is not None and high is not None:  # strictly inside: both forms hold
+        return low[0] + (high[0] - low[0]) * (draw + 0.5) / 256
+    if low is not None:
+        return low[0] + (draw + 1) / 4
+    return high[0] - (draw + 1) / 4 if high is not None else draw / 4
+
+
+def _bound(
+    schema: dict[str, Any], inclusive: str, exclusive: str, tighter: Callable[..., Any]
+) -> tuple[float, bool] | None:
+    """The tighter of a schema's inclusive and exclusive bound on one side, as (value,
+    exclusive); None when it sets neither (a boolean is no bound: draft 4's boolean
+    `exclusiveMinimum` is read as making `minimum` exclusive)."""
+    found: list[tuple[float, bool]] = []
+    value = schema.get(inclusive)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        found.append((value, schema.get(exclusive) is True))
+    value = schema.get(exclusive)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        found.append((value, True))
+    if not found:
+        return None
+    return tighter(found, key=lambda bound: (bound[0], bound[1] == (tighter is max)))
+
+
 def _fill(schema: Any, values: Iterator[int], root: Any = None, depth: int = 0) -> Any:
     """A deterministic value matching a JSON schema (types, enum, const, local `$ref`, unions,
-    common formats; not patterns or lengths); properties in sorted order so the tool's key order
-    does not matter."""
+    common formats, numeric bounds; not patterns or lengths); properties in sorted order so the
+    tool's key order does not matter."""
     if not isinstance(schema, dict) or depth > 8:
         return _VOCAB[next(values, 0) & 63]
     ref = schema.get("$ref")
@@ -411,10 +450,8 @@ def _fill(schema: Any, values: Iterator[int], root: Any = None, depth: int = 0) 
         return [_fill(schema.get("items"), values, root, depth + 1) for _ in range(count)]
     if kind == "string" and schema.get("format") in _FORMATS:
         return _FORMATS[schema["format"]]
-    if kind == "integer":
-        return next(values, 0)
-    if kind == "number":
-        return next(values, 0) / 4
+    if kind in ("integer", "number"):
+        return _number(schema, kind == "integer", next(values, 0))
     if kind == "boolean":
         return next(values, 0) % 2 == 0
     if kind == "null":

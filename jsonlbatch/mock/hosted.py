@@ -50,7 +50,10 @@ class _Config(Protocol):
 
 #: Words whose presence flags a moderation input (deterministic, so tests can predict it).
 FLAGGED_WORDS = frozenset({"attack", "kill", "weapon"})
-_CATEGORIES = ("harassment", "hate", "self-harm", "sexual", "violence")
+#: Every category OpenAI's moderation answer carries (the SDK's `Moderation` requires each).
+_CATEGORIES = ("harassment", "harassment/threatening", "hate", "hate/threatening", "illicit",
+               "illicit/violent", "self-harm", "self-harm/instructions", "self-harm/intent",
+               "sexual", "sexual/minors", "violence", "violence/graphic")  # fmt: skip
 
 
 def as_chat(body: dict[str, Any]) -> dict[str, Any]:
@@ -164,7 +167,13 @@ async def answer_responses(
         "status": "incomplete" if truncated else "completed",
         "incomplete_details": {"reason": "max_output_tokens"} if truncated else None,
         "model": model, "output": [message],
-        "usage": {"input_tokens": prompt, "output_tokens": output,
+        # echoed from the request with the API's defaults, as OpenAI answers them: the SDK's
+        # `Response` requires these three
+        "parallel_tool_calls": body.get("parallel_tool_calls", True),
+        "tool_choice": body.get("tool_choice", "auto"), "tools": body.get("tools", []),
+        "usage": {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0,
+                                                                   "cache_write_tokens": 0},
+                  "output_tokens": output, "output_tokens_details": {"reasoning_tokens": 0},
                   "total_tokens": prompt + output},
     }  # fmt: skip
     return mock.respond(orjson.dumps(payload), 200, {"x-request-id": rid})
@@ -198,7 +207,9 @@ async def answer_moderations(
         categories = dict.fromkeys(_CATEGORIES, False)
         categories["violence"] = flagged
         scores = {name: (0.9 if hit else 0.001) for name, hit in categories.items()}
-        results.append({"flagged": flagged, "categories": categories, "category_scores": scores})
+        applied = {name: ["text"] for name in categories}
+        results.append({"flagged": flagged, "categories": categories, "category_scores": scores,
+                        "category_applied_input_types": applied})  # fmt: skip
     payload = {"id": "modr-" + os.urandom(12).hex(), "model": model, "results": results}
     return mock.respond(orjson.dumps(payload))
 
