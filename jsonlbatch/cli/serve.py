@@ -26,6 +26,7 @@ from jsonlbatch.cli.serve_options import (
 )
 from jsonlbatch.errors import Interrupted, UsageError
 from jsonlbatch.redact import register_secret
+from jsonlbatch.serve.backends import ServeOptions
 from jsonlbatch.serve.start import serving
 
 _CHECK_EVERY = 1.0
@@ -52,7 +53,7 @@ _EXAMPLES = (
 @click.option(
     "--ready-timeout",
     type=SECONDS,
-    default=1800.0,
+    default=ServeOptions.ready_timeout,
     show_default=True,
     metavar="SECONDS",
     help="How long a server may take to start (cold starts take many minutes).",
