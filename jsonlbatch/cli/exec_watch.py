@@ -28,9 +28,13 @@ class ViewAddress(click.ParamType):
         if isinstance(value, tuple):
             return value
         text = str(value).strip()
+        if not text:
+            self.fail("must not be empty.", param, ctx)
         host, port = text, "0"
         if text.startswith("["):  # [::1] or [::1]:8765
-            inside, _, rest = text[1:].partition("]")
+            inside, closed, rest = text[1:].partition("]")
+            if not closed:
+                self.fail(f"{value!r}: want [IPv6]:PORT", param, ctx)
             host, port = inside, rest.removeprefix(":") or "0"
             if not rest.startswith(":") and rest:
                 self.fail(f"{value!r}: want [IPv6]:PORT", param, ctx)
