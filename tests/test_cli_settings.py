@@ -227,3 +227,24 @@ def test_deprecated_options_are_hidden_and_name_their_replacement():
     deprecated = [p for p in exec_.params if isinstance(p, Deprecated)]
     assert {p.opts[0] for p in deprecated} == {"--no-cache", "--view-port", "--watch-host"}
     assert all(p.hidden and p.instead.startswith("--") for p in deprecated)
+
+
+def test_the_documented_example_settings_file_reads_as_documented(tmp_path):
+    """examples/settings.yaml (README, docs/exec.md) is read without a problem; its paths are
+    the file's folder's, `~` expanded."""
+    from pathlib import Path
+
+    from jsonlbatch.cli.settings import read_settings
+
+    example = Path(__file__).parent.parent / "examples" / "settings.yaml"
+    values = read_settings(str(example), "exec", exec_, click.Context(exec_))
+    assert values["urls"] == ("http://node1:8000/v1", "http://node2:8000/v1")
+    assert values["order_window"] == 1024 and values["max_response_bytes"] == 64 << 20
+    assert values["rate_limits"] == "on" and values["gpus"] == "0,1"
+    assert values["cache"] == str(Path("~/answers").expanduser())
+    relative = tmp_path / "s.yaml"
+    relative.write_text("exec:\n  cache: answers\n  endpoints: [e.json]\n")
+    (tmp_path / "e.json").write_text("{}")
+    values = read_settings(str(relative), "exec", exec_, click.Context(exec_))
+    assert values["cache"] == str(tmp_path / "answers")
+    assert values["endpoint_files"] == (str(tmp_path / "e.json"),)

@@ -23,6 +23,7 @@ keys and alias bombs refused).
 from __future__ import annotations
 
 import difflib
+import os
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -159,6 +160,14 @@ def _kind(option: click.Option) -> str:
     return STR
 
 
+def _path(checker: FileChecker, item: str) -> str:
+    """A path in the file: `~` expanded, and relative to the file's own folder (as in the
+    fleet and experiment files), so the file works from any directory."""
+    if item == CacheDir.OFF:
+        return item
+    return os.path.join(checker.base, os.path.expanduser(item))
+
+
 def _takes_on_off(option: click.Option, value: bool) -> bool:
     kind = option.type
     return (isinstance(kind, CacheDir) and not value) or (
@@ -181,8 +190,9 @@ def _typed(
         if kind == ANY:
             checker.problem(at, f"must be a number or a string, got {kind_of(item)} {item!r}")
         return _BAD
-    if option.multiple:
-        value = tuple(items)
+    if isinstance(option.type, click.Path):
+        items = [_path(checker, item) for item in items]
+    value = tuple(items) if option.multiple else items[0]
     try:
         return option.type_cast_value(ctx, value)
     except click.BadParameter as exc:
