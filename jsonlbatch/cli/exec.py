@@ -107,6 +107,8 @@ def _settle(params: dict[str, Any]) -> None:
     `$JSONLBATCH_CACHE` says)."""
     if params.get("cache") == CacheDir.OFF:
         params["cache"], params["no_cache"] = None, True
+
+
 _EXAMPLES = (
     "jsonlbatch exec requests.jsonl -o responses.jsonl --url http://localhost:8000/v1 -c 256",
     "jsonlbatch exec requests.jsonl -o responses.jsonl --serve vllm --model-path Qwen/Qwen3-8B",

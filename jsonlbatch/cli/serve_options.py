@@ -273,9 +273,7 @@ def fleet_plan(
     }
     defaults["ready_timeout"] = kwargs.get("ready_timeout", ServeOptions.ready_timeout)
     defaults["ray"] = bool(defaults["ray"] or defaults["ray_address"])
-    given = {
-        k: v for k, v in defaults.items() if v != _DEFAULTS.get(k, ServeOptions.ready_timeout)
-    }
+    given = {k: v for k, v in defaults.items() if v != _DEFAULTS.get(k, ServeOptions.ready_timeout)}
     try:
         options = serve_options_from_kwargs(kwargs)
     except UsageError as exc:
