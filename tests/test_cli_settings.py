@@ -248,3 +248,17 @@ def test_the_documented_example_settings_file_reads_as_documented(tmp_path):
     values = read_settings(str(relative), "exec", exec_, click.Context(exec_))
     assert values["cache"] == str(tmp_path / "answers")
     assert values["endpoint_files"] == (str(tmp_path / "e.json"),)
+
+
+def test_a_special_file_as_settings_is_refused_before_it_is_read(tmp_path):
+    """A FIFO would hang the command and /dev/zero fill its memory."""
+    import os
+
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    big = tmp_path / "big.yaml"
+    big.write_text("exec:\n" + "# padding\n" * 200_000)
+    for path, said in ((fifo, "is not a regular file"), ("/dev/zero", "is not a regular file"),
+                       (big, "is larger than 1 MiB")):  # fmt: skip
+        done = _invoke(tmp_path / "r.jsonl", tmp_path / "o.jsonl", "--config", str(path))
+        assert done.exit_code == 1 and said in done.stderr, done.output

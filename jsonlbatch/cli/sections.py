@@ -131,7 +131,8 @@ class Deprecated(click.Option):
 
     def __init__(self, *args: Any, instead: str, **kwargs: Any) -> None:
         kwargs.setdefault("help", f"Use {instead} instead.")
-        super().__init__(*args, hidden=True, **kwargs)
+        kwargs["hidden"] = True
+        super().__init__(*args, **kwargs)
         self.instead = instead
 
     def note(self, ctx: click.Context) -> None:

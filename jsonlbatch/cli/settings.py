@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import stat
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -31,6 +32,7 @@ import click
 from click.core import ParameterSource
 
 from jsonlbatch.cli.params import ByteSize, CacheDir, CountOrAuto
+from jsonlbatch.errors import InputError
 from jsonlbatch.filecheck import ANY, BOOL, INT, NUM, STR, FileChecker, kind_of
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -97,6 +99,7 @@ def read_settings(
 ) -> dict[str, Any]:
     """The `section` of the settings file at `path` as a `default_map` (parameter name ->
     value), every key and value checked; `InputError` listing every problem otherwise."""
+    _plain_file(path, what)
     checker = FileChecker(path)
     data = checker.load(what)
     if data is None:
@@ -127,6 +130,23 @@ def read_settings(
             out[str(option.name)] = checked
     checker.raise_problems(what)
     return out
+
+
+#: A settings file holds a few dozen lines; anything much larger is not one (`/dev/zero`).
+MAX_BYTES = 1 << 20
+
+
+def _plain_file(path: str, what: str) -> None:
+    """Refuse what is no settings file before reading it: a FIFO would hang the command,
+    `/dev/zero` fill its memory."""
+    try:
+        info = os.stat(path)
+    except OSError as exc:
+        raise InputError(f"cannot read {what} {path}: {exc.strerror}") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise InputError(f"{what} {path} is not a regular file")
+    if info.st_size > MAX_BYTES:
+        raise InputError(f"{what} {path} is larger than {MAX_BYTES >> 20} MiB: not a settings file")
 
 
 def _unknown(
