@@ -15,7 +15,6 @@ from click.testing import CliRunner
 
 from jsonlbatch.cli import main
 from jsonlbatch.cli.exec import exec_
-from jsonlbatch.cli.sections import Deprecated
 from jsonlbatch.exec.options import ExecOptions
 
 #: An option's row in a help: two spaces, then its first spelling (`-o, --output`, `--url`).
@@ -224,6 +223,8 @@ def test_view_address_is_the_one_option_for_the_view_address(tmp_path, mock_serv
 
 
 def test_deprecated_options_are_hidden_and_name_their_replacement():
+    from jsonlbatch.cli.sections import Deprecated
+
     deprecated = [p for p in exec_.params if isinstance(p, Deprecated)]
     assert {p.opts[0] for p in deprecated} == {"--no-cache", "--view-port", "--watch-host"}
     assert all(p.hidden and p.instead.startswith("--") for p in deprecated)
