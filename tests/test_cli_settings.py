@@ -263,3 +263,33 @@ def test_a_special_file_as_settings_is_refused_before_it_is_read(tmp_path):
                        (big, "is larger than 1 MiB")):  # fmt: skip
         done = _invoke(tmp_path / "r.jsonl", tmp_path / "o.jsonl", "--config", str(path))
         assert done.exit_code == 1 and said in done.stderr, done.output
+
+
+def test_serve_help_is_brief_too_and_serve_reads_its_own_section(tmp_path):
+    """`serve` had 37 options in its --help; its knobs (server log dir, Ray, the batch front's
+    limits, ...) move to --help-all and a settings file's `serve:` section."""
+    import signal
+    import urllib.request
+
+    from batchutil import start_cli
+
+    result = CliRunner().invoke(main, ["serve", "--help"], env={"JSONLBATCH_CONFIG": None})
+    assert len(_ROW.findall(result.output)) <= 30 and "--server-log-dir" not in result.output
+    every = CliRunner().invoke(main, ["serve", "--help-all"], env={"JSONLBATCH_CONFIG": None})
+    assert "--server-log-dir" in every.output and "--ray-address" in every.output
+
+    settings = tmp_path / "conf" / "settings.yaml"
+    settings.parent.mkdir()
+    settings.write_text(
+        "exec:\n  timeout: 5\nserve:\n  backend: mock\n  served-model-name: [m]\n"
+        "  server-log-dir: logs\n"
+    )
+    proc = start_cli("serve", "--config", str(settings))
+    assert proc.stdout is not None
+    url = proc.stdout.readline().strip()
+    assert url.startswith("http://127.0.0.1:"), proc.stderr.read() if proc.stderr else ""
+    with urllib.request.urlopen(url + "/models", timeout=10) as resp:
+        assert b'"id":"m"' in resp.read()
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 0
+    assert [p.name for p in (tmp_path / "conf" / "logs").iterdir()]  # beside the file

@@ -40,7 +40,7 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 #: Environment variable naming a settings file for every command that reads one.
 ENV_VAR = "JSONLBATCH_CONFIG"
 #: The commands that read a section of the settings file (the top-level keys it may have).
-COMMANDS = ("exec",)
+COMMANDS = ("exec", "serve")
 #: Options that are never settings: the run's own output, and those about the file itself.
 _NOT_SETTINGS = {"output", "config", "help_all"}
 
@@ -73,8 +73,9 @@ def settings_option(command: str) -> Callable[[_F], _F]:
 
 
 def setting_keys(command: click.Command) -> dict[str, click.Option]:
-    """Key -> option: each option by its first long name without the dashes (`order-window`,
-    `url`, `backoff`). Deprecated spellings are not keys: a settings file is new."""
+    """Key -> option: each option by its long names without the dashes (`order-window`, `url`,
+    `backoff`; `serve` and `backend`). Deprecated spellings are not keys: a settings file is
+    new."""
     from jsonlbatch.cli.sections import Deprecated
 
     keys = {}
@@ -83,9 +84,9 @@ def setting_keys(command: click.Command) -> dict[str, click.Option]:
             continue
         if param.name in _NOT_SETTINGS or not param.expose_value:
             continue
-        longs = [o for o in param.opts if o.startswith("--")]
-        if longs:
-            keys[longs[0][2:]] = param
+        for name in param.opts:
+            if name.startswith("--"):
+                keys[name[2:]] = param
     return keys
 
 
@@ -124,6 +125,9 @@ def read_settings(
         option = keys.get(key)
         if option is None:
             _unknown(checker, (section, key), keys, "--help-all lists every option")
+            continue
+        if option.name in out:
+            checker.problem((section, key), f"sets {option.opts[0]} again (another spelling)")
             continue
         checked = _typed(checker, (section, key), option, value, ctx)
         if checked is not _BAD:
