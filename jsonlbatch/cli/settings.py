@@ -7,10 +7,13 @@ live in a settings file. The file becomes click's `default_map`, so the preceden
 own: the command line, then an environment variable, then the file, then the built-in default.
 
 ```yaml
-exec:                      # one mapping per command
+exec:                      # one mapping per command (`exec`, `serve`)
   order-window: 64         # an option's long name without its dashes
   stream-stall-timeout: 120
   url: [http://node1:8000/v1, http://node2:8000/v1]
+serve:
+  backend: vllm
+  server-arg: [--max-num-seqs=512]
 ```
 
 The file is hostile input like any other: an unknown command or key is an error naming the
