@@ -293,3 +293,23 @@ def test_serve_help_is_brief_too_and_serve_reads_its_own_section(tmp_path):
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=60) == 0
     assert [p.name for p in (tmp_path / "conf" / "logs").iterdir()]  # beside the file
+
+
+def test_a_settings_file_for_live_runs_does_not_stop_a_batch_api_run(tmp_path, mock_server):
+    """A cache, re-asks and --stream in the file are defaults for live runs (as
+    $JSONLBATCH_CACHE is): --batch-api leaves them alone; on its command line it refuses them."""
+    from batchapiutil import BatchServer
+
+    server = BatchServer(tmp_path / "state", mock_server()).start()
+    req = _requests(tmp_path, 3)
+    settings = tmp_path / "s.yaml"
+    settings.write_text(
+        "exec:\n  cache: answers\n  reask: 2\n  stream: true\n  poll-interval: 0.1\n"
+    )
+    done = exec_cli(req, tmp_path / "o.jsonl", "--batch-api", "--url", server.url,
+                    "--config", str(settings))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert len(read_results(tmp_path / "o.jsonl")) == 3 and not (tmp_path / "answers").exists()
+    refused = exec_cli(req, tmp_path / "p.jsonl", "--batch-api", "--url", server.url, "--stream",
+                       "--config", str(settings))  # fmt: skip
+    assert refused.returncode == 2 and "--stream does not go with --batch-api" in refused.stderr

@@ -7,11 +7,13 @@ from dataclasses import replace
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from jsonlbatch.cache import MODES as CACHE_MODES
 from jsonlbatch.cache.runcache import cache_dir_from
 from jsonlbatch.cli.batch_options import (
     BATCH_NAMES,
+    LIVE_ONLY,
     batch_api_options,
     pop_batch_kwargs,
     run_batch_api,
@@ -102,11 +104,18 @@ _BRIEF = (
 )  # fmt: skip
 
 
-def _settle(params: dict[str, Any]) -> None:
+def _settle(ctx: click.Context) -> None:
     """`--cache off` reaches the run as the old `--no-cache` did (no cache, whatever
-    `$JSONLBATCH_CACHE` says)."""
+    `$JSONLBATCH_CACHE` says). A settings file's options for live runs (a cache, re-asks,
+    --stream) are defaults, like `$JSONLBATCH_CACHE`: a --batch-api run leaves them alone
+    instead of refusing them as it refuses them given on its command line."""
+    params = ctx.params
     if params.get("cache") == CacheDir.OFF:
         params["cache"], params["no_cache"] = None, True
+    if params.get("batch_api"):
+        for name, (_, default) in {**LIVE_ONLY, "cache": ("--cache", None)}.items():
+            if ctx.get_parameter_source(name) is ParameterSource.DEFAULT_MAP:
+                params[name] = default
 
 
 _EXAMPLES = (

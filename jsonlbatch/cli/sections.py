@@ -33,7 +33,7 @@ class Sectioned(click.Command):
         sections: Sequence[Section] = (),
         examples: Sequence[str] = (),
         brief: Sequence[str] | None = None,
-        settle: Callable[[dict[str, Any]], None] | None = None,
+        settle: Callable[[click.Context], None] | None = None,
         **kwargs: Any,
     ) -> None:
         """`brief`: the options `--help` shows (None: all); `settle`: turns the parsed values
@@ -99,7 +99,7 @@ class Sectioned(click.Command):
             ):
                 param.note(ctx)
         if self.settle is not None:
-            self.settle(ctx.params)
+            self.settle(ctx)
         return super().invoke(ctx)
 
     def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
