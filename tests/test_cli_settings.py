@@ -313,3 +313,13 @@ def test_a_settings_file_for_live_runs_does_not_stop_a_batch_api_run(tmp_path, m
     refused = exec_cli(req, tmp_path / "p.jsonl", "--batch-api", "--url", server.url, "--stream",
                        "--config", str(settings))  # fmt: skip
     assert refused.returncode == 2 and "--stream does not go with --batch-api" in refused.stderr
+
+
+def test_a_secret_in_a_settings_file_is_never_quoted(tmp_path):
+    settings = tmp_path / "s.yaml"
+    settings.write_text("exec:\n  api-key: 918273645546372819\n  header: [3141592653589793]\n")
+    done = _invoke(tmp_path / "r.jsonl", tmp_path / "o.jsonl", "--config", str(settings))
+    assert done.exit_code == 1, done.output
+    assert "s.yaml:2: exec.api-key: *** must be a string, got int" in done.stderr, done.stderr
+    assert "s.yaml:3: exec.header: (secret) must be a string, got int" in done.stderr
+    assert "918273645546372819" not in done.output and "3141592653589793" not in done.output

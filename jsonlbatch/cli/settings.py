@@ -37,6 +37,7 @@ from click.core import ParameterSource
 from jsonlbatch.cli.params import ByteSize, CacheDir, CountOrAuto
 from jsonlbatch.errors import InputError
 from jsonlbatch.filecheck import ANY, BOOL, INT, NUM, STR, FileChecker, kind_of
+from jsonlbatch.redact import register_secret
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -168,6 +169,8 @@ def _unknown(
 
 
 _BAD = object()
+#: Options whose values are secrets: never quoted in a problem, masked once read.
+SECRETS = frozenset({"api_key", "headers", "server_api_key", "upstream_api_key"})
 
 
 def _kind(option: click.Option) -> str:
@@ -209,6 +212,14 @@ def _typed(
     if kind == STR and isinstance(value, bool) and _takes_on_off(option, value):
         value = "on" if value else "off"  # YAML 1.1 reads an unquoted on/off as a boolean
     items = value if option.multiple and isinstance(value, list) else [value]
+    if str(option.name) in SECRETS:
+        for item in items:
+            if isinstance(item, str):
+                register_secret(item)  # masked in every message from here on
+            else:  # not quoted back: it is a key, whatever its type
+                # "(secret)" is what the masking of `api-key: ...` eats, not the message
+                checker.problem(at, f"(secret) must be a string, got {kind_of(item)}")
+                return _BAD
     for item in items:
         if kind == ANY and isinstance(item, (int, float, str)) and not isinstance(item, bool):
             continue
