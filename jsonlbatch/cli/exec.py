@@ -198,6 +198,7 @@ _EXAMPLES = (
     type=COUNT_OR_ZERO,
     default=ExecOptions.max_retries,
     show_default=True,
+    metavar="N",
     help="Retries for timeouts, dropped connections, 408/429/5xx.",
 )
 @click.option(
