@@ -35,6 +35,7 @@ import click
 from click.core import ParameterSource
 
 from jsonlbatch.cli.params import ByteSize, CacheDir, CountOrAuto
+from jsonlbatch.cli.sections import Deprecated
 from jsonlbatch.errors import InputError
 from jsonlbatch.filecheck import ANY, BOOL, INT, NUM, STR, FileChecker, kind_of
 from jsonlbatch.redact import register_secret
@@ -80,8 +81,6 @@ def setting_keys(command: click.Command) -> dict[str, click.Option]:
     """Key -> option: each option by its long names without the dashes (`order-window`, `url`,
     `backoff`; `serve` and `backend`). Deprecated spellings are not keys: a settings file is
     new."""
-    from jsonlbatch.cli.sections import Deprecated
-
     keys = {}
     for param in command.params:
         if not isinstance(param, click.Option) or isinstance(param, Deprecated):
