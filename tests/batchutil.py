@@ -19,6 +19,7 @@ from jsonlbatch.records import is_failure
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
 ENV.pop("OPENAI_API_KEY", None)
 ENV.pop("JSONLBATCH_CACHE", None)  # a user's answer cache must not answer the tests
+ENV.pop("JSONLBATCH_CONFIG", None)  # nor a settings file change what they run
 
 
 def chat_body(i: int, model: str = "mock", **extra: Any) -> dict[str, Any]:

@@ -96,7 +96,7 @@ BATCH_NAMES = _NAMES = (
 )
 #: exec options that mean nothing to a Batch API run (name -> (option, default)): refused with
 #: it rather than silently ignored (a cache never looked up, answers never re-asked).
-_LIVE_ONLY = {
+LIVE_ONLY = _LIVE_ONLY = {
     "stream": ("--stream", False),
     "backend": ("--serve", None),
     "changed": ("--changed", "refuse"),

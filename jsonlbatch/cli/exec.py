@@ -6,38 +6,44 @@ import sys
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from jsonlbatch.cache import MODES as CACHE_MODES
 from jsonlbatch.cli.batch_options import (
     BATCH_NAMES,
+    LIVE_ONLY,
     batch_api_options,
     batch_target,
     pop_batch_kwargs,
 )
-from jsonlbatch.cli.exec_watch import add_watch_options, pop_watch_kwargs
+from jsonlbatch.cli.exec_watch import WATCH_NAMES, add_watch_options, pop_watch_kwargs
 from jsonlbatch.cli.params import (
     BYTES,
     COUNT_OR_AUTO,
     COUNT_OR_ZERO,
     SECONDS,
     SECONDS_OR_ZERO,
+    ByteSize,
+    CacheDir,
     Finite,
     HttpUrl,
     NonEmpty,
 )
-from jsonlbatch.cli.sections import Section, Sectioned
+from jsonlbatch.cli.sections import Deprecated, Section, Sectioned
 from jsonlbatch.cli.serve_options import (
     SERVE_NAMES,
     fleet_plan,
     serve_options,
     serve_options_from_kwargs,
 )
+from jsonlbatch.cli.settings import settings_option
 from jsonlbatch.cost import parse_price
 from jsonlbatch.errors import Interrupted, UsageError
 from jsonlbatch.exec.answer_cache import cache_dir_from
 from jsonlbatch.exec.front import EndpointsFiles, RunSpec, Target, Urls, Watcher, start
 from jsonlbatch.exec.options import ExecOptions
-from jsonlbatch.exec.router import POLICIES, RouteOptions
+from jsonlbatch.exec.router import POLICIES
+from jsonlbatch.exec.scan import CHANGED_POLICIES
 from jsonlbatch.exec.seams import Seams
 from jsonlbatch.exec.shard import parse_shard
 from jsonlbatch.exec.summary import RunSummary
@@ -74,11 +80,43 @@ _SECTIONS: list[Section] = [
     ("Routing (several --url)", ("route", "order_window", "balance_abs_threshold",
                                  "balance_rel_threshold")),
     ("Several models (routed by body.model)", ("fleet", "endpoint_files")),
-    ("Answer cache", ("cache", "no_cache", "cache_mode", "cache_key_url")),
+    ("Answer cache", ("cache", "cache_mode", "cache_key_url")),
     ("Server launch (--serve)", SERVE_NAMES),
     ("Batch API (--batch-api)", BATCH_NAMES),
-    ("Watching a run", ("view", "view_port", "metrics_port", "watch_host")),
+    ("Watching a run", WATCH_NAMES),
+    ("Settings", ("config", "help_all")),
+    ("Deprecated (removed in the next release)", ("no_cache", "view_port", "watch_host")),
 ]  # fmt: skip
+#: What `exec --help` shows (at most 30 options, --help included: tests/test_cli_settings.py);
+#: the rest are tuning knobs, listed by --help-all and set in a settings file (--config).
+_BRIEF = (
+    "output", "retry_failed", "dry_run", "quiet",
+    "urls", "model", "api_key", "concurrency", "timeout", "stream", "reask",
+    "max_retries", "price", "max_cost",
+    "route",
+    "fleet", "endpoint_files",
+    "cache",
+    "backend", "model_path", "tp_size", "dp_size",
+    "batch_api",
+    "view", "metrics_port",
+    "config",
+)  # fmt: skip
+
+
+def _settle(ctx: click.Context) -> None:
+    """`--cache off` reaches the run as the old `--no-cache` did (no cache, whatever
+    `$JSONLBATCH_CACHE` says). A settings file's options for live runs (a cache, re-asks,
+    --stream) are defaults, like `$JSONLBATCH_CACHE`: a --batch-api run leaves them alone
+    instead of refusing them as it refuses them given on its command line."""
+    params = ctx.params
+    if params.get("cache") == CacheDir.OFF:
+        params["cache"], params["no_cache"] = None, True
+    if params.get("batch_api"):
+        for name, (_, default) in {**LIVE_ONLY, "cache": ("--cache", None)}.items():
+            if ctx.get_parameter_source(name) is ParameterSource.DEFAULT_MAP:
+                params[name] = default
+
+
 _EXAMPLES = (
     "jsonlbatch exec requests.jsonl -o responses.jsonl --url http://localhost:8000/v1 -c 256",
     "jsonlbatch exec requests.jsonl -o responses.jsonl --serve vllm --model-path Qwen/Qwen3-8B",
@@ -90,7 +128,9 @@ _EXAMPLES = (
 )
 
 
-@click.command("exec", cls=Sectioned, sections=_SECTIONS, examples=_EXAMPLES)
+@click.command(
+    "exec", cls=Sectioned, sections=_SECTIONS, examples=_EXAMPLES, brief=_BRIEF, settle=_settle
+)
 @click.argument("requests", type=click.Path(dir_okay=False, allow_dash=True))
 @click.option(
     "-o",
@@ -131,7 +171,7 @@ _EXAMPLES = (
 @click.option(
     "--timeout",
     type=SECONDS,
-    default=1800.0,
+    default=ExecOptions.timeout,
     show_default=True,
     metavar="SECONDS",
     help="Per-attempt timeout; long, for reasoning models and cold caches.",
@@ -139,15 +179,15 @@ _EXAMPLES = (
 @click.option(
     "--max-response-bytes",
     type=BYTES,
-    default="64MiB",
-    show_default=True,
+    default=ExecOptions.max_response_bytes,
+    show_default=ByteSize.text(ExecOptions.max_response_bytes),
     help="Largest answer taken (decoded, streamed or not); a larger one is a "
     "response_too_large failure, not retried.",
 )
 @click.option(
     "--stream-stall-timeout",
     type=SECONDS,
-    default=600.0,
+    default=ExecOptions.stream_stall_timeout,
     show_default=True,
     metavar="SECONDS",
     help="--stream: a stream that sends bytes but no output this long fails (stream_stalled).",
@@ -155,14 +195,15 @@ _EXAMPLES = (
 @click.option(
     "--max-retries",
     type=COUNT_OR_ZERO,
-    default=8,
+    default=ExecOptions.max_retries,
     show_default=True,
+    metavar="N",
     help="Retries for timeouts, dropped connections, 408/429/5xx.",
 )
 @click.option(
     "--ready-timeout",
     type=SECONDS_OR_ZERO,
-    default=1800.0,
+    default=ExecOptions.ready_timeout,
     show_default=True,
     metavar="SECONDS",
     help="How long a refusing or dead server is waited for before giving up.",
@@ -171,7 +212,7 @@ _EXAMPLES = (
     "--backoff",
     "backoff_base",
     type=SECONDS_OR_ZERO,
-    default=1.0,
+    default=ExecOptions.backoff_base,
     show_default=True,
     metavar="SECONDS",
     help="First retry delay; doubles per attempt (with jitter) up to 60 s.",
@@ -183,8 +224,8 @@ _EXAMPLES = (
 )
 @click.option(
     "--changed",
-    type=click.Choice(["refuse", "resend", "keep"]),
-    default="refuse",
+    type=click.Choice(CHANGED_POLICIES),
+    default=ExecOptions.changed,
     show_default=True,
     help="Requests edited since their result was written (their fingerprint differs): refuse "
     "to run, send them again (replacing their old lines), or keep the old results.",
@@ -204,7 +245,7 @@ _EXAMPLES = (
 @click.option(
     "--route",
     type=click.Choice(POLICIES),
-    default=RouteOptions.policy,
+    default=ExecOptions.route,
     show_default=True,
     help="How requests are spread over several endpoints: 'prefix' sends a prompt to the "
     "server that already cached most of it (unless that server is much busier), "
@@ -213,7 +254,7 @@ _EXAMPLES = (
 @click.option(
     "--order-window",
     type=COUNT_OR_ZERO,
-    default=RouteOptions.order_window,
+    default=ExecOptions.order_window,
     show_default=True,
     metavar="N",
     help="With --route prefix: look this many pending requests ahead to send those sharing a "
@@ -222,7 +263,7 @@ _EXAMPLES = (
 @click.option(
     "--balance-abs-threshold",
     type=COUNT_OR_ZERO,
-    default=None,
+    default=ExecOptions.balance_abs_threshold,
     metavar="N",
     help="With --route prefix: leave the cached server when it has N more requests in flight "
     "than the least busy one ...  [default: auto: half of -c per server, 1 to 16, and never "
@@ -231,7 +272,7 @@ _EXAMPLES = (
 @click.option(
     "--balance-rel-threshold",
     type=Finite(min=1),
-    default=RouteOptions.balance_rel_threshold,
+    default=ExecOptions.balance_rel_threshold,
     show_default=True,
     metavar="F",
     help="... and more than F times as many.",
@@ -251,7 +292,7 @@ _EXAMPLES = (
 @click.option(
     "--rate-limits",
     type=click.Choice(["on", "off"]),
-    default="on",
+    default="on" if ExecOptions.rate_limits else "off",
     show_default=True,
     help="Learn limits from OpenAI/Azure/Anthropic rate-limit headers and pace by them, and "
     "slow down on evidence of a limit in 429s; off: only --rpm/--tpm pace the run.",
@@ -278,7 +319,7 @@ _EXAMPLES = (
 @click.option(
     "--reask",
     type=COUNT_OR_ZERO,
-    default=0,
+    default=ExecOptions.reask,
     show_default=True,
     metavar="N",
     help="Ask again, at most N times, when an answer breaks its request's JSON schema "
@@ -291,7 +332,7 @@ _EXAMPLES = (
 )
 @click.option(
     "--schema-check/--no-schema-check",
-    default=True,
+    default=ExecOptions.schema_check,
     show_default=True,
     help="Check answers against their requests' JSON schemas (off: send and store as is).",
 )
@@ -309,16 +350,16 @@ _EXAMPLES = (
 )
 @click.option(
     "--cache",
-    metavar="DIR",
-    type=click.Path(file_okay=False),
+    type=CacheDir(),
     help="Answer cache: look each request up before sending, store usable answers (shared by "
-    "runs, processes and machines). Default: $JSONLBATCH_CACHE, else none.",
+    "runs, processes and machines). Default: $JSONLBATCH_CACHE, else none; off: none, "
+    "whatever $JSONLBATCH_CACHE says.",
 )
-@click.option("--no-cache", is_flag=True, help="No answer cache, whatever $JSONLBATCH_CACHE says.")
+@click.option("--no-cache", cls=Deprecated, is_flag=True, instead="--cache off")
 @click.option(
     "--cache-mode",
     type=click.Choice(CACHE_MODES),
-    default="rw",
+    default=ExecOptions.cache_mode,
     show_default=True,
     help="read: look up only; write: store only (refresh answers); rw: both.",
 )
@@ -347,6 +388,7 @@ _EXAMPLES = (
 @serve_options
 @batch_api_options
 @add_watch_options
+@settings_option("exec")
 def exec_(requests: str, output: str, **params: Any) -> None:
     """Send the REQUESTS file (OpenAI Batch JSONL) and write one result line per request.
 

@@ -23,7 +23,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
+from jsonlbatch.cli.sections import Sectioned
 from jsonlbatch.cost import Price
 from jsonlbatch.errors import UsageError
 from jsonlbatch.exec.front import RunSpec, astart, start
@@ -32,11 +34,14 @@ from jsonlbatch.exec.seams import Seams
 
 #: The command's positional parameters: given as `requests` and `output`, never as options.
 _POSITIONAL = ("requests", "output")
+#: Parameters that print and exit, not options of a run.
+_NOT_OPTIONS = ("help", "help_all")
 
 
-def _command() -> click.Command:
+def _command() -> Sectioned:
     from jsonlbatch.cli.exec import exec_
 
+    assert isinstance(exec_, Sectioned)
     return exec_
 
 
@@ -46,7 +51,7 @@ def _names(command: click.Command) -> dict[str, tuple[str, bool]]:
     `serve`, `--no-schema-check` -> schema_check negated)."""
     names: dict[str, tuple[str, bool]] = {}
     for param in command.params:
-        if param.name is None or param.name in _POSITIONAL:
+        if param.name is None or param.name in _POSITIONAL or param.name in _NOT_OPTIONS:
             continue
         names[param.name] = (param.name, False)
         for opt in param.opts:
@@ -117,6 +122,7 @@ def build_spec(
     from jsonlbatch.cli.exec import spec_from_params
 
     with ctx:
+        command.settled(ctx, given=(ParameterSource.DEFAULT_MAP,))
         params = dict(ctx.params)
         spec = spec_from_params(params.pop("requests"), params.pop("output"), params, seams)
     if extra:

@@ -75,6 +75,32 @@ class ByteSize(click.ParamType):
             self.fail(f"{value!r} must be between 1KiB and 1TiB.", param, ctx)
         return size
 
+    @staticmethod
+    def text(size: int) -> str:
+        """`size` as written back in a help (`64MiB`), so a default is written once, in bytes."""
+        for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+            if size % scale == 0:
+                return f"{size // scale}{unit}"
+        return str(size)
+
+
+class CacheDir(click.Path):
+    """An answer cache folder, or `off`: no cache, whatever `$JSONLBATCH_CACHE` says (a folder
+    named off is written `./off`)."""
+
+    OFF = "off"
+
+    def __init__(self) -> None:
+        super().__init__(file_okay=False)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if value == self.OFF:
+            return value
+        return super().convert(value, param, ctx)
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context) -> str:
+        return "DIR|off"
+
 
 class HttpUrl(click.ParamType):
     """An http(s) base URL that `jsonlbatch.exec.endpoints.parse_endpoint` accepts (a port in

@@ -24,8 +24,10 @@ from jsonlbatch.cli.serve_options import (
     serve_options,
     serve_options_from_kwargs,
 )
+from jsonlbatch.cli.settings import settings_option
 from jsonlbatch.errors import Interrupted, UsageError
 from jsonlbatch.redact import register_secret
+from jsonlbatch.serve.backends import ServeOptions
 from jsonlbatch.serve.start import serving
 
 _CHECK_EVERY = 1.0
@@ -38,7 +40,15 @@ _SECTIONS: list[Section] = [
                                         "batch_dir", "batch_port", "batch_concurrency",
                                         "batch_expiry", "batch_max_queued")),
     ("Output", ("quiet",)),
+    ("Settings", ("config", "help_all")),
 ]  # fmt: skip
+#: What `serve --help` shows; `--help-all` lists the server's finer flags, Ray, and the batch
+#: front's knobs too (all of them settable in a settings file's `serve:` section).
+_BRIEF = (
+    "backend", "model_path", "served_model_name", "tp_size", "dp_size", "dp_mode", "gpus",
+    "host", "port", "server_api_key", "gpu_memory_utilization", "context_length", "server_args",
+    "ready_timeout", "fleet", "endpoints_out", "batch_api", "upstream", "quiet", "config",
+)  # fmt: skip
 _EXAMPLES = (
     "jsonlbatch serve --backend vllm --model-path Qwen/Qwen3-8B --dp-size 8 --dp-mode replicas",
     "jsonlbatch serve --backend mock                    # a stand-in server, no GPU",
@@ -47,12 +57,12 @@ _EXAMPLES = (
 )
 
 
-@click.command("serve", cls=Sectioned, sections=_SECTIONS, examples=_EXAMPLES)
+@click.command("serve", cls=Sectioned, sections=_SECTIONS, examples=_EXAMPLES, brief=_BRIEF)
 @serve_options
 @click.option(
     "--ready-timeout",
     type=SECONDS,
-    default=1800.0,
+    default=ServeOptions.ready_timeout,
     show_default=True,
     metavar="SECONDS",
     help="How long a server may take to start (cold starts take many minutes).",
@@ -116,6 +126,7 @@ _EXAMPLES = (
     help="With --fleet: write the endpoints file (model -> URLs) here once every model serves.",
 )
 @click.option("-q", "--quiet", is_flag=True, help="Only the URLs and errors.")
+@settings_option("serve")
 def serve(
     quiet: bool,
     fleet: str | None,

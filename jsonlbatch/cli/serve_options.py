@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Callable
+from dataclasses import fields
 from typing import Any, TypeVar
 
 import click
@@ -21,6 +22,20 @@ from jsonlbatch.errors import UsageError
 from jsonlbatch.serve.backends import BACKEND_NAMES, DP_MODES, ServeOptions
 
 _F = TypeVar("_F", bound=Callable[..., Any])
+
+_FIELDS = {field.name: field.default for field in fields(ServeOptions)}
+#: Parameter name -> default, to tell "given" from "left alone" when there is no --serve; the
+#: options' defaults too, so each is written once (in `ServeOptions`).
+_DEFAULTS: dict[str, Any] = {
+    "backend": None,
+    **{name: _FIELDS[name] for name in ("model_path", "served_model_name", "tp_size", "dp_size",
+                                        "dp_mode", "gpus", "host", "port")},
+    "server_api_key": _FIELDS["api_key"],
+    **{name: _FIELDS[name] for name in ("gpu_memory_utilization", "context_length",
+                                        "chat_template", "reasoning_parser", "tool_call_parser",
+                                        "seed", "server_args", "executable", "restart", "log_dir",
+                                        "ray", "ray_address")},
+}  # fmt: skip
 
 _OPTIONS = [
     click.option(
@@ -45,7 +60,7 @@ _OPTIONS = [
         "--tensor-parallel-size",
         "tp_size",
         type=click.IntRange(min=1),
-        default=1,
+        default=_DEFAULTS["tp_size"],
         show_default=True,
         help="GPUs per model copy (tensor parallelism).",
     ),
@@ -54,14 +69,14 @@ _OPTIONS = [
         "--data-parallel-size",
         "dp_size",
         type=click.IntRange(min=1),
-        default=1,
+        default=_DEFAULTS["dp_size"],
         show_default=True,
         help="Model copies (data parallelism); uses TP x DP GPUs.",
     ),
     click.option(
         "--dp-mode",
         type=click.Choice(DP_MODES),
-        default="native",
+        default=_DEFAULTS["dp_mode"],
         show_default=True,
         help="native: one server with its own DP flag; replicas: DP servers on their own "
         "ports and GPUs, requests spread over them.",
@@ -74,7 +89,7 @@ _OPTIONS = [
     click.option(
         "--host",
         type=NonEmpty(),
-        default="127.0.0.1",
+        default=_DEFAULTS["host"],
         show_default=True,
         help="Address the server binds (0.0.0.0 to serve other machines).",
     ),
@@ -128,7 +143,7 @@ _OPTIONS = [
         "--restart-server",
         "restart",
         type=click.IntRange(min=0),
-        default=0,
+        default=_DEFAULTS["restart"],
         show_default=True,
         help="Restart a server that dies mid-run up to N times (requests wait meanwhile).",
     ),
@@ -151,33 +166,6 @@ _OPTIONS = [
     ),
 ]
 
-#: Parameter name -> default, to tell "given" from "left alone" when there is no --serve.
-_DEFAULTS = {
-    "backend": None,
-    "model_path": None,
-    "served_model_name": (),
-    "tp_size": 1,
-    "dp_size": 1,
-    "dp_mode": "native",
-    "gpus": None,
-    "host": "127.0.0.1",
-    "port": None,
-    "server_api_key": None,
-    "gpu_memory_utilization": None,
-    "context_length": None,
-    "chat_template": None,
-    "reasoning_parser": None,
-    "tool_call_parser": None,
-    "seed": None,
-    "server_args": (),
-    "executable": None,
-    "restart": 0,
-    "log_dir": None,
-    "ray": False,
-    "ray_address": None,
-}
-
-
 #: The server-launch options' names, in the order `--help` lists them under "Server launch".
 SERVE_NAMES = (*_DEFAULTS, "ready_timeout")
 
@@ -198,8 +186,9 @@ def serve_options_from_kwargs(kwargs: dict[str, Any]) -> ServeOptions | None:
         given = [
             name
             for name, value in values.items()
-            if value != _DEFAULTS[name]  # a variable set for `serve` is no mistake of exec's
-            and (ctx is None or ctx.get_parameter_source(name) is not ParameterSource.ENVIRONMENT)
+            if value != _DEFAULTS[name]
+            # a variable or a setting made for `serve` (or for runs that launch) is no mistake
+            and (ctx is None or ctx.get_parameter_source(name) not in _NOT_GIVEN)
         ]
         if given:
             raise UsageError(
@@ -213,8 +202,12 @@ def serve_options_from_kwargs(kwargs: dict[str, Any]) -> ServeOptions | None:
         **values,
         gpus=tuple(gpus.split(",")) if gpus else None,
         server_args=tuple(a for item in args for a in shlex.split(item)),
-        ready_timeout=kwargs.get("ready_timeout", 1800.0),
+        ready_timeout=kwargs.get("ready_timeout", ServeOptions.ready_timeout),
     )
+
+
+#: Where a value comes from that the user did not give for this run.
+_NOT_GIVEN = (ParameterSource.ENVIRONMENT, ParameterSource.DEFAULT_MAP)
 
 
 def _flag(name: str) -> str:
@@ -278,9 +271,9 @@ def fleet_plan(
         for name in _FLEET_DEFAULTS
         if name != "ready_timeout"
     }
-    defaults["ready_timeout"] = kwargs.get("ready_timeout", 1800.0)
+    defaults["ready_timeout"] = kwargs.get("ready_timeout", ServeOptions.ready_timeout)
     defaults["ray"] = bool(defaults["ray"] or defaults["ray_address"])
-    given = {k: v for k, v in defaults.items() if v != _DEFAULTS.get(k, 1800.0)}
+    given = {k: v for k, v in defaults.items() if v != _DEFAULTS.get(k, ServeOptions.ready_timeout)}
     try:
         options = serve_options_from_kwargs(kwargs)
     except UsageError as exc:
