@@ -133,3 +133,19 @@ async def test_cancelling_aexecute_stops_the_run_and_its_server(tmp_path: Path) 
     summary = await jsonlbatch.aexecute(requests, out, serve="mock", quiet=True)
     assert summary.already_done == written and len(read_results(out)) == 40  # resumed
     assert log is None or log.exists()
+
+
+def test_the_settings_file_sets_defaults_and_the_librarys_options_win(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    requests, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write_requests(requests, 1)
+    settings = tmp_path / "settings.yaml"
+    settings.write_text("exec:\n  concurrency: 3\n  max-retries: 5\n")
+    monkeypatch.setenv("JSONLBATCH_CONFIG", str(settings))
+    monkeypatch.setenv("JSONLBATCH_CACHE", str(tmp_path / "cache"))
+    spec = build_spec(requests, out, url="http://127.0.0.1:9/v1", concurrency=7)
+    assert spec.options.concurrency == 7 and spec.options.max_retries == 5
+    assert spec.options.cache == str(tmp_path / "cache")  # $JSONLBATCH_CACHE, as for the CLI
+    off = build_spec(requests, out, url="http://127.0.0.1:9/v1", cache="off")
+    assert off.options.cache is None  # `--cache off` wins over $JSONLBATCH_CACHE
