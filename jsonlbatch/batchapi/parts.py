@@ -18,6 +18,7 @@ import orjson
 
 from jsonlbatch.batchapi.providers import Provider, safe_id
 from jsonlbatch.batchapi.state import Part
+from jsonlbatch.contract import SCHEMA_KEYS
 from jsonlbatch.errors import InputError, Problem
 from jsonlbatch.jsonl import iter_lines, iter_lines_at, read_lines_at
 from jsonlbatch.records import fingerprint
@@ -70,6 +71,8 @@ def write_parts(
             key = (obj["url"], model or obj["body"].get("model") or "")
             # as exec marks its lines: the request as the file asks it, before any rewrite
             mark = fingerprint(raw, obj["url"], obj["body"])
+            # what its answer is checked against when it comes back (batchapi/result_check.py)
+            asked = {"url": obj["url"], **declares(obj["body"])}
             cid = obj["custom_id"]
             sent = safe_id(cid) if provider.safe_ids else cid
             changed = sent != cid or obj["url"] in provider.translated
@@ -101,7 +104,8 @@ def write_parts(
                 parts.append(part)
             current[1].write(line)
             current[2].write(
-                orjson.dumps({"custom_id": cid, "sent_as": sent, "fingerprint": mark}) + b"\n"
+                orjson.dumps({"custom_id": cid, "sent_as": sent, "fingerprint": mark, **asked})
+                + b"\n"
             )
             current[0].count += 1
             current[0].bytes += len(line)
@@ -115,6 +119,26 @@ def write_parts(
 def marks_path(part: Part) -> str:
     """The file beside a part's lines listing each request's custom_id and fingerprint."""
     return part.path.removesuffix(".jsonl") + ".marks.jsonl"
+
+
+def declares(body: Any) -> dict[str, Any]:
+    """The fields of a request body that declare its answer's schema (`contract.SCHEMA_KEYS`,
+    and the tool a forced tool call names), as `{"declares": {...}}`; {} for a body without:
+    what a results line is checked against, without keeping the prompt."""
+    if not isinstance(body, dict) or SCHEMA_KEYS.isdisjoint(body):
+        return {}
+    return {"declares": {k: body[k] for k in (*SCHEMA_KEYS, "tool_choice") if k in body}}
+
+
+def read_asked(folder: Path, part: Part) -> dict[str, tuple[str, dict[str, Any]]]:
+    """custom_id -> (its endpoint URL, the body fields that declare its schema), for a part's
+    requests (marks written before this was kept give none: their answers are not checked)."""
+    out = {}
+    for _, raw in iter_lines(folder / marks_path(part)):
+        mark = orjson.loads(raw)
+        if isinstance(mark.get("url"), str):
+            out[mark["custom_id"]] = (mark["url"], mark.get("declares") or {})
+    return out
 
 
 def read_marks(folder: Path, part: Part) -> dict[str, tuple[str, str]]:

@@ -40,9 +40,10 @@ from jsonlbatch.batchapi.merge import (
     worst_cost,
 )
 from jsonlbatch.batchapi.objects import TERMINAL, failure_line, new_id
-from jsonlbatch.batchapi.parts import check_lines, marks_path, read_marks, write_parts
+from jsonlbatch.batchapi.parts import check_lines, marks_path, read_asked, read_marks, write_parts
 from jsonlbatch.batchapi.providers import PROVIDERS, choose, open_api
 from jsonlbatch.batchapi.remote import BatchProvider, QuotaExceeded, api_path
+from jsonlbatch.batchapi.result_check import ResultChecks
 from jsonlbatch.batchapi.state import Part, State
 from jsonlbatch.cost import Price
 from jsonlbatch.errors import Interrupted, UsageError
@@ -483,7 +484,10 @@ class Submitter:
         written = failed = 0
         batch_id = part.batch_id or ""
         with AppendWriter(self.output) as writer:
-            for chunk in chunks(merged_lines(downloads, left, batch_id, self._present, self.book)):
+            # every answer takes the checks exec's take before its line (result_check.py)
+            checks = ResultChecks(self.output, read_asked(folder, part))
+            merged = merged_lines(downloads, left, batch_id, self._present, self.book)
+            for chunk in chunks(checks(merged)):
                 writer.write(b"".join(m.line for m in chunk))
                 written += len(chunk)
                 failed += sum(m.failed for m in chunk)

@@ -151,29 +151,37 @@ def as_check(check: AnswerCheck | Check) -> Check:
     return check if isinstance(check, Check) else _Plain(check)
 
 
-def vet(check: Check | None, request: Request, result: Result, raw: bytes | None) -> bool:
-    """Whether a stored answer (`result`, its body's bytes `raw`) may be written for `request`.
+def vet(check: Check | None, request: Request, result: Result, raw: bytes | None) -> Reject | None:
+    """None when a stored answer (`result`, its body's bytes `raw`) may be written for
+    `request`; else why not, as the `Reject` its failure line would say.
 
     It takes the steps a fresh answer takes after it is read: the endpoint's shape (a usable
-    answer, `answers.py`: a cache folder is hostile input too), then the check, as a first
-    answer. An accepted answer keeps what the check wrote into its metrics (the contract's
-    verdict); a refused one is to be sent instead (the check plans no re-ask on it)."""
+    answer, `answers.py`: a cache folder or a provider's results file is hostile input too),
+    then the check, as a first answer. An accepted answer keeps what the check wrote into its
+    metrics (the contract's verdict); a refused one is sent instead where it can be (the check
+    plans no re-ask on it), else written as the failure."""
     if raw is None:
         body = result.body
     else:
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError:
-            return False
-    if unusable_reason(request.url, body) is not None:
-        return False
+            return Reject("the stored answer is not JSON", "invalid_response")
+    reason = unusable_reason(request.url, body)
+    if reason is not None:
+        return Reject(f"the stored answer is {reason}", "invalid_response")
     if check is None:
-        return True
+        return None
     sent = check.begin(request)
     try:
-        return isinstance(check(Answer(sent, result, raw, body, stored=True)), Accept)
+        verdict = check(Answer(sent, result, raw, body, stored=True))
     finally:
         check.end(request)
+    if isinstance(verdict, Accept):
+        return None
+    if isinstance(verdict, AskAgain):
+        return verdict.otherwise or Reject(verdict.reason)
+    return verdict
 
 
 class _Chain(Check):

@@ -137,7 +137,7 @@ class Vetter:
     def __call__(self, request: Request, result: Result) -> bool:
         body = result.body
         raw = orjson.dumps(body) if isinstance(body, orjson.Fragment) else None  # its bytes
-        if vet(self.check, request, result, raw):
+        if vet(self.check, request, result, raw) is None:
             return True
         self.store.refused(request, result)
         return False

@@ -1,0 +1,79 @@
+"""A provider's answers pass exec's checks before their line (batchapi/result_check.py).
+
+The lines are what `merge.merged_lines` yields for a finished batch (OpenAI Batch output lines
+under the request file's ids, the fingerprint last); the checks are exec's (`checks.vet`: the
+endpoint's shape, then the answer contract against the schema the request declared, as the
+part's marks keep it: `parts.declares`).
+"""
+
+from __future__ import annotations
+
+import orjson
+from contractutil import GOOD, SCHEMA
+
+from jsonlbatch.batchapi.merge import Merged
+from jsonlbatch.batchapi.parts import declares
+from jsonlbatch.batchapi.result_check import ResultChecks
+from jsonlbatch.contract import with_schema
+from jsonlbatch.records import CHAT_URL, is_failure
+
+ASKED_BODY = with_schema(CHAT_URL, {"model": "m", "messages": [{"role": "user", "content": "?"}]},
+                         SCHEMA)  # fmt: skip
+
+
+def merged(cid: str, body: object) -> Merged:
+    line = {
+        "id": "batch_req_x",
+        "custom_id": cid,
+        "response": {"status_code": 200, "request_id": f"req_{cid}", "body": body},
+        "error": None,
+        "metrics": {"batch_id": "batch_1", "fingerprint": f"fp-{cid}"},
+    }
+    return Merged(orjson.dumps(line) + b"\n", False, 0.01)
+
+
+def chat(text: str) -> dict:
+    return {"id": "c", "object": "chat.completion", "model": "m", "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+    ]}  # fmt: skip
+
+
+def test_results_are_checked_like_exec_answers(tmp_path) -> None:
+    asked = {
+        "good": (CHAT_URL, declares(ASKED_BODY)["declares"]),
+        "broken": (CHAT_URL, declares(ASKED_BODY)["declares"]),
+        "plain": (CHAT_URL, declares({"model": "m", "messages": []}).get("declares", {})),
+        "empty": (CHAT_URL, {}),
+    }
+    assert "messages" not in asked["good"][1]  # the prompt is not kept, only the schema's fields
+    checks = ResultChecks(str(tmp_path / "out.jsonl"), asked)
+    items = [
+        merged("good", chat(orjson.dumps(GOOD).decode())),
+        merged("broken", chat('{"label": "maybe"}')),
+        merged("plain", chat("just words")),
+        merged("empty", {"object": "chat.completion", "choices": []}),
+    ]
+    out = {}
+    for item in checks(iter(items)):
+        line = orjson.loads(item.line)
+        out[line["custom_id"]] = (item, line)
+        assert list(line["metrics"])[-1] == "fingerprint"  # last, where a resume reads it
+        assert line["metrics"]["fingerprint"] == f"fp-{line['custom_id']}"
+        assert item.cost == 0.01  # billed, whatever the checks say
+    good, line = out["good"]
+    assert not good.failed and line["error"] is None
+    assert line["metrics"]["contract"]["valid"] is True
+    broken, line = out["broken"]
+    assert broken.failed and is_failure(line) and line["error"]["code"] == "schema_invalid"
+    assert line["response"]["body"]["choices"]  # the answer that broke it is kept
+    plain, line = out["plain"]
+    assert not plain.failed and "contract" not in line["metrics"]
+    empty, line = out["empty"]
+    assert empty.failed and line["error"]["code"] == "invalid_response"
+
+
+def test_failures_and_unknown_ids_pass_unchanged(tmp_path) -> None:
+    checks = ResultChecks(str(tmp_path / "out.jsonl"), {})
+    failure = Merged(b'{"custom_id":"x","response":null,"error":{"code":"e"}}\n', True, None)
+    unknown = merged("not-in-marks", chat("x"))
+    assert list(checks(iter([failure, unknown]))) == [failure, unknown]
