@@ -16,6 +16,7 @@ from tqdm import tqdm
 
 from jsonlbatch.exec.summary import RunSummary
 from jsonlbatch.redact import redact
+from jsonlbatch.stats import plural
 
 if TYPE_CHECKING:
     from jsonlbatch.exec.events import Answered, Snapshot
@@ -69,7 +70,9 @@ class Progress:
             when, last = self._last_status
             if status.split("(")[0] != last.split("(")[0] or now - when > _STATUS_EVERY:
                 self._last_status = (now, status)
-                self.note(status)
+                waiting = summary.pending - summary.written  # how much a dead server holds up
+                self.note(f"{status}; {plural(waiting, 'request')} waiting" if waiting > 0
+                          else status)  # fmt: skip
         if self.bar is None:
             return
         written = summary.written
