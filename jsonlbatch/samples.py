@@ -319,7 +319,9 @@ def _kept_answer(obj: dict[str, Any]) -> bool:
     """Whether a failure line holds an answer all the same: a 2xx response with a body."""
     response = json_object(obj.get("response"))
     status = response.get("status_code")
-    return isinstance(status, int) and 200 <= status < 300 and isinstance(response.get("body"), dict)
+    return (
+        isinstance(status, int) and 200 <= status < 300 and isinstance(response.get("body"), dict)
+    )
 
 
 def as_text(value: Any) -> str:

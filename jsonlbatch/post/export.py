@@ -305,7 +305,8 @@ def _row(samples: list[Sample], key: KeyFunc, per: str) -> dict[str, Any]:
         "model": first.model,
         "status": "failed" if first.failed else "ok",
         "error": first.error,
-        "answer": None if (first.failed and not first.text) or "dimensions" in details
+        "answer": None
+        if (first.failed and not first.text) or "dimensions" in details
         else first.text,
         "reasoning": first.reasoning or None,
         "finish_reason": first.finish_reason,

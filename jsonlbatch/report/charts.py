@@ -180,9 +180,8 @@ def throughput_bins(
 
 def _throughput(figure: Any, report: Report) -> list[Chart]:
     return [
-        Chart(f"{title} over time", _png(fig), alt) for fig, title, alt in _throughput_figures(
-            figure, report
-        )
+        Chart(f"{title} over time", _png(fig), alt)
+        for fig, title, alt in _throughput_figures(figure, report)
     ]
 
 
