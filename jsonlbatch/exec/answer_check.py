@@ -109,8 +109,9 @@ class AnswerChecker:
         if entry is None or entry.get("fingerprint") != req.fingerprint:
             return req
         state.asks = state.asks_before = int(entry["asks"])
-        earlier = entry.get("attempts")  # journals before 0.x have none: each ask one attempt
-        state.attempts_before = max(earlier if type(earlier) is int else 0, state.asks)
+        earlier = entry.get("attempts")  # older journals have none: each ask one attempt
+        earlier = min(earlier, 1 << 31) if type(earlier) is int else 0  # a sane count, never huge
+        state.attempts_before = max(earlier, state.asks)
         body = self._next_body(req.custom_id, req.url, state, req.body, entry.get("answer"),
                                str(entry.get("error")))  # fmt: skip
         state.asks += 1  # the ask this body makes
