@@ -4,11 +4,13 @@ and messages in plain English. The real CLI in subprocesses, real HTTP to the mo
 
 from __future__ import annotations
 
+import signal
+import subprocess
 from collections import Counter
 from pathlib import Path
 
 import orjson
-from batchutil import cli, exec_cli, read_results, write_requests
+from batchutil import cli, exec_cli, read_results, start_cli, write_requests
 from conftest import free_port
 from contractutil import SCHEMA
 
@@ -26,6 +28,25 @@ def test_a_dead_url_says_how_long_it_is_waited_for_and_what_waits(tmp_path: Path
     assert waiting, done.stderr
     assert "of --ready-timeout 2s)" in waiting[0]  # how long, and the option that changes it
     assert waiting[0].endswith("; 5 requests waiting")
+
+
+def test_sigterm_stops_a_wait_whose_stderr_is_gone(tmp_path: Path) -> None:
+    """`exec ... 2>&1 | head -1`: once the reader is gone, writing the "stopping" note raised
+    before the run stopped anything, so SIGTERM was ignored for the whole --ready-timeout."""
+    requests = tmp_path / "req.jsonl"
+    write_requests(requests, 5)
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    proc = start_cli("exec", str(requests), "-o", str(tmp_path / "out.jsonl"), "--url", dead)
+    assert proc.stderr is not None
+    assert proc.stderr.readline().startswith("waiting for")  # what `head -1` reads
+    proc.stderr.close()  # ... then it exits
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)  # the grace period is 10 s; the wait was 1800 s
+    except subprocess.TimeoutExpired:
+        raise AssertionError("SIGTERM was ignored while stderr was gone") from None
+    assert proc.returncode != 0
+    assert not (tmp_path / "out.jsonl").exists() or (tmp_path / "out.jsonl").read_bytes() == b""
 
 
 def test_gen_model_from_a_template_writes_a_fleets_file(tmp_path: Path) -> None:
