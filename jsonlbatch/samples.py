@@ -267,8 +267,13 @@ def samples_of(
         if value is None:
             return [Sample(cid, error="answer is null", **where)]
         return [Sample(cid, text=as_text(value), answer=as_text(value), **where)]
+    error = None
     if is_failure(obj):
-        return [Sample(cid, error=_failure_reason(obj), **where)]
+        # a failure that kept its answer (one a check refused: `schema_invalid`) is still failed,
+        # but its text and model are read, so tables and the viewer can show what broke
+        error = _failure_reason(obj)
+        if not _kept_answer(obj):
+            return [Sample(cid, error=error, **where)]
     body = obj["response"]["body"]
     choices = body.get("choices") if isinstance(body, dict) else None
     if choices is None:
@@ -276,7 +281,7 @@ def samples_of(
     if choices is None and isinstance(body, dict):
         choices = _embedding_choices(body.get("data"))
     if not isinstance(choices, list) or not choices:
-        return [Sample(cid, error="response body has no choices", **where)]
+        return [Sample(cid, error=error or "response body has no choices", **where)]
     model = body.get("model") if isinstance(body.get("model"), str) else None
     usage = chat_usage(body.get("usage"))
     out = []
@@ -303,10 +308,20 @@ def samples_of(
                 model=model,
                 choices=len(choices),
                 details=choice.get("details"),
+                error=error,
                 **where,
             )
         )
     return out
+
+
+def _kept_answer(obj: dict[str, Any]) -> bool:
+    """Whether a failure line holds an answer all the same: a 2xx response with a body."""
+    response = json_object(obj.get("response"))
+    status = response.get("status_code")
+    return (
+        isinstance(status, int) and 200 <= status < 300 and isinstance(response.get("body"), dict)
+    )
 
 
 def as_text(value: Any) -> str:

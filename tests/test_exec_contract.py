@@ -247,6 +247,9 @@ def test_kill_9_mid_reask_keeps_exactly_once_and_finished_reasks(tmp_path, mock_
     assert results.keys() == expected.keys()
     # every request took exactly the asks an unbroken run took: none repeated, none skipped
     assert {cid: r["metrics"]["contract"]["asks"] for cid, r in results.items()} == expected
+    # the attempts of the killed runs count too: never fewer attempts than asks (issue 40)
+    assert all(r["metrics"]["attempts"] >= r["metrics"]["contract"]["asks"]
+               for r in results.values())  # fmt: skip
     assert not journal.exists()  # gone once every request has its line
 
 

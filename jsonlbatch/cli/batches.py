@@ -35,7 +35,15 @@ def _common(func: Any) -> Any:
     return func
 
 
-@click.group("batches")
+@click.group(
+    "batches",
+    epilog="""Examples:
+
+\b
+  jsonlbatch batches status responses.jsonl
+  jsonlbatch batches cancel responses.jsonl --url https://api.openai.com/v1
+""",
+)
 def batches() -> None:
     """See or cancel the remote batches of an `exec --batch-api` output."""
 

@@ -393,7 +393,8 @@ def exec_(requests: str, output: str, **params: Any) -> None:
     """Send the REQUESTS file (OpenAI Batch JSONL) and write one result line per request.
 
     Stop it at any time (Ctrl-C, kill -9, power loss): the same command again resumes and
-    ends with exactly one line per request. Exit status: 0 all ok, 3 some requests failed
+    ends with exactly one line per request. Exit status: 0 all ok, 1 bad input or no server
+    (nothing sent, or the output valid to resume), 2 a wrong option, 3 some requests failed
     (their lines say why; --retry-failed sends them again), 4 stopped by --max-cost,
     130 interrupted.
     """

@@ -104,7 +104,11 @@ _EXAMPLES = (
 )
 @click.option("--system", help="Inline Jinja2 system message, before the user message.")
 @click.option("--id", "id_template", help="Jinja2 custom_id per row [default: the row's index].")
-@click.option("--model", type=NonEmpty(), help="Model name for every request.")
+@click.option(
+    "--model",
+    type=NonEmpty(),
+    help='Model name for every request, or a Jinja2 template per row, e.g. "{{ model }}".',
+)
 @click.option(
     "--url",
     type=click.Choice(list(PROMPT_FIELDS)),
@@ -269,6 +273,10 @@ def gen(
         continues=continues,
     )
     custom_id = RowTemplate.inline(id_template, name="--id") if id_template else None
+    # a model with template syntax is rendered per row: a fleet's requests in one file
+    model_of_row = None
+    if model is not None and ("{{" in model or "{%" in model):
+        model_of_row, model = RowTemplate.inline(model, name="--model"), None
     condition = compile_condition(" and ".join(f"({w})" for w in where)) if where else None
 
     options: dict[str, Any] = {
@@ -307,7 +315,8 @@ def gen(
         schema=load_schema(schema_spec) if schema_spec else None,
         schema_name=schema_name,
     ) as writer:
-        write_requests(rows, writer, prompt, custom_id=custom_id, schema_field=schema_field)
+        write_requests(rows, writer, prompt, custom_id=custom_id, schema_field=schema_field,
+                       model=model_of_row)  # fmt: skip
     s = writer.summary
     per = f" ({plural(s.prompts, 'row')} x {plural(samples, 'sample')})" if samples else ""
     click.echo(

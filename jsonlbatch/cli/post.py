@@ -74,7 +74,19 @@ def _report(lines: list[str], unused: Unused, strict: bool, what: str) -> None:
     unused.check(strict, what)
 
 
-@click.group("post")
+#: A group's help ends with examples like a command's (`Sectioned`); `\b` keeps click from
+#: re-wrapping the command lines.
+_POST_EXAMPLES = """Examples:
+
+\b
+  jsonlbatch post votes responses.jsonl --extract json:answer -o votes.jsonl
+  jsonlbatch post votes responses.jsonl --extract boxed --gold gold.jsonl -o votes.jsonl
+  jsonlbatch post patches responses.jsonl --repo-root repos/ --vote -o predictions.jsonl
+  jsonlbatch post files responses.jsonl -o deliverables/
+"""
+
+
+@click.group("post", epilog=_POST_EXAMPLES)
 def post() -> None:
     """Post-process saved response files offline: patches, votes, deliverable files."""
 

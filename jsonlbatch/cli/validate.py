@@ -8,6 +8,7 @@ import click
 
 from jsonlbatch.cli.sections import Sectioned
 from jsonlbatch.errors import count_problems
+from jsonlbatch.exec.shape import hint
 from jsonlbatch.exec.validate import validate_file
 from jsonlbatch.stats import plural
 
@@ -41,4 +42,8 @@ def validate(files: tuple[str, ...], kind: str) -> None:
         count = count_problems(len(report.problems))
         noun = "problem" if count == "1" else "problems"
         click.echo(f"{path}: {count} {noun} in {report.kind}", err=True)
+        # the same hint exec gives (bare chat bodies, a CSV table: how `gen` makes requests of it)
+        shown = hint(path) if report.kind == "requests" and path != "-" else None
+        if shown:
+            click.echo(f"hint: {shown}", err=True)
     sys.exit(1 if bad else 0)

@@ -29,6 +29,7 @@ from jsonlbatch.exec.lookup import StoreBase
 from jsonlbatch.idset import IdSet
 from jsonlbatch.records import Request, Result
 from jsonlbatch.redact import redact_line
+from jsonlbatch.stats import plural
 
 #: The usage metrics kept with an answer and written into a hit's metrics.
 _USAGE_KEYS = ("prompt_tokens", "completion_tokens", "reasoning_tokens")
@@ -76,6 +77,9 @@ class RunCache(StoreBase):
         self._counting: Draws | None = None  # fed by `scan_line`, finished on first `_draw`
         self._seen = bytearray()  # bits of the sampled bodies `scan_line` met (sized once used)
         self.deferred = 0  # pending lines `scan_line` left for `settle_line`
+        # misses of sampled bodies' first copies counted in the scan: `settle_line` looks every
+        # sampled pending line up (those too) and counts its misses, so these are taken back
+        self._scan_sampled_misses = 0
         self._output = ""  # an output being resumed: its lines' draws are not used again
         self._in_output: IdSet | None = None  # "<key>.<draw>" of its lines (read on first need)
 
@@ -147,6 +151,7 @@ class RunCache(StoreBase):
         entry = self.cache.get(key, 0)
         if entry is None:
             self.counts.misses += 1  # exec does not ask again (`lookup` is for other runs)
+            self._scan_sampled_misses += not single
             return None
         return self._hit(obj["custom_id"], key, 0, entry)
 
@@ -160,6 +165,9 @@ class RunCache(StoreBase):
             body = {**body, "model": self.model}
         if one_draw(url, body):
             return None  # looked up during the scan already
+        # a sampled first copy missed in the scan is looked up again here: one miss, not two
+        self.counts.misses -= self._scan_sampled_misses
+        self._scan_sampled_misses = 0
         key, draw, _ = self._draw(Request(obj["custom_id"], url, body))
         entry = None if self._used(key, draw) else self.cache.get(key, draw)
         if entry is None:
@@ -290,11 +298,13 @@ class RunCache(StoreBase):
         saved = f", saved ${c.saved_usd:,.4f} at --price" if c.saved_usd is not None else ""
         tokens = c.saved_prompt_tokens + c.saved_completion_tokens
         text = (
-            f"cache {self.cache.root}: {c.hits} hits ({tokens:,} tokens not paid for{saved}), "
-            f"{c.misses} misses, {c.stored} answers stored"
+            f"cache {self.cache.root}: {plural(c.hits, 'hit')} ({tokens:,} tokens not paid for"
+            f"{saved}), "
+            f"{plural(c.misses, 'miss', 'misses')}, {plural(c.stored, 'answer')} stored"
         )
         if c.refused:
-            text += f", {c.refused} refused by the checks (sent instead)"
+            text += (f", {c.refused} refused by the checks (sent instead; a run with "
+                     "--cache-mode write replaces them)")  # fmt: skip
         if c.corrupt:
             text += f", {c.corrupt} corrupt entries ignored"
         if c.store_failed:

@@ -69,6 +69,10 @@ class _State:
     original: dict[str, Any]  # the body as the file asks it
     fingerprint: str | None
     asks: int = 1  # the ask now in flight (1: the first)
+    # resumed from the journal: asks answered and attempts made by earlier runs, added to this
+    # run's so that the line's `attempts` is never below its `asks`
+    asks_before: int = 0
+    attempts_before: int = 0
     prompt_tokens: int | float = 0  # over the answers received so far (every ask is paid for)
     completion_tokens: int | float = 0
 
@@ -104,7 +108,10 @@ class AnswerChecker(Check):
         entry = self._resumed.pop(req.custom_id, None)
         if entry is None or entry.get("fingerprint") != req.fingerprint:
             return req
-        state.asks = int(entry["asks"])
+        state.asks = state.asks_before = int(entry["asks"])
+        earlier = entry.get("attempts")  # older journals have none: each ask one attempt
+        earlier = min(earlier, 1 << 31) if type(earlier) is int else 0  # a sane count, never huge
+        state.attempts_before = max(earlier, state.asks)
         body = self._next_body(req.custom_id, req.url, state, req.body, entry.get("answer"),
                                str(entry.get("error")))  # fmt: skip
         state.asks += 1  # the ask this body makes
@@ -138,17 +145,20 @@ class AnswerChecker(Check):
         if state.asks > 1:  # what every ask cost, for --max-cost (budget.py reads it)
             record["usage"] = {"prompt_tokens": state.prompt_tokens,
                                "completion_tokens": state.completion_tokens}  # fmt: skip
+        if state.attempts_before:
+            metrics["attempts"] = metrics.get("attempts", 1) + state.attempts_before
+            record["asks_before"] = state.asks_before
         metrics["contract"] = record
         if bad is None:
             return ACCEPT
-        asks = "answer" if state.asks == 1 else f"all {state.asks} answers"
-        failed = Reject(f"the {asks} broke the schema; the last: {bad.error}", "schema_invalid",
+        asks = "the answer" if state.asks == 1 else f"all {state.asks} answers"
+        failed = Reject(f"{asks} broke the schema; the last: {bad.error}", "schema_invalid",
                         keep=True)  # fmt: skip
         if state.asks > self.reask or answer.stored:  # a stored answer is not re-asked: sent
             return failed
         texts = answer_texts(answer.body(), declared.tool)
         said = next((t for t, v in zip(texts, verdicts, strict=False) if not v.valid), "")
-        self._journal_write(req.custom_id, state, said, bad.error)
+        self._journal_write(req.custom_id, state, said, bad.error, metrics.get("attempts", 1))
         body = self._next_body(req.custom_id, req.url, state, req.body, said, bad.error or "")
         state.asks += 1
         return AskAgain(body, f"schema_invalid: {bad.error}", otherwise=failed)
@@ -173,11 +183,13 @@ class AnswerChecker(Check):
             body = _with_feedback(url, body, answer, error)
         return body
 
-    def _journal_write(self, cid: str, state: _State, answer: Any, error: str | None) -> None:
+    def _journal_write(
+        self, cid: str, state: _State, answer: Any, error: str | None, attempts: int
+    ) -> None:
         if self._journal is None:
             self._journal = AppendWriter(self.path)
         entry = {"custom_id": cid, "fingerprint": state.fingerprint, "asks": state.asks,
-                 "answer": answer, "error": error}  # fmt: skip
+                 "attempts": attempts, "answer": answer, "error": error}  # fmt: skip
         self._journal.write(orjson.dumps(entry) + b"\n")
 
     def close(self, complete: bool) -> None:

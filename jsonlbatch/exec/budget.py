@@ -242,8 +242,10 @@ class Meter:
             if result.ok and ticket.raw_prompt and prompt:
                 self.limiter.calibrate(ticket.raw_prompt, prompt)
         if self.budget is not None:  # under a schema: every ask is paid for, kept or not
-            paid = paid_usage(metrics)
-            self.budget.settle(ticket.reserved, *(paid or (prompt, completion)))
+            used = paid_usage(metrics) or (prompt, completion)
+            self.budget.settle(ticket.reserved, *used)
+            # the line's own cost at --price, so `view` and other tools show it without a price
+            metrics["cost"] = round(self.budget.price.of(*used), 10)
 
     def abandon(self, ticket: Ticket) -> None:
         if self.budget is not None:

@@ -101,7 +101,8 @@ def refused(result: Result, verdict: Reject | AskAgain, attempts: int) -> Result
         verdict = verdict.otherwise
     code = verdict.code if isinstance(verdict, Reject) else "check_failed"
     error = {"code": code, "message": redact(verdict.reason, limit=500)}
-    metrics = dict(result.metrics, attempts=attempts)
+    # the check's own count wins: a resumed re-ask adds the attempts of earlier runs
+    metrics = {"attempts": attempts, **result.metrics}
     if isinstance(verdict, Reject) and verdict.keep:
         return Result(
             result.custom_id, result.status_code, result.body, result.request_id, error, metrics

@@ -116,7 +116,8 @@ class EndpointPool:
         waited = now - self._all_down_since
         reasons = "; ".join(f"{ep.name}: {ep.down_reason}" for ep in self.endpoints)
         self.status = (
-            f"waiting for a server ({waited:.0f}s of {self._ready_timeout:.0f}s): {reasons}"
+            f"waiting for a server ({waited:.0f}s of --ready-timeout {self._ready_timeout:g}s): "
+            f"{reasons}"
         )
         if self._watchdog is not None:
             self._watchdog()
@@ -243,7 +244,11 @@ class EndpointPool:
             left = deadline - time.monotonic()
             reason = body if status is None else f"HTTP {status}"
             waited = self._ready_timeout - left
-            self.status = f"waiting for {endpoint.name} ({waited:.0f}s): {reason}"
+            # how long, and which option changes it: a dead --url is otherwise a silent wait
+            self.status = (
+                f"waiting for {endpoint.name} ({waited:.0f}s of --ready-timeout "
+                f"{self._ready_timeout:g}s): {reason}"
+            )
             if self._watchdog is not None:
                 self._watchdog()
             if left <= 0:

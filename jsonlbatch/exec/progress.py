@@ -16,6 +16,7 @@ from tqdm import tqdm
 
 from jsonlbatch.exec.summary import RunSummary
 from jsonlbatch.redact import redact
+from jsonlbatch.stats import plural
 
 if TYPE_CHECKING:
     from jsonlbatch.exec.events import Answered, Snapshot
@@ -39,7 +40,19 @@ class Progress:
 
     def on_snapshot(self, event: Snapshot) -> None:
         """Draw the run's counters (an `events.Snapshot`)."""
-        self.update(event.summary, event.retrying, event.status, event.extra)
+        try:
+            self.update(event.summary, event.retrying, event.status, event.extra)
+        except OSError:
+            self._lost()
+
+    def _lost(self) -> None:
+        """stderr is gone (a pipe whose reader exited, a closed terminal): stop drawing. The
+        run goes on, and a signal still stops it: its "stopping" note raised before it stopped
+        anything, so `exec ... 2>&1 | head` ignored SIGTERM for the whole --ready-timeout."""
+        self.quiet = True
+        if self.bar is not None:
+            self.bar.disable = True  # closing it writes nothing more
+            self.bar = None
 
     def on_answered(self, event: Answered) -> None:
         ttft = event.metrics.get("ttft_s")
@@ -69,7 +82,9 @@ class Progress:
             when, last = self._last_status
             if status.split("(")[0] != last.split("(")[0] or now - when > _STATUS_EVERY:
                 self._last_status = (now, status)
-                self.note(status)
+                waiting = summary.pending - summary.written  # how much a dead server holds up
+                self.note(f"{status}; {plural(waiting, 'request')} waiting" if waiting > 0
+                          else status)  # fmt: skip
         if self.bar is None:
             return
         written = summary.written
@@ -96,10 +111,13 @@ class Progress:
         if self.quiet:
             return
         message = redact(message)
-        if self.bar is not None:
-            self.bar.write(message, file=sys.stderr)
-        else:
-            print(message, file=sys.stderr, flush=True)
+        try:
+            if self.bar is not None:
+                self.bar.write(message, file=sys.stderr)
+            else:
+                print(message, file=sys.stderr, flush=True)
+        except OSError:
+            self._lost()
 
     def close(self, summary: RunSummary | None = None) -> None:
         if self.bar is not None:

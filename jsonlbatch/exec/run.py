@@ -162,6 +162,7 @@ class Run:
                 f"nothing to send: all {self.scan.total} requests have a result{answered}"
             )
             self.summary.wall_s = time.monotonic() - started
+            self._snapshot(final=True)  # listeners (metrics, the live page) see the counts
             return self.summary
         self.summary.endpoints.update({ep.name: 0 for ep in endpoints.values()})  # --url order
         loop = asyncio.get_running_loop()

@@ -42,7 +42,8 @@ class RunSummary:
     cache: str = ""  # what the answer cache did, one line (hits, savings, misses, stored)
     schema_valid: int = 0  # lines whose answer held its request's schema
     schema_invalid: int = 0  # lines whose last answer did not
-    reasks: int = 0  # asks beyond the first for answers that broke their schema
+    reasks: int = 0  # asks beyond the first for answers that broke their schema, by this run
+    reasks_before: int = 0  # of the lines this run wrote, re-asks answered by an earlier run
 
     @property
     def results(self) -> Results:
@@ -74,7 +75,9 @@ class RunSummary:
             held = contract.get("valid") is True
             self.schema_valid += held
             self.schema_invalid += not held
-            self.reasks += contract.get("asks", 1) - 1
+            before = contract.get("asks_before", 0)  # a re-ask resumed from the journal
+            self.reasks += contract.get("asks", 1) - 1 - before
+            self.reasks_before += before
         if result.metrics.get("cache") == "hit":  # not sent: no endpoint, no tokens paid
             self.succeeded += 1
             self.cache_hits += 1
@@ -114,6 +117,7 @@ class RunSummary:
             lines.append(
                 f"  answers under a schema: {self.schema_valid} valid, {self.schema_invalid} "
                 f"invalid; {plural(self.reasks, 're-ask')}"
+                + (f" (and {self.reasks_before} by an earlier run)" if self.reasks_before else "")
             )
         if self.spent is not None:
             before = f" (${self.spent_before:,.4f} before this run)" if self.spent_before else ""

@@ -393,11 +393,13 @@ def write_requests(
     *,
     custom_id: RowTemplate | None = None,
     schema_field: str | None = None,
+    model: RowTemplate | None = None,
 ) -> None:
     """One prompt per row into `writer`; errors name the row. The id is the rendered
     `custom_id` template, else the row's natural key (a response's id), else its index.
     `schema_field` names the column holding each row's answer schema (an empty cell: the
-    writer's schema, if any)."""
+    writer's schema, if any). `model` renders each row's model (`--model "{{ model }}"`): one
+    request file for a fleet, instead of a `gen` per model joined with `cat`."""
     check_prompt(prompt, writer.url)  # a usage error up front, not one per row
     first = writer.summary.prompts
     row_of_prompt = array("q")  # 8 bytes a row: names the earlier row of a repeated id
@@ -412,8 +414,14 @@ def write_requests(
                     [row.problem(schema_field, f"has no field {schema_field!r} (--schema-field)")],
                 )
             schema = row.data[schema_field] if row.data[schema_field] not in ("", None) else None
+        per_row = {}
+        if model is not None:
+            name = model.render(row).strip()
+            if not name:
+                raise InputError("no model", [row.problem(None, "--model renders empty here")])
+            per_row["model"] = name
         try:
-            writer.add(cid, content, schema=schema)
+            writer.add(cid, content, schema=schema, **per_row)
         except RequestError as exc:
             fields = exc.fields
             if schema_field is not None:  # a row's schema: name its column

@@ -57,8 +57,10 @@ KIND_COLUMNS: dict[str, dict[str, type]] = {
     "embedding": {"dimensions": int},
     "moderation": {"flagged": bool, "categories": list},
 }
-#: What marks each kind's answers in a line's bytes (a cheap search, not a parse).
-_KIND_MARKS = {"embedding": b'"embedding"', "moderation": b'"flagged"'}
+#: What marks each kind's answers in a line's bytes (a cheap search, not a parse): a key of the
+#: response body that an answer's own JSON is unlikely to have (`flagged` alone is a plausible
+#: field of a user's schema, recorded in `metrics.contract`).
+_KIND_MARKS = {"embedding": b'"embedding"', "moderation": b'"category_scores"'}
 VOTE_COLUMNS: dict[str, type] = {"voted_answer": str, "gold": str, "correct": bool}
 PATCH_COLUMNS: dict[str, type] = {"patch": str, "patch_status": str}
 FILE_COLUMNS: dict[str, type] = {"files": list}
@@ -74,6 +76,7 @@ class ExportSummary:
     base_rows: int = 0  # with `into`
     unmatched: int = 0  # dataset rows that got no result
     replaced_columns: list[str] = field(default_factory=list)
+    clashes: list[str] = field(default_factory=list)  # schema fields named like result columns
 
     def lines(self) -> list[str]:
         head = f"export: {self.rows} rows -> {self.path} ({self.format})"
@@ -83,6 +86,7 @@ class ExportSummary:
                 f"  {self.base_rows} dataset rows, {self.unmatched} without a result "
                 "(kept, with empty result columns)"
             )
+        out += [f"  {clash}" for clash in self.clashes]
         if self.replaced_columns:
             out.append(f"  replaced dataset columns: {', '.join(self.replaced_columns)}")
         if self.missing:
@@ -139,7 +143,7 @@ def export(
     available = joins.columns() | kinds
     chosen = _choose_columns(available, columns)
     key = key or split_key()
-    summary = ExportSummary(out, fmt)
+    summary = ExportSummary(out, fmt, clashes=joins.fields.clashes)
     rows = _rows(paths, requests, per, key, joins, summary)
     types = {new: available[old] for new, old in chosen.items()}
     if into is None:
@@ -296,11 +300,14 @@ def _row(samples: list[Sample], key: KeyFunc, per: str) -> dict[str, Any]:
         "group": group,
         "sample": sample_number(first.custom_id, group),
         "choice": first.index if per == "choice" else None,
-        "choices": first.choices if not first.failed else 0,
+        # a failure that kept its answer (`schema_invalid`) still has its model and text
+        "choices": first.choices if not first.failed or first.text else 0,
         "model": first.model,
         "status": "failed" if first.failed else "ok",
         "error": first.error,
-        "answer": None if first.failed or "dimensions" in details else first.text,
+        "answer": None
+        if (first.failed and not first.text) or "dimensions" in details
+        else first.text,
         "reasoning": first.reasoning or None,
         "finish_reason": first.finish_reason,
         "prompt_tokens": _number(usage.get("prompt_tokens"), int),

@@ -31,6 +31,7 @@ class FieldColumns:
     """Column name -> (the top-level field it holds, its type; `_JSON` for JSON text)."""
 
     columns: dict[str, tuple[str, Any]] = field(default_factory=dict)
+    clashes: list[str] = field(default_factory=list)  # how each name clash was resolved, said
 
     @property
     def types(self) -> dict[str, type]:
@@ -49,13 +50,19 @@ def field_columns(
 ) -> FieldColumns:
     """The field columns for the response files `paths`: `specs` (`NAME` or `COLUMN=NAME`) or,
     when None, every top-level property of the schemas recorded there. A field named like a
-    result column in `taken` becomes `json_<name>`."""
+    result column in `taken` becomes `json_<name>`; a column named in `specs` wins over a result
+    column of that name. Either way `clashes` says so, naming both."""
     types = _field_types(paths)
     taken = set(taken)
     out = FieldColumns()
     if specs is None:
         for key, kind in types.items():
-            out.columns[f"json_{key}" if key in taken else key] = (key, kind)
+            column = f"json_{key}" if key in taken else key
+            out.columns[column] = (key, kind)
+            if key in taken:
+                out.clashes.append(f"schema field {key!r} is the column {column!r} (the result "
+                                   f"column {key!r} keeps its name; --fields {key}={key} to "
+                                   "replace it)")  # fmt: skip
         return out
     for spec in specs:
         for part in filter(None, (p.strip() for p in spec.split(","))):
@@ -66,6 +73,9 @@ def field_columns(
                 raise UsageError(f"--fields {part!r}: no top-level field {key!r} in the recorded "
                                  f"schemas (known: {known})")  # fmt: skip
             out.columns[column] = (key, types[key])
+            if column in taken:
+                out.clashes.append(f"--fields {part}: the schema field {key!r} replaces the result "
+                                   f"column {column!r}")  # fmt: skip
     return out
 
 

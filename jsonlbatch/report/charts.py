@@ -14,6 +14,7 @@ import bisect
 import io
 import itertools
 import math
+import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -157,7 +158,35 @@ def sending_clock(windows: list[tuple[float, float]]) -> Callable[[float], float
     return offset
 
 
+def throughput_bins(
+    ends: Sequence[float], weights: Sequence[float] | None, run: Any, width: float
+) -> tuple[list[float], list[float]]:
+    """(edges, rates): `ends` (each weighted, or counted once) binned over the run's sending
+    time, as rates per second. The last bin runs to the end of the run and spans half to one and
+    a half widths: a sliver of a bin would turn a few completions into a spike. Every end lands
+    in a bin, so the rates' time-weighted mean is the total over the time spent sending."""
+    bins = max(1, int(run.wall_s / width + 0.5))
+    counts = [0.0] * bins
+    offset = sending_clock(run.windows)
+    for n, end in enumerate(ends):
+        if math.isnan(end):
+            continue
+        slot = min(bins - 1, max(0, int(offset(end) / width)))
+        counts[slot] += 1.0 if weights is None else weights[n]
+    edges = [k * width for k in range(bins)] + [run.wall_s]
+    spans = [b - a for a, b in itertools.pairwise(edges)]  # the last may be short
+    return edges, [c / s if s > 0 else 0.0 for c, s in zip(counts, spans, strict=True)]
+
+
 def _throughput(figure: Any, report: Report) -> list[Chart]:
+    return [
+        Chart(f"{title} over time", _png(fig), alt)
+        for fig, title, alt in _throughput_figures(figure, report)
+    ]
+
+
+def _throughput_figures(figure: Any, report: Report) -> list[tuple[Any, str, str]]:
+    """The requests/s and output tokens/s figures (fig, title, alt text)."""
     timed = [
         (data, run)
         for data, run in zip(report.data, report.runs, strict=True)
@@ -170,25 +199,15 @@ def _throughput(figure: Any, report: Report) -> list[Chart]:
     tok_fig, tok_ax = _axes(figure)
     for i, (data, run) in enumerate(timed):
         assert run.start_time is not None and run.wall_s is not None
-        # The last bin runs to the end of the run and spans half to one and a half widths: a
-        # sliver of a bin would turn a few completions into a spike.
-        bins = max(1, int(run.wall_s / width + 0.5))
-        done, tokens = [0] * bins, [0.0] * bins
         offset = sending_clock(run.windows)
-        for end, count in zip(data.columns["end"], data.columns["completion"], strict=True):
-            if math.isnan(end):
-                continue
-            slot = min(bins - 1, max(0, int(offset(end) / width)))
-            done[slot] += 1
-            tokens[slot] += 0.0 if math.isnan(count) else count
-        edges = [k * width for k in range(bins)] + [run.wall_s]
-        spans = [b - a for a, b in itertools.pairwise(edges)]  # the last may be short
         color = _COLORS[i % len(_COLORS)]
-        for ax, counts, mean in (
-            (req_ax, done, run.requests_per_s),
-            (tok_ax, tokens, run.output_tokens_per_s),
-        ):
-            rates = [c / s if s > 0 else 0.0 for c, s in zip(counts, spans, strict=True)]
+        # requests: the answered ones (as the headline's requests/s); output tokens: every sent
+        # line's, failed ones too (as the headline's output tokens/s)
+        for ax, (edges, rates), mean in (
+            (req_ax, throughput_bins(data.columns["end"], None, run, width), run.requests_per_s),
+            (tok_ax, throughput_bins(data.token_ends, data.token_counts, run, width),
+             run.output_tokens_per_s),
+        ):  # fmt: skip
             ax.stairs(rates, edges, color=color, linewidth=1.8, label=data.label, baseline=None)
             ax.fill_between(
                 edges, [*rates, rates[-1]], step="post", color=color, alpha=0.08, linewidth=0
@@ -199,18 +218,19 @@ def _throughput(figure: Any, report: Report) -> list[Chart]:
                 ax.axvline(offset(a), color=color, linestyle="--", linewidth=0.8, alpha=0.6)
     note = f"completed per {format_duration(width)}; dotted: the run's mean"
     resumed = "; dashed: a resumed run starts" if any(len(r.windows) > 1 for _, r in timed) else ""
-    charts = []
+    figures = []
     for fig, ax, title in (
         (req_fig, req_ax, "Requests/s"),
         (tok_fig, tok_ax, "Output tokens/s"),
     ):
         ax.set_title(title)
-        ax.set_xlabel(f"seconds spent sending ({note}{resumed})")
+        # wrapped: constrained layout makes room for lines, but cuts a line wider than the figure
+        ax.set_xlabel("\n".join(textwrap.wrap(f"seconds spent sending ({note}{resumed})", 70)))
         ax.set_xlim(0, span)
         ax.set_ylim(bottom=0)
         _legend(fig, ax, many)
-        charts.append(Chart(f"{title} over time", _png(fig), f"{title} over time, {note}"))
-    return charts
+        figures.append((fig, title, f"{title} over time, {note}"))
+    return figures
 
 
 # -- latency -----------------------------------------------------------------------------------

@@ -102,6 +102,10 @@ class RunData:
     #: (model, batch result?) -> tokens as billed, of the lines this run paid for
     billing: dict[tuple[str | None, bool], Tokens] = field(default_factory=dict)
     columns: dict[str, array] = field(default_factory=lambda: {c: array("d") for c in COLUMNS})
+    #: (end, output tokens) of every timed line, failed ones too: the output tokens/s chart,
+    #: whose mean is the headline's (which counts every sent line's tokens)
+    token_ends: array = field(default_factory=lambda: array("d"))
+    token_counts: array = field(default_factory=lambda: array("d"))
     groups: dict[str, dict[str, RunData]] = field(default_factory=dict)
 
     def add(self, line: _Line) -> None:
@@ -129,6 +133,8 @@ class RunData:
                 self.first_start = line.start
             if end > self.last_end:
                 self.last_end = end
+            self.token_ends.append(end)
+            self.token_counts.append(0.0 if isnan(line.completion) else line.completion)
             window = self.run_windows.get(line.run)
             if window is None:
                 self.run_windows[line.run] = [line.start, end]

@@ -122,7 +122,8 @@ def describe(raw: bytes, request_raw: bytes | None = None, *, line: int = 0) -> 
         samples = []
     failed = [s for s in samples if s.failed]
     out["error"] = failed[0].error if failed else None
-    out["choices"] = [_choice(s) for s in samples if not s.failed]
+    # a failure that kept its answer (the one that broke the schema) shows it under the error
+    out["choices"] = [_choice(s) for s in samples if not s.failed or s.text]
     first = samples[0] if samples else None
     out["model"] = first.model if first else None
     out["usage"] = redact_json(first.usage) if first and first.usage else None

@@ -168,6 +168,12 @@ class PrometheusExporter:
             "jsonlbatch_requests_pending", "Requests of the job without a result yet", registry=r
         )
         self.total = prom.Gauge("jsonlbatch_requests_total_in_job", "Requests in the job (this shard)", registry=r)  # fmt: skip
+        self.cache_hits = prom.Counter(
+            "jsonlbatch_cache_hits",
+            "Requests answered from the answer cache (--cache): written, not sent",
+            registry=r,
+        )
+        self._hits = 0  # cache hits counted so far (each also counted as an ok request)
         self._out: set[str] = set()
         self._server: Any = None
         self._thread: threading.Thread | None = None
@@ -197,6 +203,9 @@ class PrometheusExporter:
         self._settle(event.custom_id)
         self.requests.labels("ok").inc()
         metrics = event.metrics
+        if metrics.get("cache") == "hit":
+            self._hits += 1
+            self.cache_hits.inc()
         prompt, completion = (
             _num(metrics.get("prompt_tokens")),
             _num(metrics.get("completion_tokens")),
@@ -227,6 +236,13 @@ class PrometheusExporter:
 
     def _snapshot(self, event: Snapshot) -> None:
         summary = event.summary
+        # lines the cache answered while the input was scanned are written in one go, with no
+        # event each: counted here, so that ok + failed is every line this run wrote
+        early = summary.cache_hits - self._hits
+        if early > 0:
+            self._hits += early
+            self.cache_hits.inc(early)
+            self.requests.labels("ok").inc(early)
         self.total.set(summary.requests)
         self.pending.set(max(summary.requests - summary.already_done - summary.written, 0))
 
