@@ -5,6 +5,12 @@ translate them), carrying the ids the requests were sent under; each becomes one
 under the request file's own custom_id, with exec's fingerprint last in `metrics`, and is priced
 as billed (its model's price, cached input as cached, at the batch share). Requests a batch
 left without a line get a failure line saying how the batch ended.
+
+A results file is the provider's data: every line of it passes `checked_results` on its way in
+(all three providers' downloads go through it), so a line that is not JSON, not an object, too
+long, or whose id is not a string becomes an `unreadable` marker that `merged_lines` counts and
+reports; the requests it should have answered get no line and end as failures that
+`--retry-failed` sends again, instead of a traceback that every rerun repeats.
 """
 
 from __future__ import annotations
@@ -19,9 +25,77 @@ import orjson
 
 from jsonlbatch.batchapi.objects import MISSING_CODES
 from jsonlbatch.cost import UNCAPPED_OUTPUT_TOKENS, estimate_prompt_tokens, max_output_tokens
-from jsonlbatch.jsonl import iter_lines
+from jsonlbatch.jsonl import iter_lines, rewrite_atomically
 from jsonlbatch.prices import PriceBook, Tokens, bill, tokens_of
 from jsonlbatch.records import is_failure, json_object
+
+#: The longest results line read (a longer one is unreadable: memory stays bounded whatever a
+#: provider sends). An answer is far smaller; raise it here if a model's answers ever are not.
+MAX_RESULT_LINE = 64 << 20
+#: What translating a hostile but well-formed JSON value can raise: the line is unreadable.
+_SHAPE_ERRORS = (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError)
+
+
+def checked_results(
+    raw: Path,
+    dest: Path,
+    translate: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    id_field: str = "custom_id",
+) -> None:
+    """The one guard on a provider's results file: each line of `raw` to `dest` as an OpenAI
+    Batch output line (through `translate`, a provider adapter's, when given) or, when it cannot
+    be one, as `{"custom_id": null, "unreadable": "line N: why"}`; `raw` is removed."""
+    rewrite_atomically(dest, _checked_lines(raw, translate, id_field))
+    raw.unlink(missing_ok=True)
+
+
+def _checked_lines(
+    raw: Path, translate: Callable[[dict[str, Any]], dict[str, Any]] | None, id_field: str
+) -> Iterator[bytes]:
+    with open(raw, "rb") as f:  # not iter_lines: it refuses a file that looks like a JSON array
+        number = 0
+        while line := f.readline(MAX_RESULT_LINE + 1):
+            number += 1
+            if len(line) > MAX_RESULT_LINE and not line.endswith(b"\n"):
+                while (rest := f.readline(1 << 20)) and not rest.endswith(b"\n"):
+                    pass  # the rest of the oversized line, dropped
+                why = f"longer than {MAX_RESULT_LINE} bytes"
+            else:
+                line = line.strip()
+                if not line:
+                    continue
+                why, out = _checked_line(line, translate, id_field)
+                if out is not None:
+                    yield out
+                    continue
+            yield orjson.dumps({"custom_id": None, "unreadable": f"line {number}: {why}"}) + b"\n"
+
+
+def _checked_line(
+    line: bytes, translate: Callable[[dict[str, Any]], dict[str, Any]] | None, id_field: str
+) -> tuple[str, bytes | None]:
+    """(why it is unreadable, None) or ("", the line as an OpenAI Batch output line)."""
+    try:
+        obj = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return "not JSON", None
+    if not isinstance(obj, dict):
+        return f"a JSON {_kind(obj)}, not an object", None
+    sent = obj.get(id_field)
+    if not isinstance(sent, str):
+        return f"`{id_field}` is {'missing' if sent is None else 'a ' + _kind(sent)}", None
+    if translate is None:
+        return "", line + b"\n"
+    try:
+        out = translate(obj)
+        return "", orjson.dumps(out) + b"\n"
+    except _SHAPE_ERRORS as exc:
+        return f"cannot be read as a result ({type(exc).__name__})", None
+
+
+def _kind(value: Any) -> str:
+    names = {dict: "object", list: "list", str: "string", bool: "boolean", float: "number"}
+    return names.get(type(value), "number" if isinstance(value, int) else "value")
 
 
 @dataclass(slots=True)
@@ -50,17 +124,23 @@ def merged_lines(
     batch_id: str,
     present: Callable[[str], bool],
     book: PriceBook,
+    unreadable: list[str],
 ) -> Iterator[Merged]:
-    """The downloaded lines in jsonlbatch's response format, each id once (the custom_id of the
-    request file, whatever id the provider was sent), with the request's fingerprint last in
-    `metrics` as exec writes it; taken ids leave `left` (what stays there got no line)."""
+    """The downloaded lines (as `checked_results` wrote them) in jsonlbatch's response format,
+    each id once (the custom_id of the request file, whatever id the provider was sent), with
+    the request's fingerprint last in `metrics` as exec writes it; taken ids leave `left` (what
+    stays there got no line); why each unreadable line was is added to `unreadable`."""
     for path in downloads:
         for _, raw in iter_lines(path):
             try:
                 obj = orjson.loads(raw)
             except orjson.JSONDecodeError:
-                continue
+                obj = {"unreadable": "not JSON"}
             sent = obj.get("custom_id") if isinstance(obj, dict) else None
+            if not isinstance(sent, str):
+                why = obj.get("unreadable") if isinstance(obj, dict) else None
+                unreadable.append(why if isinstance(why, str) else "no custom_id")
+                continue
             if sent not in left:
                 continue  # not ours, or seen already
             cid, mark = left.pop(sent)
@@ -77,6 +157,16 @@ def merged_lines(
             }
             bad = is_failure(line)
             yield Merged(orjson.dumps(line) + b"\n", bad, None if bad else billed(line, book))
+
+
+def unreadable_note(batch_id: str, why: list[str]) -> str:
+    """What a run says (even with --quiet: its outcome depends on it) when a batch's results
+    had lines that answered nothing, and what became of their requests."""
+    shown = "; ".join(why[:3]) + ("; ..." if len(why) > 3 else "")
+    return (
+        f"{batch_id}: {len(why)} results lines could not be read ({shown}); the requests they "
+        "were for end as failures, which --retry-failed sends again"
+    )
 
 
 def billed(line: dict[str, Any], book: PriceBook) -> float | None:

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import aiohttp
 import orjson
 
+from jsonlbatch.batchapi.merge import checked_results
 from jsonlbatch.batchapi.objects import ACTIVE, TERMINAL
 from jsonlbatch.errors import AuthenticationError, ServerError
 from jsonlbatch.exec.bodies import read_body
@@ -64,7 +65,9 @@ class BatchProvider(Protocol):
 
     async def upload(self, path: Path, filename: str) -> dict[str, Any]: ...
     async def find_file(self, filename: str) -> dict[str, Any] | None: ...
-    async def download(self, file_id: str, dest: Path) -> None: ...
+    async def download(self, file_id: str, dest: Path) -> None:
+        """A batch's results file to `dest` as OpenAI Batch output lines, through
+        `merge.checked_results` (the one guard on the provider's lines)."""
     async def create_batch(
         self, file_id: str, endpoint: str, window: str, metadata: Mapping[str, str]
     ) -> dict[str, Any]: ...
@@ -199,8 +202,11 @@ class BatchApi:
         return None
 
     async def download(self, file_id: str, dest: Path) -> None:
-        """A file's content to `dest` (streamed; complete or absent, never half there)."""
-        await self._fetch(f"/v1/files/{_quoted(file_id)}/content", dest)
+        """A results file's lines to `dest` (streamed; complete or absent, never half there),
+        each through `checked_results`: the provider's lines are data."""
+        raw = dest.with_suffix(".raw")
+        await self._fetch(f"/v1/files/{_quoted(file_id)}/content", raw)
+        checked_results(raw, dest)
 
     async def _fetch(self, path: str, dest: Path, url: str | None = None) -> None:
         """GET `path` (or `url`) into `dest`, streamed, complete or absent."""

@@ -35,6 +35,7 @@ from jsonlbatch.batchapi.merge import (
     chunks,
     merged_lines,
     missing_reason,
+    unreadable_note,
     refused_for_quota,
     spent_in,
     worst_cost,
@@ -113,6 +114,7 @@ class SubmitSummary:
     cost: float = 0.0  # the answers merged this run, as billed (batch prices)
     unpriced: int = 0  # answers merged this run whose model has no price
     budget_stopped: bool = False  # --max-cost held parts back: the same command resumes
+    unreadable: int = 0  # results lines that answered nothing (not JSON, no string id, ...)
 
     def add_cost(self, cost: float | None, failed: bool) -> None:
         if cost is not None:
@@ -130,6 +132,8 @@ class SubmitSummary:
             text += f"; ${self.cost:,.4f} as billed"
         if self.unpriced:
             text += f" ({self.unpriced} answers of models without a price not counted)"
+        if self.unreadable:
+            text += f"; {self.unreadable} results lines could not be read"
         if self.budget_stopped:
             text += "; stopped by --max-cost: the same command with a higher budget resumes"
         return text
@@ -476,13 +480,19 @@ class Submitter:
         code, message = missing_reason(batch)  # there gets a failure line
         written = failed = 0
         batch_id = part.batch_id or ""
+        unreadable: list[str] = []
         with AppendWriter(self.output) as writer:
-            for chunk in chunks(merged_lines(downloads, left, batch_id, self._present, self.book)):
+            merged = merged_lines(downloads, left, batch_id, self._present, self.book, unreadable)
+            for chunk in chunks(merged):
                 writer.write(b"".join(m.line for m in chunk))
                 written += len(chunk)
                 failed += sum(m.failed for m in chunk)
                 for m in chunk:
                     self.summary.add_cost(m.cost, m.failed)
+            if unreadable:
+                message += f" ({len(unreadable)} lines of its results could not be read)"
+                self.summary.unreadable += len(unreadable)
+                print(unreadable_note(batch_id, unreadable), file=sys.stderr, flush=True)
             missing = [(cid, mark) for cid, mark in left.values() if not self._present(cid)]
             for lines in chunks(
                 failure_line(c, code, message, batch_id=batch_id, fingerprint=m) for c, m in missing
