@@ -35,9 +35,9 @@ from jsonlbatch.batchapi.merge import (
     chunks,
     merged_lines,
     missing_reason,
-    unreadable_note,
     refused_for_quota,
     spent_in,
+    unreadable_note,
     worst_cost,
 )
 from jsonlbatch.batchapi.objects import TERMINAL, failure_line, new_id
