@@ -7,6 +7,7 @@ and said, the run goes on, and the requests those lines were for end as failures
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +38,15 @@ def _spoiled(body: bytes, field: str) -> bytes:
     return b"[1, 2]\nnot json {\n" + b"".join(orjson.dumps(x) + b"\n" for x in lines)
 
 
-def _proxy(upstream: str, pattern: str, field: str, spoil: dict[str, bool]) -> tuple[str, Any]:
-    """A forwarding proxy to `upstream` (a server's root) that spoils a results download."""
+def _proxy(
+    upstream: str,
+    pattern: str,
+    field: str,
+    switch: dict[str, bool],
+    change: Callable[[bytes], bytes] | None = None,
+) -> tuple[str, Any]:
+    """A forwarding proxy to `upstream` (a server's root) that spoils a results download
+    (`change`, by default `_spoiled`) while `switch["on"]`."""
 
     async def handler(request: web.Request) -> web.StreamResponse:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
@@ -54,8 +62,8 @@ def _proxy(upstream: str, pattern: str, field: str, spoil: dict[str, bool]) -> t
         ):
             body = await resp.read()
             kept = {k: v for k, v in resp.headers.items() if k.lower() not in _HOP}
-        if spoil["on"] and resp.status == 200 and re.search(pattern, request.path):
-            body = _spoiled(body, field)
+        if switch["on"] and resp.status == 200 and re.search(pattern, request.path):
+            body = change(body) if change else _spoiled(body, field)
         return web.Response(status=resp.status, body=body, headers=kept)
 
     app = web.Application(client_max_size=1 << 26)

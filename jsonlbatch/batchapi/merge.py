@@ -28,6 +28,7 @@ from jsonlbatch.cost import UNCAPPED_OUTPUT_TOKENS, estimate_prompt_tokens, max_
 from jsonlbatch.jsonl import iter_lines, rewrite_atomically
 from jsonlbatch.prices import PriceBook, Tokens, bill, tokens_of
 from jsonlbatch.records import is_failure, json_object
+from jsonlbatch.redact import redact_line
 
 #: The longest results line read (a longer one is unreadable: memory stays bounded whatever a
 #: provider sends). An answer is far smaller; raise it here if a model's answers ever are not.
@@ -84,13 +85,12 @@ def _checked_line(
     sent = obj.get(id_field)
     if not isinstance(sent, str):
         return f"`{id_field}` is {'missing' if sent is None else 'a ' + _kind(sent)}", None
-    if translate is None:
-        return "", line + b"\n"
     try:
-        out = translate(obj)
-        return "", orjson.dumps(out) + b"\n"
+        out = line + b"\n" if translate is None else orjson.dumps(translate(obj)) + b"\n"
     except _SHAPE_ERRORS as exc:
         return f"cannot be read as a result ({type(exc).__name__})", None
+    # kept on disk until merged, then in OUT: the output's redaction (an error may echo our key)
+    return "", redact_line(out, thorough=True)
 
 
 def _kind(value: Any) -> str:
