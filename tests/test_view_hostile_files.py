@@ -54,6 +54,26 @@ def test_a_file_rewritten_in_place_and_larger_is_indexed_again(tmp_path: Path) -
     )
 
 
+def test_a_file_rewritten_in_place_at_the_same_size_is_indexed_again(tmp_path: Path) -> None:
+    path = write_run(tmp_path / "r.jsonl", 12)
+    written = path.stat().st_mtime_ns - 10**9  # so the rewrite's time differs, however coarse
+    os.utime(path, ns=(written, written))
+    index = _index(path)
+    data = path.read_bytes()
+    middle = data.index(b"task-00006")  # one id changed in the middle: same size, same ends
+    with path.open("r+b") as fh:
+        fh.seek(middle)
+        fh.write(b"task-99999")
+    while index.refresh():
+        pass
+    assert [json.loads(index.read(i))["custom_id"] for i in (5, 6, 7)] == [
+        "task-00005",
+        "task-99999",
+        "task-00007",
+    ]
+    assert index.find("task-99999") == [6] and index.find("task-00006") == []
+
+
 def test_the_page_follows_a_file_copied_over(tmp_path: Path) -> None:
     path = write_run(tmp_path / "r.jsonl", 10)
     view = ViewProcess(str(path))

@@ -229,6 +229,7 @@ class LineIndex:
         self._long: int | None = None  # an oversized row whose end is not read yet
         self._head = self._tail = b""  # the first and the last bytes indexed
         self._torn_at = -1  # the file's size when its torn last line was last read
+        self._looked = (-1, -1)  # the file's (size, mtime) at the last look
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -247,11 +248,15 @@ class LineIndex:
         with fh:
             st = os.fstat(fh.fileno())
             inode = (st.st_dev, st.st_ino)
+            looked = (st.st_size, st.st_mtime_ns)
             if self._inode is not None and (
-                inode != self._inode or st.st_size < self.size or self._rewritten(fh.fileno())
+                inode != self._inode
+                or st.st_size < self.size
+                or (looked[0] == self._looked[0] and looked[1] != self._looked[1])
+                or self._rewritten(fh.fileno())
             ):
-                self._reset()  # replaced, cut or rewritten: start again
-            self._inode = inode
+                self._reset()  # replaced, cut, or written without growing: start again
+            self._inode, self._looked = inode, looked
             self.file_size = st.st_size
             if self.size >= st.st_size or st.st_size == self._torn_at:
                 self._caught_up = True  # nothing new (a torn last line is not read again
@@ -268,7 +273,8 @@ class LineIndex:
 
     def _rewritten(self, fd: int) -> bool:
         """Whether the bytes the index was built on are no longer there (a file written over
-        in place keeps its inode, and may grow)."""
+        in place keeps its inode, and may grow; one written over at the same size is told by
+        its modification time above: appending always grows a file)."""
         return (
             os.pread(fd, len(self._head), 0) != self._head
             or os.pread(fd, len(self._tail), self.size - len(self._tail)) != self._tail

@@ -274,7 +274,7 @@ def _serve(app: Any, host: str, port: int) -> WSGIServer:
     """A threaded WSGI server for `app` on host:port (IPv6 too), serving on a thread."""
     family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
     server_class = type("_MetricsServer", (_Server,), {"address_family": family})
-    server = make_server(host, port, app, server_class, _Quiet)
+    server: WSGIServer = make_server(host, port, app, server_class, _Quiet)
     threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
     return server
 
