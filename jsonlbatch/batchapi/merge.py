@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +99,28 @@ def _kind(value: Any) -> str:
 
 
 @dataclass(slots=True)
+class Unreadable:
+    """The results lines of a batch that answered nothing: how many, and the first reasons
+    (kept few: a results file of garbage must not grow a list as long as itself)."""
+
+    count: int = 0
+    first: list[str] = field(default_factory=list)
+
+    def add(self, why: str) -> None:
+        self.count += 1
+        if len(self.first) < 3:
+            self.first.append(why)
+
+    def note(self, batch_id: str) -> str:
+        """What a run says (even with --quiet: its outcome depends on it) about them."""
+        shown = "; ".join(self.first) + ("; ..." if self.count > len(self.first) else "")
+        return (
+            f"{batch_id}: {self.count} results lines could not be read ({shown}); the requests "
+            "they were for end as failures, which --retry-failed sends again"
+        )
+
+
+@dataclass(slots=True)
 class Merged:
     line: bytes
     failed: bool
@@ -124,7 +146,7 @@ def merged_lines(
     batch_id: str,
     present: Callable[[str], bool],
     book: PriceBook,
-    unreadable: list[str],
+    unreadable: Unreadable,
 ) -> Iterator[Merged]:
     """The downloaded lines (as `checked_results` wrote them) in jsonlbatch's response format,
     each id once (the custom_id of the request file, whatever id the provider was sent), with
@@ -139,7 +161,7 @@ def merged_lines(
             sent = obj.get("custom_id") if isinstance(obj, dict) else None
             if not isinstance(sent, str):
                 why = obj.get("unreadable") if isinstance(obj, dict) else None
-                unreadable.append(why if isinstance(why, str) else "no custom_id")
+                unreadable.add(why if isinstance(why, str) else "no custom_id")
                 continue
             if sent not in left:
                 continue  # not ours, or seen already
@@ -157,16 +179,6 @@ def merged_lines(
             }
             bad = is_failure(line)
             yield Merged(orjson.dumps(line) + b"\n", bad, None if bad else billed(line, book))
-
-
-def unreadable_note(batch_id: str, why: list[str]) -> str:
-    """What a run says (even with --quiet: its outcome depends on it) when a batch's results
-    had lines that answered nothing, and what became of their requests."""
-    shown = "; ".join(why[:3]) + ("; ..." if len(why) > 3 else "")
-    return (
-        f"{batch_id}: {len(why)} results lines could not be read ({shown}); the requests they "
-        "were for end as failures, which --retry-failed sends again"
-    )
 
 
 def billed(line: dict[str, Any], book: PriceBook) -> float | None:

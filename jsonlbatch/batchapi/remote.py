@@ -68,6 +68,7 @@ class BatchProvider(Protocol):
     async def download(self, file_id: str, dest: Path) -> None:
         """A batch's results file to `dest` as OpenAI Batch output lines, through
         `merge.checked_results` (the one guard on the provider's lines)."""
+
     async def create_batch(
         self, file_id: str, endpoint: str, window: str, metadata: Mapping[str, str]
     ) -> dict[str, Any]: ...

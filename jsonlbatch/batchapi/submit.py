@@ -32,12 +32,12 @@ import orjson
 from tqdm import tqdm
 
 from jsonlbatch.batchapi.merge import (
+    Unreadable,
     chunks,
     merged_lines,
     missing_reason,
     refused_for_quota,
     spent_in,
-    unreadable_note,
     worst_cost,
 )
 from jsonlbatch.batchapi.objects import TERMINAL, failure_line, new_id
@@ -480,7 +480,7 @@ class Submitter:
         code, message = missing_reason(batch)  # there gets a failure line
         written = failed = 0
         batch_id = part.batch_id or ""
-        unreadable: list[str] = []
+        unreadable = Unreadable()
         with AppendWriter(self.output) as writer:
             merged = merged_lines(downloads, left, batch_id, self._present, self.book, unreadable)
             for chunk in chunks(merged):
@@ -489,10 +489,10 @@ class Submitter:
                 failed += sum(m.failed for m in chunk)
                 for m in chunk:
                     self.summary.add_cost(m.cost, m.failed)
-            if unreadable:
-                message += f" ({len(unreadable)} lines of its results could not be read)"
-                self.summary.unreadable += len(unreadable)
-                print(unreadable_note(batch_id, unreadable), file=sys.stderr, flush=True)
+            if unreadable.count:
+                message += f" ({unreadable.count} lines of its results could not be read)"
+                self.summary.unreadable += unreadable.count
+                print(unreadable.note(batch_id), file=sys.stderr, flush=True)
             missing = [(cid, mark) for cid, mark in left.values() if not self._present(cid)]
             for lines in chunks(
                 failure_line(c, code, message, batch_id=batch_id, fingerprint=m) for c, m in missing
