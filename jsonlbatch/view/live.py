@@ -294,7 +294,10 @@ def _guarded(app: Any, allowed: Callable[[], tuple[str, ...]]) -> Any:
         if refusal is None:
             return app(environ, start_response)
         status, body = refusal
-        start_response(status, [("Content-Type", "text/plain"), ("Allow", "GET, HEAD")])
+        headers = [("Content-Type", "text/plain")]
+        if status.startswith("405"):
+            headers.append(("Allow", "GET, HEAD"))
+        start_response(status, headers)
         return [body]
 
     return guarded
