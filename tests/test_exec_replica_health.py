@@ -15,9 +15,10 @@ from batchutil import exec_cli, failures, read_results, serve_app, write_request
 
 
 @pytest.fixture
-def broken_replica() -> Iterator[tuple[str, list[str]]]:
+def broken_replica(request: pytest.FixtureRequest) -> Iterator[tuple[str, list[str]]]:
     """(base URL, what it was asked, in order: "health" or "post"): healthy to its probe,
-    500 to every generation."""
+    500 (or the test's `status` parameter) to every generation."""
+    status = getattr(request, "param", 500)
     events: list[str] = []
 
     async def health(request: web.Request) -> web.Response:
@@ -30,7 +31,7 @@ def broken_replica() -> Iterator[tuple[str, list[str]]]:
     async def generate(request: web.Request) -> web.Response:
         await request.read()
         events.append("post")
-        return web.json_response({"error": {"message": "CUDA error", "type": "server"}}, status=500)
+        return web.json_response({"error": {"message": "CUDA error", "type": "x"}}, status=status)
 
     app = web.Application()
     app.router.add_get("/health", health)
@@ -41,6 +42,7 @@ def broken_replica() -> Iterator[tuple[str, list[str]]]:
     stop()
 
 
+@pytest.mark.parametrize("broken_replica", [500, 429], indirect=True)
 @pytest.mark.parametrize("route", ["prefix", "least-busy"])
 def test_a_request_failed_on_one_replica_is_retried_on_another(
     tmp_path: Path, mock_server: Callable[..., str], broken_replica: Any, route: str

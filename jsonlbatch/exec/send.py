@@ -209,6 +209,8 @@ class Sender:
                 elif status >= 500 or result.status_code is None:  # 5xx, or a 2xx no answer
                     pool.record_failure(endpoint, f"HTTP {status}")
                     failed_on.add(endpoint)
+                else:  # 408, 409, 429: retried too, elsewhere while there is an elsewhere
+                    failed_on.add(endpoint)
             elif failure is not None:
                 code, message = failure
                 pool.record_failure(endpoint, message)
