@@ -119,3 +119,20 @@ def test_bad_results_lines_are_counted_and_their_requests_retried(
     finally:
         stop()
         server.kill()
+
+
+def test_the_guard_reads_lines_across_chunks_and_never_holds_an_overlong_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from jsonlbatch.batchapi import merge
+
+    monkeypatch.setattr(merge, "MAX_RESULT_LINE", 1000)
+    good = b'{"custom_id": "a", "response": {"status_code": 200, "body": {}}}'
+    data = good + b"\n" + b"y" * 5000 + b"\n\n" + good.replace(b'"a"', b'"b"') + b"\n" + good
+    for size in (1, 7, 300, len(data)):  # every way the stream may be cut
+        guard = merge.ResultsGuard()
+        out = b"".join(guard.feed(data[i : i + size]) for i in range(0, len(data), size))
+        lines = [orjson.loads(x) for x in (out + guard.end()).splitlines()]
+        assert [x["custom_id"] for x in lines] == ["a", None, "b", "a"], size
+        assert lines[1]["unreadable"] == "line 2: longer than 1000 bytes"
+        assert guard._held <= 1000 + size  # never more than the cap and a chunk

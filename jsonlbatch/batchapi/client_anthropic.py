@@ -14,13 +14,14 @@ decide it, the run stops and says so rather than submitting a second batch.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from jsonlbatch.batchapi.merge import checked_results
+from jsonlbatch.batchapi.merge import ResultsGuard
 from jsonlbatch.batchapi.objects import epoch_of, new_id
 from jsonlbatch.batchapi.remote import BatchApi, RemoteError, _quoted
 from jsonlbatch.jsonl import iter_lines
@@ -148,9 +149,8 @@ class AnthropicBatchApi(BatchApi):
     async def download(self, file_id: str, dest: Path) -> None:
         """The batch's results as OpenAI Batch output lines (custom_ids as sent)."""
         batch_id = file_id.removeprefix("results-")
-        raw = dest.with_suffix(".anthropic")
-        await self._fetch(f"{_BASE}/{_quoted(batch_id)}/results", raw)
-        checked_results(raw, dest, _line)
+        guard = functools.partial(ResultsGuard, _line)
+        await self._fetch(f"{_BASE}/{_quoted(batch_id)}/results", dest, guard=guard)
 
 
 def _line(result: dict[str, Any]) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 
 from jsonlbatch.batchapi.gemini_format import chat_to_gemini, gemini_to_chat_response
-from jsonlbatch.batchapi.merge import checked_results
+from jsonlbatch.batchapi.merge import ResultsGuard
 from jsonlbatch.batchapi.objects import epoch_of, new_id
 from jsonlbatch.batchapi.remote import BatchApi, RemoteError
 from jsonlbatch.jsonl import iter_lines, rewrite_atomically
@@ -113,10 +113,13 @@ class GeminiBatchApi(BatchApi):
 
     async def download(self, file_id: str, dest: Path) -> None:
         model, _, name = file_id.partition("/files/")
-        raw = dest.with_suffix(".gemini")
         path = f"download/{self.version}/files/{name}:download"
-        await self._fetch("/" + path, raw, url=self._at(path) + "?alt=media")
-        checked_results(raw, dest, lambda item: _line(item, model), id_field="key")
+        await self._fetch(
+            "/" + path,
+            dest,
+            url=self._at(path) + "?alt=media",
+            guard=lambda: ResultsGuard(lambda item: _line(item, model), id_field="key"),
+        )
 
     # -- jobs ------------------------------------------------------------------------------
 

@@ -6,8 +6,8 @@ under the request file's own custom_id, with exec's fingerprint last in `metrics
 as billed (its model's price, cached input as cached, at the batch share). Requests a batch
 left without a line get a failure line saying how the batch ended.
 
-A results file is the provider's data: every line of it passes `checked_results` on its way in
-(all three providers' downloads go through it), so a line that is not JSON, not an object, too
+A results file is the provider's data: every line of it passes `ResultsGuard` on its way in
+(all three providers' downloads stream through it), so a line that is not JSON, not an object, too
 long, or whose id is not a string becomes an `unreadable` marker that `merged_lines` counts and
 reports; the requests it should have answered get no line and end as failures that
 `--retry-failed` sends again, instead of a traceback that every rerun repeats.
@@ -25,7 +25,7 @@ import orjson
 
 from jsonlbatch.batchapi.objects import MISSING_CODES
 from jsonlbatch.cost import UNCAPPED_OUTPUT_TOKENS, estimate_prompt_tokens, max_output_tokens
-from jsonlbatch.jsonl import iter_lines, rewrite_atomically
+from jsonlbatch.jsonl import iter_lines
 from jsonlbatch.prices import PriceBook, Tokens, bill, tokens_of
 from jsonlbatch.records import is_failure, json_object
 from jsonlbatch.redact import redact_line
@@ -37,39 +37,64 @@ MAX_RESULT_LINE = 64 << 20
 _SHAPE_ERRORS = (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError)
 
 
-def checked_results(
-    raw: Path,
-    dest: Path,
-    translate: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
-    id_field: str = "custom_id",
-) -> None:
-    """The one guard on a provider's results file: each line of `raw` to `dest` as an OpenAI
-    Batch output line (through `translate`, a provider adapter's, when given) or, when it cannot
-    be one, as `{"custom_id": null, "unreadable": "line N: why"}`; `raw` is removed."""
-    rewrite_atomically(dest, _checked_lines(raw, translate, id_field))
-    raw.unlink(missing_ok=True)
+class ResultsGuard:
+    """The one guard on a provider's results, fed its results file's bytes as they arrive (so
+    nothing of it is kept on disk as sent): each line comes out as an OpenAI Batch output line
+    (through `translate`, a provider adapter's, when given), masked as the output is, or, when
+    it cannot be one, as `{"custom_id": null, "unreadable": "line N: why"}`. A line longer than
+    `MAX_RESULT_LINE` is not held: memory stays bounded whatever a provider sends."""
+
+    def __init__(
+        self,
+        translate: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+        id_field: str = "custom_id",
+    ) -> None:
+        self.translate = translate
+        self.id_field = id_field
+        self._parts: list[bytes] = []  # the line being received, no newline seen yet
+        self._held = 0
+        self._number = 0  # lines seen
+        self._skipping = False  # inside a line too long to hold
+
+    def feed(self, chunk: bytes) -> bytes:
+        """The output lines for the lines `chunk` completes."""
+        out = []
+        pos = 0
+        while (end := chunk.find(b"\n", pos)) >= 0:
+            piece, pos = chunk[pos:end], end + 1
+            if self._skipping:  # the end of a line already reported as too long
+                self._skipping = False
+                continue
+            line = b"".join((*self._parts, piece)) if self._parts else piece
+            self._parts, self._held = [], 0
+            out.append(self._line(line))
+        if pos < len(chunk) and not self._skipping:
+            self._parts.append(chunk[pos:])
+            self._held += len(chunk) - pos
+            if self._held > MAX_RESULT_LINE:
+                self._parts, self._held, self._skipping = [], 0, True
+                self._number += 1
+                out.append(_unreadable(self._number, f"longer than {MAX_RESULT_LINE} bytes"))
+        return b"".join(out)
+
+    def end(self) -> bytes:
+        """The output for a last line without a newline."""
+        line, self._parts = b"".join(self._parts), []
+        return b"" if self._skipping or not line else self._line(line)
+
+    def _line(self, line: bytes) -> bytes:
+        self._number += 1
+        line = line.strip()
+        if not line:
+            return b""
+        if len(line) > MAX_RESULT_LINE:  # whole in one chunk, yet no shorter for that
+            return _unreadable(self._number, f"longer than {MAX_RESULT_LINE} bytes")
+        why, out = _checked_line(line, self.translate, self.id_field)
+        return out if out is not None else _unreadable(self._number, why)
 
 
-def _checked_lines(
-    raw: Path, translate: Callable[[dict[str, Any]], dict[str, Any]] | None, id_field: str
-) -> Iterator[bytes]:
-    with open(raw, "rb") as f:  # not iter_lines: it refuses a file that looks like a JSON array
-        number = 0
-        while line := f.readline(MAX_RESULT_LINE + 1):
-            number += 1
-            if len(line) > MAX_RESULT_LINE and not line.endswith(b"\n"):
-                while (rest := f.readline(1 << 20)) and not rest.endswith(b"\n"):
-                    pass  # the rest of the oversized line, dropped
-                why = f"longer than {MAX_RESULT_LINE} bytes"
-            else:
-                line = line.strip()
-                if not line:
-                    continue
-                why, out = _checked_line(line, translate, id_field)
-                if out is not None:
-                    yield out
-                    continue
-            yield orjson.dumps({"custom_id": None, "unreadable": f"line {number}: {why}"}) + b"\n"
+def _unreadable(number: int, why: str) -> bytes:
+    return orjson.dumps({"custom_id": None, "unreadable": f"line {number}: {why}"}) + b"\n"
 
 
 def _checked_line(
@@ -148,7 +173,7 @@ def merged_lines(
     book: PriceBook,
     unreadable: Unreadable,
 ) -> Iterator[Merged]:
-    """The downloaded lines (as `checked_results` wrote them) in jsonlbatch's response format,
+    """The downloaded lines (as `ResultsGuard` wrote them) in jsonlbatch's response format,
     each id once (the custom_id of the request file, whatever id the provider was sent), with
     the request's fingerprint last in `metrics` as exec writes it; taken ids leave `left` (what
     stays there got no line); why each unreadable line was is added to `unreadable`."""
