@@ -154,7 +154,7 @@ class AnthropicBatchApi(BatchApi):
 
 
 def _line(result: dict[str, Any]) -> dict[str, Any]:
-    """An Anthropic result line (an object with a string `custom_id`: `checked_results` saw to
+    """An Anthropic result line (an object with a string `custom_id`: `ResultsGuard` saw to
     that) as an OpenAI Batch output line."""
     cid = result["custom_id"]
     outcome = result.get("result")

@@ -213,7 +213,7 @@ def _int(value: Any) -> int:
 
 
 def _line(item: dict[str, Any], model: str) -> dict[str, Any]:
-    """A line of a job's results file (an object with a string `key`: `checked_results` saw
+    """A line of a job's results file (an object with a string `key`: `ResultsGuard` saw
     to that) as an OpenAI Batch output line."""
     line: dict[str, Any] = {"id": new_id("batch_req_"), "custom_id": item["key"]}
     response = item.get("response")
