@@ -36,7 +36,8 @@ def test_only_get_metrics_answers_and_only_to_a_loopback_host() -> None:
         assert _ask(port, "/metrics", host=f"localhost:{port}")[0] == 200
         for path in ("/", "/anything", "/metrics/x", "/favicon.ico"):
             assert _ask(port, path)[0] == 404, path
-        assert _ask(port, "/metrics", method="POST")[0] == 405
+        for method in ("POST", "PUT", "DELETE", "HEAD"):
+            assert _ask(port, "/metrics", method=method)[0] == 405, method
         status, body = _ask(port, "/metrics", host="attacker.example")
         assert status == 421 and b"jsonlbatch" not in body
         assert _ask(port, "/metrics", host=f"attacker.example:{port}")[0] == 421

@@ -237,7 +237,7 @@ class PrometheusExporter:
         """Serve `GET /metrics` on host:port (0: a free port); the port it listens on.
 
         Only that path answers (404 for any other: prometheus-client's own server answers the
-        metrics at every path), only GET and HEAD (405), and, bound to loopback, only a
+        metrics at every path), only GET (405), and, bound to loopback, only a
         loopback `Host` (421), as the viewer does: a web page elsewhere cannot read the run's
         endpoints, models and error codes through DNS rebinding."""
         import prometheus_client as prom
@@ -285,7 +285,7 @@ def _guarded(app: Any, allowed: Callable[[], tuple[str, ...]]) -> Any:
     def guarded(environ: dict[str, Any], start_response: Any) -> Any:
         refusal = None
         hosts = allowed()
-        if environ.get("REQUEST_METHOD") not in ("GET", "HEAD"):
+        if environ.get("REQUEST_METHOD") != "GET":
             refusal = "405 Method Not Allowed", b"read-only: GET /metrics\n"
         elif hosts and environ.get("HTTP_HOST", "") not in hosts:
             refusal = "421 Misdirected Request", b"unexpected Host\n"
@@ -296,7 +296,7 @@ def _guarded(app: Any, allowed: Callable[[], tuple[str, ...]]) -> Any:
         status, body = refusal
         headers = [("Content-Type", "text/plain")]
         if status.startswith("405"):
-            headers.append(("Allow", "GET, HEAD"))
+            headers.append(("Allow", "GET"))
         start_response(status, headers)
         return [body]
 
