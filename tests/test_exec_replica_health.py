@@ -42,8 +42,9 @@ def broken_replica(request: pytest.FixtureRequest) -> Iterator[tuple[str, list[s
     stop()
 
 
-@pytest.mark.parametrize("broken_replica", [500, 429], indirect=True)
-@pytest.mark.parametrize("route", ["prefix", "least-busy"])
+@pytest.mark.parametrize(
+    ("broken_replica", "route"), [(500, "prefix"), (429, "least-busy")], indirect=["broken_replica"]
+)
 def test_a_request_failed_on_one_replica_is_retried_on_another(
     tmp_path: Path, mock_server: Callable[..., str], broken_replica: Any, route: str
 ) -> None:
