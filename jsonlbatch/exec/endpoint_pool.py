@@ -34,7 +34,8 @@ from jsonlbatch.exec.streaming import StreamError
 
 #: An endpoint is set aside and probed after this many server-side failures in a row, lasting
 #: at least SET_ASIDE_SECONDS: errors come back faster than answers, so a burst of them at high
-#: concurrency (a 10% error rate, 256 in flight) must not pause a healthy server.
+#: concurrency (a 10% error rate, 256 in flight) must not pause a healthy server. Where another
+#: endpoint answered meanwhile, the failures in a row are enough.
 SET_ASIDE_AFTER = 8
 SET_ASIDE_SECONDS = 2.0
 PROBE_DELAY_MAX = 30.0  # the longest wait before a set-aside endpoint is probed again
@@ -159,6 +160,7 @@ class EndpointPool:
 
     def record_success(self, endpoint: Endpoint) -> None:
         endpoint.failures = 0
+        endpoint.last_success = time.monotonic()
         if endpoint.on_trial:
             endpoint.on_trial = False
             endpoint.set_asides = 0
@@ -172,11 +174,17 @@ class EndpointPool:
         if endpoint.failures == 0:
             endpoint.failing_since = now
         endpoint.failures += 1
-        if (
-            endpoint.failures >= SET_ASIDE_AFTER
-            and now - endpoint.failing_since >= SET_ASIDE_SECONDS
+        if endpoint.failures >= SET_ASIDE_AFTER and (
+            now - endpoint.failing_since >= SET_ASIDE_SECONDS or self._others_answer(endpoint)
         ):
             self.set_aside(endpoint, f"{endpoint.failures} failures in a row ({reason})")
+
+    def _others_answer(self, endpoint: Endpoint) -> bool:
+        """Whether another endpoint answered since `endpoint` began failing: then its failures
+        are its own, not a burst every server sees, and waiting the 2 s out only feeds it more
+        requests (a replica that fails at once gets the most from least-busy routing)."""
+        since = endpoint.failing_since
+        return any(ep is not endpoint and ep.last_success > since for ep in self.endpoints)
 
     def set_aside(self, endpoint: Endpoint, reason: str) -> None:
         """Stop routing to `endpoint` and probe it until it answers again."""

@@ -51,6 +51,7 @@ class Endpoint:
     #: answer succeeds (a replica can say 200 to /health and 500 to every generation).
     on_trial: bool = False
     set_asides: int = 0  # times set aside since its last success: the next probe waits longer
+    last_success: float = 0.0  # monotonic time of its last real answer
     #: Its in-flight limit (exec/concurrency.py); the default never binds below the workers.
     controller: ConcurrencyController = field(
         default_factory=lambda: FixedConcurrency(1 << 30), repr=False
