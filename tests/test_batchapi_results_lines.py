@@ -136,3 +136,41 @@ def test_the_guard_reads_lines_across_chunks_and_never_holds_an_overlong_one(
         assert [x["custom_id"] for x in lines] == ["a", None, "b", "a"], size
         assert lines[1]["unreadable"] == "line 2: longer than 1000 bytes"
         assert guard._held <= 1000 + size  # never more than the cap and a chunk
+
+
+def test_a_batch_whose_counts_and_errors_are_garbage_still_ends_in_failure_lines(
+    tmp_path: Path,
+) -> None:
+    """The batch object is the provider's data too: `request_counts` values that are no numbers
+    and `errors` that are no list of objects (one echoing the key) end as failure lines."""
+    key = "sk-batch-Hq4Zr8Tn2Wv6Yp1Lc7"
+
+    async def handler(request: web.Request) -> web.Response:
+        await request.read()
+        batch = {"object": "batch", "id": "batch_x", "status": "failed",
+                 "request_counts": {"completed": "lots", "failed": [1], "total": {"a": 1}},
+                 "errors": {"data": ["boom", {"line": [1], "message": f"Bearer {key}"},
+                                     {"message": {"deep": "x" * 100_000}}]}}  # fmt: skip
+        if request.method == "POST" and request.path == "/v1/files":
+            return web.json_response({"object": "file", "id": "file-in", "status": "processed"})
+        if request.path.startswith("/v1/batches"):
+            return web.json_response(batch)
+        return web.json_response({"error": {"message": "no"}}, status=404)
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handler)
+    url, stop = serve_app(app)
+    try:
+        requests, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+        ids = _requests(requests, "/v1/chat/completions", 2)
+        args = ("--url", url, *FAST, "--max-retries", "0", "--api-key", key)
+        done = exec_cli(requests, out, *args, timeout=60)
+        assert done.returncode == 3, done.stderr
+        assert "Traceback" not in done.stderr
+        results = read_results(out)
+        assert set(results) == ids
+        message = results["row-0"]["error"]["message"]
+        assert results["row-0"]["error"]["code"] == "batch_failed" and "boom" in message
+        assert key[8:20] not in out.read_text() and len(message) < 5000
+    finally:
+        stop()

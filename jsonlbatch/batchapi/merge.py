@@ -28,11 +28,13 @@ from jsonlbatch.cost import UNCAPPED_OUTPUT_TOKENS, estimate_prompt_tokens, max_
 from jsonlbatch.jsonl import iter_lines
 from jsonlbatch.prices import PriceBook, Tokens, bill, tokens_of
 from jsonlbatch.records import is_failure, json_object
-from jsonlbatch.redact import redact_line
+from jsonlbatch.redact import redact, redact_line
 
 #: The longest results line read (a longer one is unreadable: memory stays bounded whatever a
 #: provider sends). An answer is far smaller; raise it here if a model's answers ever are not.
 MAX_RESULT_LINE = 64 << 20
+#: The most of one of a batch's error messages kept in its requests' failure lines.
+_ERROR_TEXT = 500
 #: What translating a hostile but well-formed JSON value can raise: the line is unreadable.
 _SHAPE_ERRORS = (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError)
 
@@ -156,13 +158,28 @@ def missing_reason(batch: dict[str, Any]) -> tuple[str, str]:
     """The failure code and message for requests a batch ended without answering."""
     status = batch.get("status") or "failed"
     code, message = MISSING_CODES.get(status, MISSING_CODES["failed"])
-    errors = (batch.get("errors") or {}).get("data") or []
-    if errors:
-        message += ": " + "; ".join(
-            f"line {e.get('line')}: {e.get('message')}" if e.get("line") else str(e.get("message"))
-            for e in errors[:5]
-        )
+    said = []
+    for e in batch_errors(batch)[:5]:  # the provider's words: masked and cut as any
+        line, text = e.get("line"), redact(str(e.get("message")), limit=_ERROR_TEXT)
+        said.append(f"line {line}: {text}" if isinstance(line, int) else text)
+    if said:
+        message += ": " + "; ".join(said)
     return code, message
+
+
+def batch_errors(batch: dict[str, Any]) -> list[dict[str, Any]]:
+    """The objects of a batch's `errors.data` (the provider's data: whatever else is there
+    is left out)."""
+    data = json_object(batch.get("errors")).get("data")
+    if not isinstance(data, list):
+        return []
+    return [e if isinstance(e, dict) else {"message": e} for e in data]
+
+
+def batch_count(batch: dict[str, Any], key: str) -> int:
+    """A number of `request_counts` (0 where the provider wrote something else)."""
+    value = json_object(batch.get("request_counts")).get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 def merged_lines(
@@ -258,10 +275,8 @@ def refused_for_quota(batch: dict[str, Any]) -> bool:
     `token_limit_exceeded`), with no request run."""
     if batch.get("status") != "failed":
         return False
-    errors = (batch.get("errors") or {}).get("data") or []
-    counts = batch.get("request_counts") or {}
-    quota = any(isinstance(e, dict) and e.get("code") == "token_limit_exceeded" for e in errors)
-    return quota and not counts.get("completed")
+    quota = any(e.get("code") == "token_limit_exceeded" for e in batch_errors(batch))
+    return quota and not batch_count(batch, "completed")
 
 
 def chunks(items: Iterator[Any], size: int = 1000) -> Iterator[list[Any]]:

@@ -33,6 +33,7 @@ from tqdm import tqdm
 
 from jsonlbatch.batchapi.merge import (
     Unreadable,
+    batch_count,
     chunks,
     merged_lines,
     missing_reason,
@@ -432,15 +433,15 @@ class Submitter:
         self.state.save()
 
     def _update(self, part: Part, batch: dict[str, Any]) -> bool:
-        counts = batch.get("request_counts") or {}
         status = batch.get("status")
-        news = (status, counts.get("completed") or 0, counts.get("failed") or 0)
+        news = (status, batch_count(batch, "completed"), batch_count(batch, "failed"))
         old = (part.status, part.completed, part.failed)
         part.status, part.completed, part.failed = news
         if status != old[0]:
             self.note(
                 f"{part.batch_id} (part {part.index}): {old[0] or 'new'} -> {status} "
-                f"({news[1]} completed, {news[2]} failed of {counts.get('total') or part.count})"
+                f"({news[1]} completed, {news[2]} failed of "
+                f"{batch_count(batch, 'total') or part.count})"
             )
         return news != old
 
