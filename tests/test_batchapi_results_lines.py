@@ -174,3 +174,16 @@ def test_a_batch_whose_counts_and_errors_are_garbage_still_ends_in_failure_lines
         assert key[8:20] not in out.read_text() and len(message) < 5000
     finally:
         stop()
+
+
+@pytest.mark.parametrize(
+    "job", [{"name": "batches/x", "metadata": ["state"]}, {"name": ["x"]}, [1], "job"]
+)
+def test_a_gemini_job_of_the_wrong_shape_is_a_clear_error(job: Any) -> None:
+    from jsonlbatch.batchapi.client_gemini import GeminiBatchApi
+    from jsonlbatch.batchapi.remote import RemoteError
+    from jsonlbatch.exec.endpoints import parse_endpoint
+
+    api = GeminiBatchApi(parse_endpoint("http://127.0.0.1:9/v1beta"), None)  # type: ignore[arg-type]
+    with pytest.raises(RemoteError, match="not a Gemini batch job"):
+        api._job(job, "GET v1beta/batches/x")

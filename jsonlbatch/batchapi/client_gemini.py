@@ -177,7 +177,7 @@ class GeminiBatchApi(BatchApi):
         """A Gemini batch job (an operation) in OpenAI's batch shape."""
         meta = obj.get("metadata") if isinstance(obj, dict) else None
         name = obj.get("name") if isinstance(obj, dict) else None
-        state = str((meta or {}).get("state") or "")
+        state = str(json_object(meta).get("state") or "")
         status = _STATES.get(state.removeprefix("BATCH_STATE_").removeprefix("JOB_STATE_"))
         if (
             not isinstance(meta, dict)
