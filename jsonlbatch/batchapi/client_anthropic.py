@@ -14,15 +14,17 @@ decide it, the run stops and says so rather than submitting a second batch.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from jsonlbatch.batchapi.merge import ResultsGuard
 from jsonlbatch.batchapi.objects import epoch_of, new_id
 from jsonlbatch.batchapi.remote import BatchApi, RemoteError, _quoted
-from jsonlbatch.jsonl import iter_lines, rewrite_atomically
+from jsonlbatch.jsonl import iter_lines
 from jsonlbatch.records import json_object
 from jsonlbatch.redact import register_secret
 from jsonlbatch.safe_names import is_plain_id
@@ -147,18 +149,15 @@ class AnthropicBatchApi(BatchApi):
     async def download(self, file_id: str, dest: Path) -> None:
         """The batch's results as OpenAI Batch output lines (custom_ids as sent)."""
         batch_id = file_id.removeprefix("results-")
-        raw = dest.with_suffix(".anthropic")
-        await self._fetch(f"{_BASE}/{_quoted(batch_id)}/results", raw)
-        rewrite_atomically(
-            dest, (orjson.dumps(_line(orjson.loads(r))) + b"\n" for _, r in iter_lines(raw))
-        )
-        raw.unlink(missing_ok=True)
+        guard = functools.partial(ResultsGuard, _line)
+        await self._fetch(f"{_BASE}/{_quoted(batch_id)}/results", dest, guard=guard)
 
 
-def _line(result: Any) -> dict[str, Any]:
-    """An Anthropic result line as an OpenAI Batch output line."""
-    cid = result.get("custom_id") if isinstance(result, dict) else None
-    outcome = result.get("result") if isinstance(result, dict) else None
+def _line(result: dict[str, Any]) -> dict[str, Any]:
+    """An Anthropic result line (an object with a string `custom_id`: `ResultsGuard` saw to
+    that) as an OpenAI Batch output line."""
+    cid = result["custom_id"]
+    outcome = result.get("result")
     kind = outcome.get("type") if isinstance(outcome, dict) else None
     line: dict[str, Any] = {"id": new_id("batch_req_"), "custom_id": cid}
     if kind == "succeeded" and isinstance(outcome.get("message"), dict):  # type: ignore[union-attr]

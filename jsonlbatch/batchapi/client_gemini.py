@@ -20,6 +20,7 @@ from typing import Any
 import orjson
 
 from jsonlbatch.batchapi.gemini_format import chat_to_gemini, gemini_to_chat_response
+from jsonlbatch.batchapi.merge import ResultsGuard
 from jsonlbatch.batchapi.objects import epoch_of, new_id
 from jsonlbatch.batchapi.remote import BatchApi, RemoteError
 from jsonlbatch.jsonl import iter_lines, rewrite_atomically
@@ -112,17 +113,13 @@ class GeminiBatchApi(BatchApi):
 
     async def download(self, file_id: str, dest: Path) -> None:
         model, _, name = file_id.partition("/files/")
-        raw = dest.with_suffix(".gemini")
         path = f"download/{self.version}/files/{name}:download"
-        await self._fetch("/" + path, raw, url=self._at(path) + "?alt=media")
-
-        def lines() -> Any:
-            for _, text in iter_lines(raw):
-                item = orjson.loads(text)
-                yield orjson.dumps(_line(item, model)) + b"\n"
-
-        rewrite_atomically(dest, lines())
-        raw.unlink(missing_ok=True)
+        await self._fetch(
+            "/" + path,
+            dest,
+            url=self._at(path) + "?alt=media",
+            guard=lambda: ResultsGuard(lambda item: _line(item, model), id_field="key"),
+        )
 
     # -- jobs ------------------------------------------------------------------------------
 
@@ -180,7 +177,7 @@ class GeminiBatchApi(BatchApi):
         """A Gemini batch job (an operation) in OpenAI's batch shape."""
         meta = obj.get("metadata") if isinstance(obj, dict) else None
         name = obj.get("name") if isinstance(obj, dict) else None
-        state = str((meta or {}).get("state") or "")
+        state = str(json_object(meta).get("state") or "")
         status = _STATES.get(state.removeprefix("BATCH_STATE_").removeprefix("JOB_STATE_"))
         if (
             not isinstance(meta, dict)
@@ -215,15 +212,15 @@ def _int(value: Any) -> int:
         return 0
 
 
-def _line(item: Any, model: str) -> dict[str, Any]:
-    """A line of a job's results file as an OpenAI Batch output line."""
-    key = item.get("key") if isinstance(item, dict) else None
-    line: dict[str, Any] = {"id": new_id("batch_req_"), "custom_id": key}
-    response = item.get("response") if isinstance(item, dict) else None
+def _line(item: dict[str, Any], model: str) -> dict[str, Any]:
+    """A line of a job's results file (an object with a string `key`: `ResultsGuard` saw
+    to that) as an OpenAI Batch output line."""
+    line: dict[str, Any] = {"id": new_id("batch_req_"), "custom_id": item["key"]}
+    response = item.get("response")
     if isinstance(response, dict):
         body = gemini_to_chat_response(response, model)
         return {**line, "response": {"status_code": 200, "body": body}, "error": None}
-    error = json_object(json_object(item).get("error"))
+    error = json_object(item.get("error"))
     code = error.get("code") if isinstance(error.get("code"), int) else 500
     return {
         **line,

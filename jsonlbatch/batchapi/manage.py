@@ -8,6 +8,7 @@ from typing import Any
 
 import aiohttp
 
+from jsonlbatch.batchapi.merge import batch_count
 from jsonlbatch.batchapi.objects import TERMINAL
 from jsonlbatch.batchapi.providers import PROVIDERS, open_api
 from jsonlbatch.batchapi.state import State
@@ -51,11 +52,10 @@ async def batches_of(
                 batch = await api.retrieve(part.batch_id)
                 if cancel and batch.get("status") not in TERMINAL:
                     batch = await api.cancel(part.batch_id)
-                counts = batch.get("request_counts") or {}
                 row.update(
                     status=batch.get("status"),
-                    completed=counts.get("completed", 0),
-                    failed=counts.get("failed", 0),
+                    completed=batch_count(batch, "completed"),
+                    failed=batch_count(batch, "failed"),
                 )
             rows.append(row)
     return rows

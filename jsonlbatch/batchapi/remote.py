@@ -12,13 +12,14 @@ import asyncio
 import os
 import re
 import urllib.parse
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
 import aiohttp
 import orjson
 
+from jsonlbatch.batchapi.merge import ResultsGuard
 from jsonlbatch.batchapi.objects import ACTIVE, TERMINAL
 from jsonlbatch.errors import AuthenticationError, ServerError
 from jsonlbatch.exec.bodies import read_body
@@ -64,7 +65,10 @@ class BatchProvider(Protocol):
 
     async def upload(self, path: Path, filename: str) -> dict[str, Any]: ...
     async def find_file(self, filename: str) -> dict[str, Any] | None: ...
-    async def download(self, file_id: str, dest: Path) -> None: ...
+    async def download(self, file_id: str, dest: Path) -> None:
+        """A batch's results file to `dest` as OpenAI Batch output lines, streamed through
+        `merge.ResultsGuard` (the one guard on the provider's lines)."""
+
     async def create_batch(
         self, file_id: str, endpoint: str, window: str, metadata: Mapping[str, str]
     ) -> dict[str, Any]: ...
@@ -199,11 +203,19 @@ class BatchApi:
         return None
 
     async def download(self, file_id: str, dest: Path) -> None:
-        """A file's content to `dest` (streamed; complete or absent, never half there)."""
-        await self._fetch(f"/v1/files/{_quoted(file_id)}/content", dest)
+        """A results file's lines to `dest` (streamed; complete or absent, never half there),
+        each through `ResultsGuard`: the provider's lines are data."""
+        await self._fetch(f"/v1/files/{_quoted(file_id)}/content", dest, guard=ResultsGuard)
 
-    async def _fetch(self, path: str, dest: Path, url: str | None = None) -> None:
-        """GET `path` (or `url`) into `dest`, streamed, complete or absent."""
+    async def _fetch(
+        self,
+        path: str,
+        dest: Path,
+        url: str | None = None,
+        guard: Callable[[], ResultsGuard] | None = None,
+    ) -> None:
+        """GET `path` (or `url`) into `dest`, streamed, complete or absent; through a fresh
+        `guard()` per attempt when given (a results file)."""
         what = f"GET {self.endpoint.name}{path}"
         tmp = dest.with_suffix(".part")
         for attempt in range(1, self.max_retries + 2):
@@ -225,8 +237,11 @@ class BatchApi:
                             resp.request_info, (), status=resp.status, message=_message(raw)
                         )
                     with open(tmp, "wb") as f:
+                        check = guard() if guard is not None else None
                         async for chunk in resp.content.iter_chunked(_CHUNK):
-                            f.write(chunk)
+                            f.write(check.feed(chunk) if check is not None else chunk)
+                        if check is not None:
+                            f.write(check.end())
                         f.flush()
                         os.fsync(f.fileno())
                 os.replace(tmp, dest)

@@ -32,6 +32,8 @@ import orjson
 from tqdm import tqdm
 
 from jsonlbatch.batchapi.merge import (
+    Unreadable,
+    batch_count,
     chunks,
     merged_lines,
     missing_reason,
@@ -115,6 +117,7 @@ class SubmitSummary:
     cost: float = 0.0  # the answers merged this run, as billed (batch prices)
     unpriced: int = 0  # answers merged this run whose model has no price
     budget_stopped: bool = False  # --max-cost held parts back: the same command resumes
+    unreadable: int = 0  # results lines that answered nothing (not JSON, no string id, ...)
 
     def add_cost(self, cost: float | None, failed: bool) -> None:
         if cost is not None:
@@ -137,6 +140,8 @@ class SubmitSummary:
             text += f"; ${self.cost:,.4f} as billed"
         if self.unpriced:
             text += f" ({self.unpriced} answers of models without a price not counted)"
+        if self.unreadable:
+            text += f"; {self.unreadable} results lines could not be read"
         if self.budget_stopped:
             text += "; stopped by --max-cost: the same command with a higher budget resumes"
         return text
@@ -435,15 +440,15 @@ class Submitter:
         self.state.save()
 
     def _update(self, part: Part, batch: dict[str, Any]) -> bool:
-        counts = batch.get("request_counts") or {}
         status = batch.get("status")
-        news = (status, counts.get("completed") or 0, counts.get("failed") or 0)
+        news = (status, batch_count(batch, "completed"), batch_count(batch, "failed"))
         old = (part.status, part.completed, part.failed)
         part.status, part.completed, part.failed = news
         if status != old[0]:
             self.note(
                 f"{part.batch_id} (part {part.index}): {old[0] or 'new'} -> {status} "
-                f"({news[1]} completed, {news[2]} failed of {counts.get('total') or part.count})"
+                f"({news[1]} completed, {news[2]} failed of "
+                f"{batch_count(batch, 'total') or part.count})"
             )
         return news != old
 
@@ -483,16 +488,21 @@ class Submitter:
         code, message = missing_reason(batch)  # there gets a failure line
         written = failed = 0
         batch_id = part.batch_id or ""
+        unreadable = Unreadable()
         with AppendWriter(self.output) as writer:
             # every answer takes the checks exec's take before its line (result_check.py)
             checks = ResultChecks(self.output, read_asked(folder, part))
-            merged = merged_lines(downloads, left, batch_id, self._present, self.book)
+            merged = merged_lines(downloads, left, batch_id, self._present, self.book, unreadable)
             for chunk in chunks(checks(merged)):
                 writer.write(b"".join(m.line for m in chunk))
                 written += len(chunk)
                 failed += sum(m.failed for m in chunk)
                 for m in chunk:
                     self.summary.add_cost(m.cost, m.failed)
+            if unreadable.count:
+                message += f" ({unreadable.count} lines of its results could not be read)"
+                self.summary.unreadable += unreadable.count
+                print(unreadable.note(batch_id), file=sys.stderr, flush=True)
             missing = [(cid, mark) for cid, mark in left.values() if not self._present(cid)]
             for lines in chunks(
                 failure_line(c, code, message, batch_id=batch_id, fingerprint=m) for c, m in missing

@@ -37,6 +37,7 @@ from jsonlbatch.exec.checks import ACCEPT, Answer, AskAgain, Check, CheckVerdict
 from jsonlbatch.idset import IdSet
 from jsonlbatch.jsonl import AppendWriter, iter_lines, rewrite_atomically
 from jsonlbatch.records import CHAT_URL, COMPLETIONS_URL, MESSAGES_URL, RESPONSES_URL, Request
+from jsonlbatch.redact import redact_line
 
 #: What a follow-up turn says (`--reask-feedback`); {error} is the validator's message.
 FEEDBACK = (
@@ -190,7 +191,9 @@ class AnswerChecker(Check):
             self._journal = AppendWriter(self.path)
         entry = {"custom_id": cid, "fingerprint": state.fingerprint, "asks": state.asks,
                  "attempts": attempts, "answer": answer, "error": error}  # fmt: skip
-        self._journal.write(orjson.dumps(entry) + b"\n")
+        # the journal is a file exec writes: the output's redaction (a server may echo our key
+        # in the very answer kept here, and the file stays after a kill -9)
+        self._journal.write(redact_line(orjson.dumps(entry) + b"\n", thorough=True))
 
     def close(self, complete: bool) -> None:
         """End of the run: the journal goes once every request has its line."""
@@ -249,7 +252,8 @@ def _load_journal(path: str, done: tuple[IdSet, ...]) -> dict[str, dict[str, Any
         dropped += cid in entries
         entries[cid] = entry
     if dropped:
-        rewrite_atomically(path, (orjson.dumps(e) + b"\n" for e in entries.values()))
+        lines = (redact_line(orjson.dumps(e) + b"\n", thorough=True) for e in entries.values())
+        rewrite_atomically(path, lines)
     return entries
 
 

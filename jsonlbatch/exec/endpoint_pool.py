@@ -5,6 +5,12 @@ busy or round robin), among those under their concurrency controller's limit. An
 refuses connections, or keeps failing, is set aside and probed in the background until it
 answers again; while no endpoint is up, `acquire` waits (up to the ready timeout) instead of
 letting requests burn their attempts on a dead or cold server.
+
+Health follows what an endpoint does to real requests, not what its probe says: one that comes
+back is on trial (one request at a time) until a real answer succeeds, and a failed trial sets
+it aside again at once, its next probe waiting twice as long. A request is retried on an
+endpoint it has not failed on while there is one (`acquire(avoid=...)`, `untried`), so one
+broken replica does not turn into failures while another answers.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ import contextlib
 import time
 import urllib.parse
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -28,10 +34,17 @@ from jsonlbatch.exec.streaming import StreamError
 
 #: An endpoint is set aside and probed after this many server-side failures in a row, lasting
 #: at least SET_ASIDE_SECONDS: errors come back faster than answers, so a burst of them at high
-#: concurrency (a 10% error rate, 256 in flight) must not pause a healthy server.
+#: concurrency (a 10% error rate, 256 in flight) must not pause a healthy server. Where another
+#: endpoint answered meanwhile, the failures in a row are enough.
 SET_ASIDE_AFTER = 8
 SET_ASIDE_SECONDS = 2.0
+PROBE_DELAY_MAX = 30.0  # the longest wait before a set-aside endpoint is probed again
 _MAX_LOOKUPS = 20  # models looked up by name per endpoint when its listing leaves them out
+
+
+def _limit(endpoint: Endpoint) -> int:
+    """How many requests `endpoint` may have in flight: one while it is on trial."""
+    return 1 if endpoint.on_trial else endpoint.controller.limit
 
 
 class EndpointPool:
@@ -70,19 +83,23 @@ class EndpointPool:
 
     # -- choosing ------------------------------------------------------------------------------
 
-    async def acquire(self, key: PrefixKey | None = None) -> Endpoint:
-        """An endpoint for a request with prefix `key` (see `Router.key`); waits while none
-        is up."""
+    async def acquire(
+        self, key: PrefixKey | None = None, avoid: Collection[Endpoint] = ()
+    ) -> Endpoint:
+        """An endpoint for a request with prefix `key` (see `Router.key`), one not in `avoid`
+        (those it failed on) while such a one is up; waits while none is up."""
         waiter: asyncio.Future[None] | None = None
         try:
             while True:
                 up = [ep for ep in self.endpoints if ep.up]
+                if avoid:
+                    up = [ep for ep in up if ep not in avoid] or up
                 if up:
-                    room = [ep for ep in up if ep.in_flight < ep.controller.limit]
+                    room = [ep for ep in up if ep.in_flight < _limit(ep)]
                     if room:
                         best: Endpoint = self.router.choose(room, key)
                         best.in_flight += 1
-                        if len(room) > 1 or best.in_flight < best.controller.limit:
+                        if len(room) > 1 or best.in_flight < _limit(best):
                             self._wake_one()  # room left (a limit grew): the next one takes it
                         return best
                     # every endpoint that is up is at its controller's limit: wait for a
@@ -96,6 +113,15 @@ class EndpointPool:
         finally:
             if waiter is not None and not waiter.done():
                 waiter.cancel()  # left the line: a release skips it
+
+    def untried(self, failed_on: Collection[Endpoint], extra: int) -> bool:
+        """Whether a request out of retries, whose last attempt failed on an endpoint, gets one
+        more on an endpoint that is up and that it has not failed on: a replica's fault is not
+        the request's. `extra`: the attempts it already had beyond its retries (at most one per
+        endpoint, so this ends)."""
+        return extra < len(self.endpoints) and any(
+            ep.up and ep not in failed_on for ep in self.endpoints
+        )
 
     def release(self, endpoint: Endpoint) -> None:
         endpoint.in_flight -= 1
@@ -135,17 +161,31 @@ class EndpointPool:
 
     def record_success(self, endpoint: Endpoint) -> None:
         endpoint.failures = 0
+        endpoint.last_success = time.monotonic()
+        if endpoint.on_trial:
+            endpoint.on_trial = False
+            endpoint.set_asides = 0
+            self._wake_one()  # its full limit is room again
 
     def record_failure(self, endpoint: Endpoint, reason: str) -> None:
+        if endpoint.on_trial:  # its probe answered, real requests do not: that is its health
+            self.set_aside(endpoint, f"failed again after its probe answered ({reason})")
+            return
         now = time.monotonic()
         if endpoint.failures == 0:
             endpoint.failing_since = now
         endpoint.failures += 1
-        if (
-            endpoint.failures >= SET_ASIDE_AFTER
-            and now - endpoint.failing_since >= SET_ASIDE_SECONDS
+        if endpoint.failures >= SET_ASIDE_AFTER and (
+            now - endpoint.failing_since >= SET_ASIDE_SECONDS or self._others_answer(endpoint)
         ):
             self.set_aside(endpoint, f"{endpoint.failures} failures in a row ({reason})")
+
+    def _others_answer(self, endpoint: Endpoint) -> bool:
+        """Whether another endpoint answered since `endpoint` began failing: then its failures
+        are its own, not a burst every server sees, and waiting the 2 s out only feeds it more
+        requests (a replica that fails at once gets the most from least-busy routing)."""
+        since = endpoint.failing_since
+        return any(ep is not endpoint and ep.last_success > since for ep in self.endpoints)
 
     def set_aside(self, endpoint: Endpoint, reason: str) -> None:
         """Stop routing to `endpoint` and probe it until it answers again."""
@@ -153,11 +193,14 @@ class EndpointPool:
         if not endpoint.up:
             return
         endpoint.up = False
+        endpoint.on_trial = False
+        endpoint.set_asides += 1
         if endpoint.probe is None or endpoint.probe.done():
             endpoint.probe = asyncio.ensure_future(self._probe(endpoint))
 
     def _mark_up(self, endpoint: Endpoint) -> None:
         endpoint.up = True
+        endpoint.on_trial = True  # until a real request succeeds there
         endpoint.failures = 0
         endpoint.down_reason = ""
         self._all_down_since = None
@@ -165,10 +208,12 @@ class EndpointPool:
         self._changed.set()
 
     async def _probe(self, endpoint: Endpoint) -> None:
-        delay = 0.25
+        # an endpoint set aside again and again (its probe answers, its requests fail) is
+        # probed ever later: 0.25 s the first time, then twice as long each time
+        delay = min(0.25 * 2 ** max(0, endpoint.set_asides - 1), PROBE_DELAY_MAX)
         while not endpoint.up:
             await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
+            delay = min(delay * 2, max(5.0, delay))
             try:
                 # /health tells a warming vLLM/SGLang (503) from a ready one; servers without
                 # it (404) are judged by their models listing alone.

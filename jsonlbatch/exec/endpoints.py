@@ -53,6 +53,11 @@ class Endpoint:
     failing_since: float = 0.0  # monotonic time of the first failure in the current run of them
     down_reason: str = ""
     probe: asyncio.Task[None] | None = field(default=None, repr=False)
+    #: Back from being set aside on its probe's word alone: one request at a time until a real
+    #: answer succeeds (a replica can say 200 to /health and 500 to every generation).
+    on_trial: bool = False
+    set_asides: int = 0  # times set aside since its last success: the next probe waits longer
+    last_success: float = 0.0  # monotonic time of its last real answer
     #: Its in-flight limit (exec/concurrency.py); the default never binds below the workers.
     controller: ConcurrencyController = field(
         default_factory=lambda: FixedConcurrency(1 << 30), repr=False

@@ -23,7 +23,7 @@ from jsonlbatch.exec.budget import BudgetReached, Meter, Ticket
 from jsonlbatch.exec.checks import Accept, Answer, AskAgain, Check, begin, end, refused
 from jsonlbatch.exec.concurrency import Outcome
 from jsonlbatch.exec.endpoint_pool import EndpointPool
-from jsonlbatch.exec.endpoints import describe_exception
+from jsonlbatch.exec.endpoints import Endpoint, describe_exception
 from jsonlbatch.exec.events import EventBus, RateLimited, Retried, Sent
 from jsonlbatch.exec.options import ExecOptions
 from jsonlbatch.exec.pools import ModelPools
@@ -97,9 +97,10 @@ class Sender:
         payloads, route_key, streaming = self._prepared(req, pool)
         attempts = 0
         raced = False
+        failed_on: set[Endpoint] = set()  # its retries go elsewhere while there is an elsewhere
         while True:
             await self.meter.before_send(ticket)
-            endpoint = await pool.acquire(route_key)
+            endpoint = await pool.acquire(route_key, failed_on)
             if self.stopping.is_set():
                 pool.release(endpoint)
                 raise Stop
@@ -204,11 +205,16 @@ class Sender:
                     continue
                 elif status == 503:  # starting or overloaded: probe /health until it is ready
                     pool.set_aside(endpoint, "HTTP 503 (starting or overloaded)")
+                    failed_on.add(endpoint)
                 elif status >= 500 or result.status_code is None:  # 5xx, or a 2xx no answer
                     pool.record_failure(endpoint, f"HTTP {status}")
+                    failed_on.add(endpoint)
+                else:  # 408, 409, 429: retried too, elsewhere while there is an elsewhere
+                    failed_on.add(endpoint)
             elif failure is not None:
                 code, message = failure
                 pool.record_failure(endpoint, message)
+                failed_on.add(endpoint)
                 result = Result(
                     req.custom_id, None, error={"code": code, "message": redact(message)}
                 )
@@ -231,8 +237,9 @@ class Sender:
                 payloads, route_key, streaming = self._prepared(req, pool)
                 await self._retry(req, attempts, verdict_of_check.reason, 0.0)
                 continue
-            if attempts > self.opts.max_retries:
-                return result
+            extra = attempts - self.opts.max_retries
+            if extra > 0 and not (endpoint in failed_on and pool.untried(failed_on, extra)):
+                return result  # out of retries, and no replica it has not failed on is up
             # a set-aside endpoint is waited for in acquire() instead
             delay = self.backoff.delay(attempts, retry_after) if endpoint.up else 0.0
             reason = (result.error or {}).get("code", "error")

@@ -25,6 +25,7 @@ import aiohttp
 import orjson
 
 from jsonlbatch.jsonl import rewrite_atomically
+from jsonlbatch.redact import redact_line
 
 if TYPE_CHECKING:
     from jsonlbatch.exec.endpoints import Endpoint
@@ -238,7 +239,8 @@ def keep_servers(output: str | os.PathLike[str], summary: RunFigures) -> bool:
         pass
     runs.append(run)
     try:
-        rewrite_atomically(path, [orjson.dumps({"runs": runs}, option=orjson.OPT_INDENT_2) + b"\n"])
+        text = orjson.dumps({"runs": runs}, option=orjson.OPT_INDENT_2) + b"\n"
+        rewrite_atomically(path, [redact_line(text, thorough=True)])  # as the output is
     except OSError:
         return False
     return True

@@ -22,12 +22,11 @@ from aiohttp import web
 
 from jsonlbatch.cost import Price
 from jsonlbatch.errors import UsageError
+from jsonlbatch.view.hosts import allowed_hosts
 from jsonlbatch.view.index import LineIndex
 from jsonlbatch.view.live import LiveState, PrometheusExporter
 from jsonlbatch.view.query import Query, Searcher
 from jsonlbatch.view.server import LiveSource, Viewer
-
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 @dataclass
@@ -35,14 +34,6 @@ class RunningViewer:
     url: str
     runner: web.AppRunner
     viewer: Viewer
-
-
-def _hosts(host: str, port: int) -> list[str]:
-    """The `Host` values a browser sends for this address (checked against DNS rebinding)."""
-    if host in LOOPBACK:
-        names = ["127.0.0.1", "localhost", "[::1]"]
-        return [f"{name}:{port}" for name in names] + names
-    return []  # bound to a chosen interface: the user decided who may reach it
 
 
 def _url_host(host: str) -> str:
@@ -71,7 +62,7 @@ async def start_viewer(
             f"the viewer cannot listen on {host}:{port}: {exc.strerror or exc}"
         ) from None
     bound = runner.addresses[0][1] if runner.addresses else port
-    viewer.allowed_hosts = tuple(_hosts(host, bound))  # known once the port is
+    viewer.allowed_hosts = allowed_hosts(host, bound)  # known once the port is
     return RunningViewer(f"http://{_url_host(host)}:{bound}/", runner, viewer)
 
 

@@ -10,11 +10,14 @@ safe across threads in CPython).
 from __future__ import annotations
 
 import asyncio
+import socket
+import socketserver
 import threading
 import urllib.parse
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import aiohttp
 
@@ -23,6 +26,7 @@ from jsonlbatch.errors import UsageError
 from jsonlbatch.exec.events import Answered, Failed, RateLimited, Retried, Sent, Snapshot
 from jsonlbatch.exec.server_metrics import ServerCounters, scrape
 from jsonlbatch.extras import load
+from jsonlbatch.view.hosts import allowed_hosts
 
 Subscription = tuple[Callable[[Any], None], tuple[type, ...]]
 
@@ -176,7 +180,6 @@ class PrometheusExporter:
         self._hits = 0  # cache hits counted so far (each also counted as an ok request)
         self._out: set[str] = set()
         self._server: Any = None
-        self._thread: threading.Thread | None = None
 
     def subscriptions(self) -> list[Subscription]:
         return [
@@ -247,24 +250,73 @@ class PrometheusExporter:
         self.pending.set(max(summary.requests - summary.already_done - summary.written, 0))
 
     def start(self, port: int, host: str = "127.0.0.1") -> int:
-        """Serve `/metrics` on host:port (0: a free port); the port it listens on."""
+        """Serve `GET /metrics` on host:port (0: a free port); the port it listens on.
+
+        Only that path answers (404 for any other: prometheus-client's own server answers the
+        metrics at every path), only GET (405), and, bound to loopback, only a
+        loopback `Host` (421), as the viewer does: a web page elsewhere cannot read the run's
+        endpoints, models and error codes through DNS rebinding."""
         import prometheus_client as prom
 
+        allowed: list[tuple[str, ...]] = [()]  # known once the port is
+        app = _guarded(prom.make_wsgi_app(self.registry), lambda: allowed[0])
         try:
-            self._server, self._thread = prom.start_http_server(
-                port, addr=host, registry=self.registry
-            )
+            self._server = _serve(app, host, port)
         except OSError as exc:
             raise UsageError(
                 f"--metrics-port {port}: cannot listen on {host}: {exc.strerror or exc}"
             ) from None
-        return int(self._server.server_port)
+        bound = int(self._server.server_port)
+        allowed[0] = allowed_hosts(host, bound)
+        return bound
 
     def close(self) -> None:
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+
+class _Server(socketserver.ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """No access log on the run's stderr."""
+
+
+def _serve(app: Any, host: str, port: int) -> WSGIServer:
+    """A threaded WSGI server for `app` on host:port (IPv6 too), serving on a thread."""
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    server_class = type("_MetricsServer", (_Server,), {"address_family": family})
+    server: WSGIServer = make_server(host, port, app, server_class, _Quiet)
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+    return server
+
+
+def _guarded(app: Any, allowed: Callable[[], tuple[str, ...]]) -> Any:
+    """`app` behind the checks `PrometheusExporter.start` describes."""
+
+    def guarded(environ: dict[str, Any], start_response: Any) -> Any:
+        refusal = None
+        hosts = allowed()
+        if environ.get("REQUEST_METHOD") != "GET":
+            refusal = "405 Method Not Allowed", b"read-only: GET /metrics\n"
+        elif hosts and environ.get("HTTP_HOST", "") not in hosts:
+            refusal = "421 Misdirected Request", b"unexpected Host\n"
+        elif environ.get("PATH_INFO") != "/metrics":
+            refusal = "404 Not Found", b"the metrics are at /metrics\n"
+        if refusal is None:
+            return app(environ, start_response)
+        status, body = refusal
+        headers = [("Content-Type", "text/plain")]
+        if status.startswith("405"):
+            headers.append(("Allow", "GET"))
+        start_response(status, headers)
+        return [body]
+
+    return guarded
 
 
 def _num(value: Any) -> float | None:

@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 
 from jsonlbatch.errors import UsageError
-from jsonlbatch.view.index import VERDICT_BAD, VERDICT_OK, LineIndex
+from jsonlbatch.view.index import VERDICT_BAD, VERDICT_OK, LineIndex, open_regular
 
 STATUSES = ("all", "ok", "failed", "truncated", "cached", "valid", "invalid")
 SORTS = ("line", "latency", "ttft", "tokens", "prompt", "cost", "status")
@@ -239,7 +239,10 @@ def _scan(index: LineIndex, needles: tuple[bytes, ...]) -> set[int]:
     offsets = index.offsets
     end = index.size  # only what is indexed
     longest = max(len(n) for n in needles)
-    with open(index.path, "rb") as fh:
+    fh = open_regular(index.path)  # not a FIFO put in its place since: that open would block
+    if fh is None:
+        return found
+    with fh:
         pos = 0
         while pos < end:
             fh.seek(pos)

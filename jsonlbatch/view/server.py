@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import stat
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
@@ -28,7 +29,7 @@ from jsonlbatch.cost import Price
 from jsonlbatch.errors import JsonlbatchError, UsageError
 from jsonlbatch.redact import redact
 from jsonlbatch.view.detail import describe
-from jsonlbatch.view.index import LineIndex
+from jsonlbatch.view.index import OVERSIZED, LineIndex, open_regular
 from jsonlbatch.view.query import Query, Searcher
 
 #: Seconds between looks at a file that is fully indexed (a live run appends to it).
@@ -88,8 +89,7 @@ class Viewer:
         if not paths:
             raise UsageError("give at least one response file")
         for path in [*paths, *requests]:
-            if os.path.isdir(path):
-                raise UsageError(f"{path}: a directory, not a JSONL file")
+            _check_file(path)
         for path in paths:
             if _holds_requests(path):
                 raise UsageError(
@@ -228,6 +228,7 @@ class Viewer:
             "custom_id": redact(cid) if isinstance(cid, str) else None,
             "ok": bool(flags & 1),
             "unreadable": bool(flags & 8),
+            "oversized": bool(flags & OVERSIZED),
             "truncated": bool(flags & 2),
             "cached": bool(flags & 4),
             "status": index.status[row] or None,
@@ -248,8 +249,13 @@ class Viewer:
         if not text.isdigit() or int(text) >= len(vf.index):
             raise UsageError(f"row: a number from 0 to {len(vf.index) - 1}")
         row = int(text)
-        raw = vf.index.read(row)
-        return _json(self._describe(raw, row))
+        out = self._describe(vf.index.read(row), row)
+        if vf.index.flags[row] & OVERSIZED:
+            out["problem"] = (
+                f"a line of {vf.index.lengths[row]:,} bytes, longer than any response "
+                f"({vf.index.max_line:,}): only its first bytes are shown"
+            )
+        return _json(out)
 
     def _describe(self, raw: bytes, row: int) -> dict[str, Any]:
         request_raw = None
@@ -314,13 +320,32 @@ class Viewer:
                             headers={"Content-Security-Policy": _REPORT_CSP})  # fmt: skip
 
 
-def _holds_requests(path: str) -> bool:
-    """Whether the file's first line is a request line (a user's mix-up of the two files)."""
+def _check_file(path: str) -> None:
+    """Refuse what is no JSONL file: a directory, a FIFO (reading it blocks), a device
+    (`/dev/zero` never ends). A file not there yet is followed once a run creates it."""
     try:
-        with open(path, "rb") as fh:
-            first = next((line for line in fh if line.strip()), b"")
+        mode = os.stat(path).st_mode
+    except OSError:
+        return
+    if stat.S_ISDIR(mode):
+        raise UsageError(f"{path}: a directory, not a JSONL file")
+    if not stat.S_ISREG(mode):
+        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a device or socket"
+        raise UsageError(f"{path}: {kind}, not a regular file; view reads JSONL files")
+
+
+def _holds_requests(path: str) -> bool:
+    """Whether the file's first line is a request line (a user's mix-up of the two files):
+    the first lines' first MiB is enough to tell, and all that is read."""
+    fh = open_regular(path)
+    if fh is None:
+        return False
+    with fh:
+        head = fh.read(1 << 20)
+    first = next((line for line in head.split(b"\n") if line.strip()), b"")
+    try:
         obj = orjson.loads(first) if first else None
-    except (OSError, orjson.JSONDecodeError):
+    except orjson.JSONDecodeError:
         return False
     return isinstance(obj, dict) and "body" in obj and "url" in obj and "response" not in obj
 
