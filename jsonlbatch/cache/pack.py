@@ -175,9 +175,7 @@ def clean_meta(meta: dict[str, Any]) -> dict[str, Any]:
         out[name] = value
     usage = meta.get("usage")
     if type(usage) is dict:
-        out["usage"] = {
-            k: v for k in _USAGE if type(v := usage.get(k)) is int and 0 <= v < 1 << 53
-        }
+        out["usage"] = {k: v for k in _USAGE if type(v := usage.get(k)) is int and 0 <= v < 1 << 53}
     return out
 
 
