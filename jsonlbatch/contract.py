@@ -31,6 +31,16 @@ import orjson
 
 from jsonlbatch.records import CHAT_URL, COMPLETIONS_URL, MESSAGES_URL, RESPONSES_URL, json_object
 from jsonlbatch.samples import hosted_choices, split_think
+from jsonlbatch.schema_bounds import (
+    ENV_VAR,
+    CheckTimeout,
+    SchemaBoundError,
+    Shape,
+    bounded_validator,
+    check_bounds,
+    deadline,
+    limits,
+)
 
 #: The endpoints a schema can be declared for.
 SCHEMA_URLS = (CHAT_URL, COMPLETIONS_URL, RESPONSES_URL, MESSAGES_URL)
@@ -193,16 +203,23 @@ class Contract:
     """One compiled schema: `check(value)` returns the validator's message, or None.
 
     jsonschema is the authority. With fastjsonschema installed (the `fast` extra), a schema made
-    only of keywords both read alike (`fast_safe`) is first checked by its compiled code, about
-    ten times quicker; only an answer that fails it is checked again by jsonschema, which words
-    the message (and has the last word).
+    only of keywords both read alike (`fast_safe`), and small and simple enough
+    (`schema_bounds.Shape.fast`: its compiled code cannot be stopped, and grows with the
+    schema), is first checked by its compiled code, about ten times quicker; only an answer
+    that fails it is checked again by jsonschema, which words the message (and has the last
+    word). A check that takes longer than the limit (`schema_bounds`) fails that answer.
     """
 
-    __slots__ = ("_fast", "_validator", "schema")
+    __slots__ = ("_fast", "_seconds", "_validator", "schema")
 
-    def __init__(self, schema: dict[str, Any], *, fast: bool = True) -> None:
+    def __init__(
+        self, schema: dict[str, Any], *, fast: bool = True, shape: Shape | None = None
+    ) -> None:
         import jsonschema  # a dependency; imported here so readers without schemas skip it
+        from referencing import Registry
 
+        if shape is None:
+            shape = _bounded(schema, orjson.dumps(schema))
         self.schema = schema
         cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
         try:
@@ -211,8 +228,15 @@ class Contract:
             where = "/".join(str(p) for p in exc.absolute_path)
             raise SchemaError("", f"not a valid JSON Schema{f' (at {where})' if where else ''}: "
                                   f"{exc.message}") from None  # fmt: skip
-        self._validator = cls(schema, format_checker=cls.FORMAT_CHECKER)
-        self._fast = _fast_validator(schema) if fast else None
+        except RecursionError:  # `check_bounds` keeps schemas well below this
+            raise SchemaError("", "the schema nests too deeply to be checked") from None
+        # an empty registry: a $ref outside the schema is never fetched (check_bounds refuses
+        # one anyway); every keyword checks the clock, patterns run where they can be stopped
+        self._validator = bounded_validator(cls)(
+            schema, format_checker=cls.FORMAT_CHECKER, registry=Registry()
+        )
+        self._fast = _fast_validator(schema) if fast and shape.fast else None
+        self._seconds = limits().seconds
 
     def check(self, value: Any) -> str | None:
         if self._fast is not None:
@@ -225,9 +249,15 @@ class Contract:
         from referencing.exceptions import Unresolvable
 
         try:
-            error = best_match(self._validator.iter_errors(value))
+            with deadline(self._seconds):
+                error = best_match(self._validator.iter_errors(value))
         except Unresolvable as exc:
             return f"the schema has a reference that cannot be resolved: {exc}"
+        except CheckTimeout:
+            return (f"the check did not finish within {self._seconds:g} s (a pattern or "
+                    f"schema too slow on this answer; {ENV_VAR}=seconds=N raises it)")  # fmt: skip
+        except RecursionError:
+            return "the answer nests too deeply for this schema to be checked"
         if error is None:
             return None
         path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
@@ -299,19 +329,36 @@ def _fast_validator(schema: dict[str, Any]) -> Any:
 
 _COMPILED: dict[bytes, Contract] = {}
 _MAX_COMPILED = 4096  # distinct schemas kept; a per-row schema file rarely has more
+_MAX_COMPILED_BYTES = 64 << 20  # and their JSON at most this, all together
+_compiled_bytes = 0
 
 
 def compile_schema(schema: dict[str, Any]) -> Contract:
     """The compiled `Contract` of `schema`, once per distinct schema (canonical JSON as key).
-    Raises `SchemaError` for a schema that is not valid JSON Schema."""
-    key = orjson.dumps(schema, option=orjson.OPT_SORT_KEYS)
+    Raises `SchemaError` for a schema that is not valid JSON Schema, or past the limits of
+    `schema_bounds` (checked once, when it is first compiled)."""
+    global _compiled_bytes
+    try:
+        key = orjson.dumps(schema, option=orjson.OPT_SORT_KEYS)
+    except orjson.JSONEncodeError as exc:  # nested past orjson's 254 levels
+        _bounded(schema, b"")  # says so, as the depth limit
+        raise SchemaError("", f"the schema cannot be read: {exc}") from None
     found = _COMPILED.get(key)
     if found is None:
-        found = Contract(schema)
-        if len(_COMPILED) >= _MAX_COMPILED:
+        found = Contract(schema, shape=_bounded(schema, key))
+        if len(_COMPILED) >= _MAX_COMPILED or _compiled_bytes + len(key) > _MAX_COMPILED_BYTES:
             _COMPILED.clear()
+            _compiled_bytes = 0
         _COMPILED[key] = found
+        _compiled_bytes += len(key)
     return found
+
+
+def _bounded(schema: dict[str, Any], raw: bytes) -> Shape:
+    try:
+        return check_bounds(schema, len(raw))
+    except SchemaBoundError as exc:
+        raise SchemaError("", str(exc)) from None
 
 
 # -- reading an answer --------------------------------------------------------------------------
