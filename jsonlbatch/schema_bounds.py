@@ -342,6 +342,7 @@ def _esc(key: Any) -> str:
 
 # -- checking one answer within its time ----------------------------------------------------
 
+
 class _Clock(threading.local):
     at: float | None = None  # when the check running in this thread must end
 
