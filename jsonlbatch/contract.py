@@ -416,6 +416,8 @@ def _after_prose(text: str, root: str | None) -> Any:
     for start in starts:
         try:
             value, end = decoder.raw_decode(text, start)
+        except RecursionError:  # json's scanner recurses per level: an answer is hostile too
+            raise NoJson("the JSON value nests too deeply to be read") from None
         except json.JSONDecodeError as exc:
             if first_error is None:
                 short = "Unterminated" in exc.msg or exc.pos >= len(text) - 1

@@ -21,7 +21,7 @@ import orjson
 import pytest
 from batchutil import ENV, cli, exec_cli, odd_server, read_results, start_cli
 
-from jsonlbatch.contract import SchemaError, compile_schema, with_schema
+from jsonlbatch.contract import SchemaError, compile_schema, judge, with_schema
 from jsonlbatch.errors import UsageError
 from jsonlbatch.records import CHAT_URL
 from jsonlbatch.schema_bounds import ENV_VAR, parse_limits
@@ -148,6 +148,12 @@ def test_bounds_in_process():
     assert matched.check({"x1": 1}) is None
     assert "is not of type" in (matched.check({"x1": "s"}) or "")
     assert "not allowed" in (matched.check({"y": 1}) or "")
+    # an answer is hostile too: nested past what a reader recurses through
+    deep = compile_schema({"type": "array", "items": {"$ref": "#"}})
+    assert judge(deep, "Here: " + "[" * 5000 + "]" * 5000).error == (
+        "the JSON value nests too deeply to be read"
+    )
+    assert "nests too deeply" in (judge(deep, "[" * 1000 + "]" * 1000).error or "")
     assert parse_limits("enum=5, seconds=0.5").enum == 5
     with pytest.raises(UsageError, match=ENV_VAR):
         parse_limits("enum=lots")
