@@ -39,6 +39,7 @@ from jsonlbatch.schema_bounds import (
     bounded_validator,
     check_bounds,
     deadline,
+    fast_validator,
     limits,
 )
 
@@ -203,7 +204,7 @@ class Contract:
     """One compiled schema: `check(value)` returns the validator's message, or None.
 
     jsonschema is the authority. With fastjsonschema installed (the `fast` extra), a schema made
-    only of keywords both read alike (`fast_safe`), and small and simple enough
+    only of keywords both read alike (`schema_bounds.fast_safe`), and small and simple enough
     (`schema_bounds.Shape.fast`: its compiled code cannot be stopped, and grows with the
     schema), is first checked by its compiled code, about ten times quicker; only an answer
     that fails it is checked again by jsonschema, which words the message (and has the last
@@ -235,7 +236,7 @@ class Contract:
         self._validator = bounded_validator(cls)(
             schema, format_checker=cls.FORMAT_CHECKER, registry=Registry()
         )
-        self._fast = _fast_validator(schema) if fast and shape.fast else None
+        self._fast = fast_validator(schema) if fast and shape.fast else None
         self._seconds = limits().seconds
 
     def check(self, value: Any) -> str | None:
@@ -263,68 +264,6 @@ class Contract:
         path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
         message = error.message if len(error.message) <= 300 else error.message[:300] + "..."
         return f"at ${path}: {message}"
-
-
-#: Keywords that mean the same to fastjsonschema (draft 7) and to jsonschema (2020-12).
-_ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$comment",
-                          "readOnly", "writeOnly", "deprecated"})  # fmt: skip
-_SAFE = _ANNOTATIONS | {
-    "type", "properties", "required", "additionalProperties", "items", "enum", "const", "anyOf",
-    "oneOf", "allOf", "not", "$ref", "$defs", "definitions", "minimum", "maximum",
-    "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "minLength", "maxLength", "pattern",
-    "minItems", "maxItems", "uniqueItems", "minProperties", "maxProperties",
-    "patternProperties", "propertyNames", "$schema",
-}  # fmt: skip
-
-
-def fast_safe(schema: Any) -> bool:
-    """Whether `schema` uses only keywords draft 7 and 2020-12 read alike: no `format` (whose
-    checks differ by installed libraries), `items` as one schema, numeric exclusive bounds,
-    `enum`/`const` of strings (Python's `1 == True` would blur the rest), local `$ref` alone."""
-    if isinstance(schema, bool):
-        return True
-    if not isinstance(schema, dict) or not schema.keys() <= _SAFE:
-        return False
-    ref = schema.get("$ref")
-    if ref is not None and (
-        not str(ref).startswith("#") or not schema.keys() - {"$ref"} <= _ANNOTATIONS
-    ):
-        return False
-    if not isinstance(schema.get("items", {}), (dict, bool)):
-        return False
-    for key in ("exclusiveMinimum", "exclusiveMaximum"):
-        if isinstance(schema.get(key), bool):
-            return False
-    values = [schema["const"]] if "const" in schema else schema.get("enum", [])
-    if not isinstance(values, list) or not all(isinstance(v, str) or v is None for v in values):
-        return False
-    subs: list[Any] = [schema.get(k) for k in ("items", "additionalProperties", "not",
-                                                "propertyNames") if k in schema]  # fmt: skip
-    for key in ("properties", "patternProperties", "$defs", "definitions"):
-        found = schema.get(key, {})
-        if not isinstance(found, dict):
-            return False
-        subs += found.values()
-    for key in ("anyOf", "oneOf", "allOf"):
-        found = schema.get(key, [])
-        if not isinstance(found, list):
-            return False
-        subs += found
-    return all(fast_safe(sub) for sub in subs)
-
-
-def _fast_validator(schema: dict[str, Any]) -> Any:
-    """fastjsonschema's compiled check of `schema`, when installed and safe; else None."""
-    try:
-        import fastjsonschema
-    except ImportError:
-        return None
-    if not fast_safe(schema):
-        return None
-    try:
-        return fastjsonschema.compile({k: v for k, v in schema.items() if k != "$schema"})
-    except Exception:  # a schema it cannot compile is left to jsonschema
-        return None
 
 
 _COMPILED: dict[bytes, Contract] = {}

@@ -340,6 +340,71 @@ def _esc(key: Any) -> str:
     return str(key).replace("~", "~0").replace("/", "~1")
 
 
+# -- the fast validator --------------------------------------------------------------------
+
+
+#: Keywords that mean the same to fastjsonschema (draft 7) and to jsonschema (2020-12).
+_ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$comment",
+                          "readOnly", "writeOnly", "deprecated"})  # fmt: skip
+_SAFE = _ANNOTATIONS | {
+    "type", "properties", "required", "additionalProperties", "items", "enum", "const", "anyOf",
+    "oneOf", "allOf", "not", "$ref", "$defs", "definitions", "minimum", "maximum",
+    "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "minLength", "maxLength", "pattern",
+    "minItems", "maxItems", "uniqueItems", "minProperties", "maxProperties",
+    "patternProperties", "propertyNames", "$schema",
+}  # fmt: skip
+
+
+def fast_safe(schema: Any) -> bool:
+    """Whether `schema` uses only keywords draft 7 and 2020-12 read alike: no `format` (whose
+    checks differ by installed libraries), `items` as one schema, numeric exclusive bounds,
+    `enum`/`const` of strings (Python's `1 == True` would blur the rest), local `$ref` alone."""
+    if isinstance(schema, bool):
+        return True
+    if not isinstance(schema, dict) or not schema.keys() <= _SAFE:
+        return False
+    ref = schema.get("$ref")
+    if ref is not None and (
+        not str(ref).startswith("#") or not schema.keys() - {"$ref"} <= _ANNOTATIONS
+    ):
+        return False
+    if not isinstance(schema.get("items", {}), (dict, bool)):
+        return False
+    for key in ("exclusiveMinimum", "exclusiveMaximum"):
+        if isinstance(schema.get(key), bool):
+            return False
+    values = [schema["const"]] if "const" in schema else schema.get("enum", [])
+    if not isinstance(values, list) or not all(isinstance(v, str) or v is None for v in values):
+        return False
+    subs: list[Any] = [schema.get(k) for k in ("items", "additionalProperties", "not",
+                                                "propertyNames") if k in schema]  # fmt: skip
+    for key in ("properties", "patternProperties", "$defs", "definitions"):
+        found = schema.get(key, {})
+        if not isinstance(found, dict):
+            return False
+        subs += found.values()
+    for key in ("anyOf", "oneOf", "allOf"):
+        found = schema.get(key, [])
+        if not isinstance(found, list):
+            return False
+        subs += found
+    return all(fast_safe(sub) for sub in subs)
+
+
+def fast_validator(schema: dict[str, Any]) -> Any:
+    """fastjsonschema's compiled check of `schema`, when installed and safe; else None."""
+    try:
+        import fastjsonschema
+    except ImportError:
+        return None
+    if not fast_safe(schema):
+        return None
+    try:
+        return fastjsonschema.compile({k: v for k, v in schema.items() if k != "$schema"})
+    except Exception:  # a schema it cannot compile is left to jsonschema
+        return None
+
+
 # -- checking one answer within its time ----------------------------------------------------
 
 

@@ -295,7 +295,8 @@ class Cache:
         `--cache-mode write` refreshes: what other runs stored is replaced, not kept. Its pack
         is named to sort before every other pack (`_pack_name`), so its copy is the first
         pack's; only the draws this process stored itself count as taken."""
-        taken = self.get if self.readable else self._stored_here
+        own = self._own
+        taken = self.get if self.readable else lambda k, d: own.find(key64(k), d)
         if one_draw and taken(key, 0) is not None:
             return None
         if not one_draw:
@@ -320,10 +321,6 @@ class Cache:
         own.add(key64(key), draw, 0, offset, len(record))
         self.counts.stored += 1
         return draw
-
-    def _stored_here(self, key: bytes, draw: int) -> tuple[int, int, int] | None:
-        """Where this process stored draw `draw` of `key`, if it did."""
-        return self._own.find(key64(key), draw)
 
     def _append(self, record: bytes) -> int:
         if self._pack_fd is None:
@@ -387,8 +384,7 @@ class Cache:
         renumber = [0] * len(names)
         for new, old in enumerate(order):
             renumber[old] = new
-        covers = [Cover(p, view.covered.get(p, 0), p in view.sealed) for p in view.packs]
-        covers = [*covers, own]
+        covers = [*(Cover(p, view.covered.get(p, 0), p in view.sealed) for p in view.packs), own]
         covers = [covers[i] for i in order]
 
         def entries() -> Any:
@@ -474,13 +470,9 @@ def _pack_name(refresh: bool) -> str:
     """A new pack's name: `<time>-<host>-<pid>-<random>.pack`, which sorts after the packs
     before it; refreshing (`--cache-mode write`), `0-<time counted down>-...`, which sorts
     before every other pack, the newest refresh first: its copies are the ones found."""
-    if refresh:
-        return f"0-{_REFRESH_END - time.time_ns() // 1000:019d}-{_unique()}{PACK_SUFFIX}"
+    if refresh:  # microseconds, counted down from 2**60
+        return f"0-{(1 << 60) - time.time_ns() // 1000:019d}-{_unique()}{PACK_SUFFIX}"
     return f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{_unique()}{PACK_SUFFIX}"
-
-
-#: Microseconds from the epoch that refresh packs' names count down from.
-_REFRESH_END = 1 << 60
 
 
 def _unique() -> str:
