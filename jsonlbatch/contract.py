@@ -29,16 +29,14 @@ from typing import Any
 
 import orjson
 
+from jsonlbatch.bounded_check import CheckTimeout, bounded_validator, deadline
 from jsonlbatch.records import CHAT_URL, COMPLETIONS_URL, MESSAGES_URL, RESPONSES_URL, json_object
 from jsonlbatch.samples import hosted_choices, split_think
 from jsonlbatch.schema_bounds import (
     ENV_VAR,
-    CheckTimeout,
     SchemaBoundError,
     Shape,
-    bounded_validator,
     check_bounds,
-    deadline,
     fast_validator,
     limits,
 )

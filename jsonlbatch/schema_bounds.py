@@ -18,9 +18,8 @@ where and which limit before anything is sent:
 - `unevaluatedProperties` not with `patternProperties` (jsonschema would run those patterns with
   Python's own engine, which cannot be stopped).
 
-Checking one answer is bounded too (`deadline`, `search`): every keyword looks at the clock,
-and patterns run in the `regex` engine with a timeout, so a check that cannot finish within
-`seconds` is that answer's failure (`CheckTimeout`), never a hang (a signal still stops it).
+Checking one answer is bounded too (`bounded_check.py`): a check that cannot finish within
+`seconds` is that answer's failure, never a hang.
 
 The limits are `LIMITS`, raised with one environment variable,
 `JSONLBATCH_SCHEMA_LIMITS="enum=200000,seconds=5"` (names as in `SchemaLimits`).
@@ -30,12 +29,11 @@ from __future__ import annotations
 
 import functools
 import os
-import threading
-import time
 from dataclasses import dataclass, fields, replace
 from typing import Any
 from urllib.parse import unquote
 
+from jsonlbatch.bounded_check import compiled
 from jsonlbatch.errors import UsageError
 
 #: The environment variable that raises (or lowers) the limits.
@@ -80,10 +78,6 @@ class SchemaBoundError(ValueError):
 
     def __init__(self, where: str, message: str) -> None:
         super().__init__(f"{message} (at {where})" if where else message)
-
-
-class CheckTimeout(Exception):
-    """Checking one answer took longer than `SchemaLimits.seconds`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -403,95 +397,3 @@ def fast_validator(schema: dict[str, Any]) -> Any:
         return fastjsonschema.compile({k: v for k, v in schema.items() if k != "$schema"})
     except Exception:  # a schema it cannot compile is left to jsonschema
         return None
-
-
-# -- checking one answer within its time ----------------------------------------------------
-
-
-class _Clock(threading.local):
-    at: float | None = None  # when the check running in this thread must end
-
-
-_clock = _Clock()
-
-
-class deadline:
-    """`with deadline(seconds):` bounds the answer check inside (`tick`, `search`)."""
-
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-
-    def __enter__(self) -> None:
-        _clock.at = time.monotonic() + self.seconds
-
-    def __exit__(self, *exc: object) -> None:
-        _clock.at = None
-
-
-def tick() -> None:
-    """Raise `CheckTimeout` when the current check is past its deadline."""
-    at = _clock.at
-    if at is not None and time.monotonic() > at:
-        raise CheckTimeout
-
-
-@functools.lru_cache(maxsize=1024)
-def compiled(pattern: str) -> Any:
-    """`pattern` compiled by `regex` (Python's `re` syntax; a match can be given a timeout)."""
-    import regex
-
-    return regex.compile(pattern)
-
-
-def search(pattern: str, text: str) -> bool:
-    """Whether `pattern` matches somewhere in `text`, within the current check's time left."""
-    at = _clock.at
-    left = None if at is None else max(at - time.monotonic(), 0.001)
-    try:
-        return compiled(pattern).search(text, timeout=left) is not None
-    except TimeoutError:
-        raise CheckTimeout from None
-
-
-@functools.cache
-def bounded_validator(cls: Any) -> Any:
-    """`cls` (a jsonschema validator class) whose every keyword looks at the clock first
-    (`tick`), and whose patterns run in `regex` within the time left (`search`): jsonschema's
-    own run in Python's `re`, which cannot be stopped."""
-    from jsonschema import validators
-
-    own = cls.VALIDATORS
-
-    def pattern(validator: Any, patrn: str, instance: Any, schema: Any) -> Any:
-        from jsonschema.exceptions import ValidationError
-
-        if validator.is_type(instance, "string") and not search(patrn, instance):
-            yield ValidationError(f"{instance!r} does not match {patrn!r}")
-
-    def pattern_properties(validator: Any, patterns: Any, instance: Any, schema: Any) -> Any:
-        if not validator.is_type(instance, "object"):
-            return
-        for patrn, subschema in patterns.items():
-            for name, value in instance.items():
-                if search(patrn, name):
-                    yield from validator.descend(value, subschema, path=name, schema_path=patrn)
-
-    def additional_properties(validator: Any, extra: Any, instance: Any, schema: Any) -> Any:
-        """jsonschema's, given the properties no pattern matched and no patterns."""
-        patterns = schema.get("patternProperties") if isinstance(schema, dict) else None
-        if not patterns or not validator.is_type(instance, "object"):
-            return own["additionalProperties"](validator, extra, instance, schema)
-        rest = {k: v for k, v in instance.items() if not any(search(p, k) for p in patterns)}
-        plain = {k: v for k, v in schema.items() if k != "patternProperties"}
-        return own["additionalProperties"](validator, extra, rest, plain)
-
-    def ticking(keyword: Any) -> Any:
-        def checked(validator: Any, value: Any, instance: Any, schema: Any) -> Any:
-            tick()
-            return keyword(validator, value, instance, schema)
-
-        return checked
-
-    mine = {"pattern": pattern, "patternProperties": pattern_properties,
-            "additionalProperties": additional_properties}  # fmt: skip
-    return validators.extend(cls, {k: ticking(mine.get(k, f)) for k, f in own.items()})
