@@ -9,6 +9,7 @@ subprocesses that could hang on the old code have a timeout, so a hang fails the
 from __future__ import annotations
 
 import os
+import resource
 import struct
 import subprocess
 import sys
@@ -115,6 +116,28 @@ def test_exec_on_a_cache_with_a_planted_index_runs(tmp_path: Path, mock_server):
         assert again.returncode == 0, again.stderr
     assert "0000-planted.idx" not in os.listdir(root / "packs")
     assert cache_stats(root).entries >= 4
+
+
+def test_thousands_of_packs_do_not_use_up_descriptors(tmp_path: Path, mock_server):
+    """1,500 packs (planted, or a cache many runs used) were all kept open: under a limit of
+    1,024 descriptors exec could not even start its event loop (a traceback)."""
+    url = mock_server()
+    root = tmp_path / "c"
+    _cache_with(root, ["a"])
+    for i in range(1500):
+        (root / "packs" / f"1999{i:05d}-planted.pack").write_bytes(REC_MAGIC + bytes(40))
+    req = tmp_path / "req.jsonl"
+    req.write_bytes(b"".join(request_line(f"r{i}", chat_body(i, temperature=0))
+                             for i in range(3)))  # fmt: skip
+    out = tmp_path / "out.jsonl"
+    done = subprocess.run(
+        [sys.executable, "-m", "jsonlbatch", "exec", str(req), "-o", str(out), "--url", url,
+         "--cache", str(root)],
+        capture_output=True, text=True, timeout=120, env=ENV,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024)),
+    )  # fmt: skip
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert len(read_results(out)) == 3
 
 
 def test_index_headers_and_covers_are_checked(tmp_path: Path):

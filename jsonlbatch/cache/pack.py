@@ -371,7 +371,7 @@ class Index:
                 magic != INDEX_MAGIC
                 or size != base + n_slots * SLOT.size
                 or n_slots < 1
-                or entries > n_slots
+                or entries > n_slots * _LOAD + 1
                 or covers_len > MAX_COVERS
             ):
                 return None
@@ -432,9 +432,9 @@ def write_index(
     to `path`, atomically (a temporary name, then a rename). Where two records of one
     (key64, draw) meet, the first pack's is kept, unless `reads(pack, offset, length)` says it
     is damaged and the other is not: a good copy stored after a damaged one stays found."""
-    table = Table.empty(count)
+    table = Table.empty(min(count, 1 << 20))  # `count` came from other indexes' headers:
     for k64, draw, pack, offset, length in entries:
-        if table.full():  # `count` came from other indexes' headers: it may be short
+        if table.full():  # it may be short, or absurd (a planted sparse file): grown as needed
             table = table.grown()
         other = table.add(k64, draw, pack, offset, length)
         if other is not None and reads is not None:

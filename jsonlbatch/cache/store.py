@@ -63,6 +63,8 @@ _TAG = (
     "Signature: 8a477f597d28d172789f06886806bc55\n"
     "# This directory is a jsonlbatch answer cache: see `jsonlbatch cache stats`.\n"
 )
+#: Packs kept open at once (the longest unused is closed first).
+_MAX_OPEN = 128
 #: How many draw numbers past the wanted one a store tries when the cache has them already.
 _MAX_PROBE = 64
 #: A record longer than this is checked against its pack's size before it is read (a damaged
@@ -202,8 +204,12 @@ class Cache:
         return self._view
 
     def _fd(self, pack: int) -> int:
+        """An open descriptor of pack `pack`; at most `_MAX_OPEN` are kept (a cache of
+        thousands of packs, planted or not, must not use up the process's descriptors)."""
         fd = self._fds.get(pack)
         if fd is None:
+            if len(self._fds) >= _MAX_OPEN:
+                os.close(self._fds.pop(next(iter(self._fds))))
             name = self._names[pack] if pack < len(self._names) else self._pack_name
             fd = self._fds[pack] = open_regular(os.path.join(self.root, PACKS, name))
         return fd
