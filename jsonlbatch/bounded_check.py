@@ -31,16 +31,21 @@ _clock = _Clock()
 
 
 class deadline:
-    """`with deadline(seconds):` bounds the answer check inside (`tick`, `search`)."""
+    """`with deadline(seconds):` bounds the answer check inside (`tick`, `search`). Inside
+    another, the outer one holds: every choice of one answer shares the answer's time."""
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
+        self._outer = False
 
     def __enter__(self) -> None:
-        _clock.at = time.monotonic() + self.seconds
+        self._outer = _clock.at is None
+        if self._outer:
+            _clock.at = time.monotonic() + self.seconds
 
     def __exit__(self, *exc: object) -> None:
-        _clock.at = None
+        if self._outer:
+            _clock.at = None
 
 
 def tick() -> None:

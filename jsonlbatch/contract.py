@@ -209,7 +209,7 @@ class Contract:
     word). A check that takes longer than the limit (`schema_bounds`) fails that answer.
     """
 
-    __slots__ = ("_fast", "_seconds", "_validator", "schema")
+    __slots__ = ("_fast", "_validator", "schema", "seconds")
 
     def __init__(
         self, schema: dict[str, Any], *, fast: bool = True, shape: Shape | None = None
@@ -235,7 +235,7 @@ class Contract:
             schema, format_checker=cls.FORMAT_CHECKER, registry=Registry()
         )
         self._fast = fast_validator(schema) if fast and shape.fast else None
-        self._seconds = limits().seconds
+        self.seconds = limits().seconds  # one answer's check, all its choices (judge_body)
 
     def check(self, value: Any) -> str | None:
         if self._fast is not None:
@@ -248,12 +248,12 @@ class Contract:
         from referencing.exceptions import Unresolvable
 
         try:
-            with deadline(self._seconds):
+            with deadline(self.seconds):
                 error = best_match(self._validator.iter_errors(value))
         except Unresolvable as exc:
             return f"the schema has a reference that cannot be resolved: {exc}"
         except CheckTimeout:
-            return (f"the check did not finish within {self._seconds:g} s (a pattern or "
+            return (f"the check did not finish within {self.seconds:g} s (a pattern or "
                     f"schema too slow on this answer; {ENV_VAR}=seconds=N raises it)")  # fmt: skip
         except RecursionError:
             return "the answer nests too deeply for this schema to be checked"
@@ -438,7 +438,8 @@ def judge_body(contract: Contract, body: Any, tool: str | None = None) -> list[C
     texts = answer_texts(body, tool)
     if not texts:
         return [ChoiceVerdict(False, "the answer has no choices")]
-    return [judge(contract, text) for text in texts]
+    with deadline(contract.seconds):  # one limit for all the choices (n=100: not 100 limits)
+        return [judge(contract, text) for text in texts]
 
 
 # -- what later stages read ---------------------------------------------------------------------
