@@ -104,7 +104,7 @@ def parse_limits(text: str) -> SchemaLimits:
             number = float(value) if name == "seconds" else int(value)
         except ValueError:
             number = -1
-        if name not in names or number <= 0:
+        if name not in names or not 0 < number < float("inf"):  # nan, inf: no limit at all
             raise UsageError(
                 f"{ENV_VAR}={text!r}: give name=number pairs, comma-separated, of "
                 f"{', '.join(names)} (a positive number each)"

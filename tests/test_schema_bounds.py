@@ -155,8 +155,9 @@ def test_bounds_in_process():
     )
     assert "nests too deeply" in (judge(deep, "[" * 1000 + "]" * 1000).error or "")
     assert parse_limits("enum=5, seconds=0.5").enum == 5
-    with pytest.raises(UsageError, match=ENV_VAR):
-        parse_limits("enum=lots")
+    for bad in ("enum=lots", "seconds=nan", "seconds=inf", "depth=0", "size=5"):
+        with pytest.raises(UsageError, match=ENV_VAR):
+            parse_limits(bad)
 
 
 def test_a_pattern_that_backtracks_is_that_answer_s_failure(tmp_path: Path):
