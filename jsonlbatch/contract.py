@@ -217,8 +217,8 @@ class Contract:
         import jsonschema  # a dependency; imported here so readers without schemas skip it
         from referencing import Registry
 
-        if shape is None:
-            shape = _bounded(schema, orjson.dumps(schema))
+        if shape is None:  # not through compile_schema: bounded here
+            shape = _bounded(schema, _canonical(schema))
         self.schema = schema
         cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
         try:
@@ -275,11 +275,7 @@ def compile_schema(schema: dict[str, Any]) -> Contract:
     Raises `SchemaError` for a schema that is not valid JSON Schema, or past the limits of
     `schema_bounds` (checked once, when it is first compiled)."""
     global _compiled_bytes
-    try:
-        key = orjson.dumps(schema, option=orjson.OPT_SORT_KEYS)
-    except orjson.JSONEncodeError as exc:  # nested past orjson's 254 levels
-        _bounded(schema, b"")  # says so, as the depth limit
-        raise SchemaError("", f"the schema cannot be read: {exc}") from None
+    key = _canonical(schema)
     found = _COMPILED.get(key)
     if found is None:
         found = Contract(schema, shape=_bounded(schema, key))
@@ -289,6 +285,15 @@ def compile_schema(schema: dict[str, Any]) -> Contract:
         _COMPILED[key] = found
         _compiled_bytes += len(key)
     return found
+
+
+def _canonical(schema: dict[str, Any]) -> bytes:
+    """`schema` as sorted JSON (the compiled schemas' key); `SchemaError` if it cannot be."""
+    try:
+        return orjson.dumps(schema, option=orjson.OPT_SORT_KEYS)
+    except orjson.JSONEncodeError as exc:  # nested past orjson's 254 levels
+        _bounded(schema, b"")  # says so, as the depth limit
+        raise SchemaError("", f"the schema cannot be read: {exc}") from None
 
 
 def _bounded(schema: dict[str, Any], raw: bytes) -> Shape:
