@@ -29,8 +29,17 @@ from typing import Any
 
 import orjson
 
+from jsonlbatch.bounded_check import CheckTimeout, bounded_validator, deadline
 from jsonlbatch.records import CHAT_URL, COMPLETIONS_URL, MESSAGES_URL, RESPONSES_URL, json_object
 from jsonlbatch.samples import hosted_choices, split_think
+from jsonlbatch.schema_bounds import (
+    ENV_VAR,
+    SchemaBoundError,
+    Shape,
+    check_bounds,
+    fast_validator,
+    limits,
+)
 
 #: The endpoints a schema can be declared for.
 SCHEMA_URLS = (CHAT_URL, COMPLETIONS_URL, RESPONSES_URL, MESSAGES_URL)
@@ -193,16 +202,23 @@ class Contract:
     """One compiled schema: `check(value)` returns the validator's message, or None.
 
     jsonschema is the authority. With fastjsonschema installed (the `fast` extra), a schema made
-    only of keywords both read alike (`fast_safe`) is first checked by its compiled code, about
-    ten times quicker; only an answer that fails it is checked again by jsonschema, which words
-    the message (and has the last word).
+    only of keywords both read alike (`schema_bounds.fast_safe`), and small and simple enough
+    (`schema_bounds.Shape.fast`: its compiled code cannot be stopped, and grows with the
+    schema), is first checked by its compiled code, about ten times quicker; only an answer
+    that fails it is checked again by jsonschema, which words the message (and has the last
+    word). A check that takes longer than the limit (`schema_bounds`) fails that answer.
     """
 
-    __slots__ = ("_fast", "_validator", "schema")
+    __slots__ = ("_fast", "_validator", "schema", "seconds")
 
-    def __init__(self, schema: dict[str, Any], *, fast: bool = True) -> None:
+    def __init__(
+        self, schema: dict[str, Any], *, fast: bool = True, shape: Shape | None = None
+    ) -> None:
         import jsonschema  # a dependency; imported here so readers without schemas skip it
+        from referencing import Registry
 
+        if shape is None:  # not through compile_schema: bounded here
+            shape = _bounded(schema, _canonical(schema))
         self.schema = schema
         cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
         try:
@@ -211,8 +227,15 @@ class Contract:
             where = "/".join(str(p) for p in exc.absolute_path)
             raise SchemaError("", f"not a valid JSON Schema{f' (at {where})' if where else ''}: "
                                   f"{exc.message}") from None  # fmt: skip
-        self._validator = cls(schema, format_checker=cls.FORMAT_CHECKER)
-        self._fast = _fast_validator(schema) if fast else None
+        except RecursionError:  # `check_bounds` keeps schemas well below this
+            raise SchemaError("", "the schema nests too deeply to be checked") from None
+        # an empty registry: a $ref outside the schema is never fetched (check_bounds refuses
+        # one anyway); every keyword checks the clock, patterns run where they can be stopped
+        self._validator = bounded_validator(cls)(
+            schema, format_checker=cls.FORMAT_CHECKER, registry=Registry()
+        )
+        self._fast = fast_validator(schema) if fast and shape.fast else None
+        self.seconds = limits().seconds  # one answer's check, all its choices (judge_body)
 
     def check(self, value: Any) -> str | None:
         if self._fast is not None:
@@ -225,9 +248,15 @@ class Contract:
         from referencing.exceptions import Unresolvable
 
         try:
-            error = best_match(self._validator.iter_errors(value))
+            with deadline(self.seconds):
+                error = best_match(self._validator.iter_errors(value))
         except Unresolvable as exc:
             return f"the schema has a reference that cannot be resolved: {exc}"
+        except CheckTimeout:
+            return (f"the check did not finish within {self.seconds:g} s (a pattern or "
+                    f"schema too slow on this answer; {ENV_VAR}=seconds=N raises it)")  # fmt: skip
+        except RecursionError:
+            return "the answer nests too deeply for this schema to be checked"
         if error is None:
             return None
         path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
@@ -235,83 +264,43 @@ class Contract:
         return f"at ${path}: {message}"
 
 
-#: Keywords that mean the same to fastjsonschema (draft 7) and to jsonschema (2020-12).
-_ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$comment",
-                          "readOnly", "writeOnly", "deprecated"})  # fmt: skip
-_SAFE = _ANNOTATIONS | {
-    "type", "properties", "required", "additionalProperties", "items", "enum", "const", "anyOf",
-    "oneOf", "allOf", "not", "$ref", "$defs", "definitions", "minimum", "maximum",
-    "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "minLength", "maxLength", "pattern",
-    "minItems", "maxItems", "uniqueItems", "minProperties", "maxProperties",
-    "patternProperties", "propertyNames", "$schema",
-}  # fmt: skip
-
-
-def fast_safe(schema: Any) -> bool:
-    """Whether `schema` uses only keywords draft 7 and 2020-12 read alike: no `format` (whose
-    checks differ by installed libraries), `items` as one schema, numeric exclusive bounds,
-    `enum`/`const` of strings (Python's `1 == True` would blur the rest), local `$ref` alone."""
-    if isinstance(schema, bool):
-        return True
-    if not isinstance(schema, dict) or not schema.keys() <= _SAFE:
-        return False
-    ref = schema.get("$ref")
-    if ref is not None and (
-        not str(ref).startswith("#") or not schema.keys() - {"$ref"} <= _ANNOTATIONS
-    ):
-        return False
-    if not isinstance(schema.get("items", {}), (dict, bool)):
-        return False
-    for key in ("exclusiveMinimum", "exclusiveMaximum"):
-        if isinstance(schema.get(key), bool):
-            return False
-    values = [schema["const"]] if "const" in schema else schema.get("enum", [])
-    if not isinstance(values, list) or not all(isinstance(v, str) or v is None for v in values):
-        return False
-    subs: list[Any] = [schema.get(k) for k in ("items", "additionalProperties", "not",
-                                                "propertyNames") if k in schema]  # fmt: skip
-    for key in ("properties", "patternProperties", "$defs", "definitions"):
-        found = schema.get(key, {})
-        if not isinstance(found, dict):
-            return False
-        subs += found.values()
-    for key in ("anyOf", "oneOf", "allOf"):
-        found = schema.get(key, [])
-        if not isinstance(found, list):
-            return False
-        subs += found
-    return all(fast_safe(sub) for sub in subs)
-
-
-def _fast_validator(schema: dict[str, Any]) -> Any:
-    """fastjsonschema's compiled check of `schema`, when installed and safe; else None."""
-    try:
-        import fastjsonschema
-    except ImportError:
-        return None
-    if not fast_safe(schema):
-        return None
-    try:
-        return fastjsonschema.compile({k: v for k, v in schema.items() if k != "$schema"})
-    except Exception:  # a schema it cannot compile is left to jsonschema
-        return None
-
-
 _COMPILED: dict[bytes, Contract] = {}
 _MAX_COMPILED = 4096  # distinct schemas kept; a per-row schema file rarely has more
+_MAX_COMPILED_BYTES = 64 << 20  # and their JSON at most this, all together
+_compiled_bytes = 0
 
 
 def compile_schema(schema: dict[str, Any]) -> Contract:
     """The compiled `Contract` of `schema`, once per distinct schema (canonical JSON as key).
-    Raises `SchemaError` for a schema that is not valid JSON Schema."""
-    key = orjson.dumps(schema, option=orjson.OPT_SORT_KEYS)
+    Raises `SchemaError` for a schema that is not valid JSON Schema, or past the limits of
+    `schema_bounds` (checked once, when it is first compiled)."""
+    global _compiled_bytes
+    key = _canonical(schema)
     found = _COMPILED.get(key)
     if found is None:
-        found = Contract(schema)
-        if len(_COMPILED) >= _MAX_COMPILED:
+        found = Contract(schema, shape=_bounded(schema, key))
+        if len(_COMPILED) >= _MAX_COMPILED or _compiled_bytes + len(key) > _MAX_COMPILED_BYTES:
             _COMPILED.clear()
+            _compiled_bytes = 0
         _COMPILED[key] = found
+        _compiled_bytes += len(key)
     return found
+
+
+def _canonical(schema: dict[str, Any]) -> bytes:
+    """`schema` as sorted JSON (the compiled schemas' key); `SchemaError` if it cannot be."""
+    try:
+        return orjson.dumps(schema, option=orjson.OPT_SORT_KEYS)
+    except orjson.JSONEncodeError as exc:  # nested past orjson's 254 levels
+        _bounded(schema, b"")  # says so, as the depth limit
+        raise SchemaError("", f"the schema cannot be read: {exc}") from None
+
+
+def _bounded(schema: dict[str, Any], raw: bytes) -> Shape:
+    try:
+        return check_bounds(schema, len(raw))
+    except SchemaBoundError as exc:
+        raise SchemaError("", str(exc)) from None
 
 
 # -- reading an answer --------------------------------------------------------------------------
@@ -369,6 +358,8 @@ def _after_prose(text: str, root: str | None) -> Any:
     for start in starts:
         try:
             value, end = decoder.raw_decode(text, start)
+        except RecursionError:  # json's scanner recurses per level: an answer is hostile too
+            raise NoJson("the JSON value nests too deeply to be read") from None
         except json.JSONDecodeError as exc:
             if first_error is None:
                 short = "Unterminated" in exc.msg or exc.pos >= len(text) - 1
@@ -452,7 +443,8 @@ def judge_body(contract: Contract, body: Any, tool: str | None = None) -> list[C
     texts = answer_texts(body, tool)
     if not texts:
         return [ChoiceVerdict(False, "the answer has no choices")]
-    return [judge(contract, text) for text in texts]
+    with deadline(contract.seconds):  # one limit for all the choices (n=100: not 100 limits)
+        return [judge(contract, text) for text in texts]
 
 
 # -- what later stages read ---------------------------------------------------------------------

@@ -210,7 +210,8 @@ def test_gen_cli_schema_file_row_schemas_and_bad_schemas(tmp_path):
 def test_fast_path_agrees_with_jsonschema():
     """fastjsonschema (the `fast` extra) only speeds the check up: every verdict is jsonschema's."""
     pytest.importorskip("fastjsonschema")
-    from jsonlbatch.contract import Contract, fast_safe
+    from jsonlbatch.contract import Contract
+    from jsonlbatch.schema_bounds import fast_safe
 
     fast, slow = Contract(SCHEMA), Contract(SCHEMA, fast=False)
     assert fast._fast is not None and slow._fast is None

@@ -31,6 +31,7 @@ from jsonlbatch.cache.pack import (
     decode_record,
     iter_records,
     key64,
+    open_regular,
     write_index,
 )
 from jsonlbatch.cache.store import PACKS, _unique
@@ -38,7 +39,6 @@ from jsonlbatch.errors import OutputError
 
 #: Seconds: a temporary file, or an unsealed pack, untouched this long was left by a dead run.
 STALE = 3600.0
-_READ = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
 _REWRITTEN = re.compile(r"~[0-9a-f]{8}$")
 
 
@@ -111,8 +111,8 @@ def reindex(root: str, survey: Survey) -> None:
     def entries() -> Iterator[tuple[int, int, int, int, int]]:
         for number, pack in enumerate(packs):
             try:
-                fd = os.open(os.path.join(folder, pack.name), _READ)
-            except OSError:  # removed meanwhile (another prune): a miss, nothing more
+                fd = open_regular(os.path.join(folder, pack.name))
+            except OSError:  # removed meanwhile (another prune), or not a file: left out
                 continue
             try:
                 for rec in iter_records(fd, 0, pack.size):
@@ -166,8 +166,8 @@ def records(root: str, pack: PackFile) -> Iterator[tuple[Found, dict[str, Any] |
     bytes of a pack; a stretch that holds no record (a torn write) is one corrupt record.
     Counts the CRC-valid records into `pack.valid`."""
     try:
-        fd = os.open(os.path.join(root, PACKS, pack.name), _READ)
-    except FileNotFoundError:  # pruned meanwhile
+        fd = open_regular(os.path.join(root, PACKS, pack.name))
+    except OSError:  # pruned meanwhile, or not a file (nothing of it is read)
         return
     pack.valid = pos = 0
     try:

@@ -31,6 +31,7 @@ from jsonlbatch.cache.compact import (
     rewrite,
     stored_at,
 )
+from jsonlbatch.cache.pack import read_small
 from jsonlbatch.cache.store import MARKER, PACKS, RUNS, check_is_cache
 from jsonlbatch.errors import OutputError, UsageError
 
@@ -271,8 +272,7 @@ def _runrecords(root: str) -> Iterator[dict[str, Any]]:
         if not name.endswith(".json"):
             continue
         try:
-            with open(os.path.join(root, RUNS, name), "rb") as f:
-                record = orjson.loads(f.read())
+            record = orjson.loads(read_small(os.path.join(root, RUNS, name)))
         except (OSError, orjson.JSONDecodeError):
             continue
         if isinstance(record, dict):

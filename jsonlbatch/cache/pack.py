@@ -22,6 +22,14 @@ name and renamed into place, so a reader sees an index entirely or not at all.
 Where two records have the same (key, draw) (two runs stored the same draw at once), the one in
 the pack whose name sorts first wins, everywhere and always: `Table` keeps the smallest pack
 number, and pack numbers follow name order.
+
+Everything in a cache folder may have been written by someone else, damaged or planted, so what
+is read is bounded where it comes in: files are opened only if they are regular files
+(`open_regular`: a FIFO or a device named like a pack is not waited on or read forever); an
+index's header and covers are checked against its size and plain types (`Index.open`); a probe
+stops after `MAX_PROBES` slots (a table with no empty slot is a miss, and set aside, not an
+endless loop); a record longer, or inflating to more, than `MAX_RECORD` is damaged; and a
+record's metadata keeps only the known fields, of their types and in range (`clean_meta`).
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+import stat
 import struct
 import zlib
 from collections.abc import Callable, Iterable, Iterator
@@ -46,6 +55,18 @@ PACK_SUFFIX = ".pack"
 INDEX_SUFFIX = ".idx"
 _MIX = 0x9E3779B97F4A7C15  # spreads the draws of one key over the table
 _LOAD = 0.7  # at most this full
+#: Slots one lookup probes at most. A table at most 70% full has runs of a few dozen at worst;
+#: a longer one (a planted or damaged index with no empty slot) is a miss, and the table is
+#: set aside for the rest of the process.
+MAX_PROBES = 4096
+#: The most bytes a record may take, stored or inflated (an answer is at most exec's
+#: --max-response-bytes, 64 MiB by default): a longer one is damaged, never read into memory.
+MAX_RECORD = 256 << 20
+#: The most bytes of an index's covers (one pack a few dozen bytes: millions of packs).
+MAX_COVERS = 64 << 20
+#: Offsets and sizes past this are damage (8 EiB: no file is that long).
+MAX_OFFSET = 1 << 62
+_READ = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
 
 
 def key64(key: bytes) -> int:
@@ -106,6 +127,7 @@ def decode_record(
     end = RECORD.size + length
     if (
         magic != REC_MAGIC
+        or length > MAX_RECORD
         or len(data) < end
         or (key is not None and found_key != key)
         or (draw is not None and found_draw != draw)
@@ -115,12 +137,74 @@ def decode_record(
     try:
         inflate = zlib.decompressobj(-15, zdict=ZDICT)
         payload = memoryview(data)[RECORD.size : end]
-        text = inflate.decompress(payload, 1 << 16) if head_only else inflate.decompress(payload)
+        text = inflate.decompress(payload, (1 << 16) if head_only else MAX_RECORD + 1)
+        if not head_only and (len(text) > MAX_RECORD or inflate.unconsumed_tail):
+            return None  # a deflate bomb: a small record that would inflate without end
         head, _, body = text.partition(b"\n")
         meta = orjson.loads(head)
     except (zlib.error, orjson.JSONDecodeError):
         return None
-    return Entry(body, meta) if type(meta) is dict else None
+    return Entry(body, clean_meta(meta)) if type(meta) is dict else None
+
+
+#: A record's metadata as `clean_meta` keeps it: field -> (types, longest string or
+#: (lowest, highest) number).
+_META: dict[str, tuple[tuple[type, ...], Any]] = {
+    "url": ((str,), 1024),
+    "model": ((str,), 1024),
+    "request_id": ((str,), 1024),
+    "status": ((int,), (100, 599)),
+    "created": ((int, float), (0, 1 << 36)),  # seconds: up to the year 4147
+}
+_USAGE = ("prompt_tokens", "completion_tokens", "reasoning_tokens")
+
+
+def clean_meta(meta: dict[str, Any]) -> dict[str, Any]:
+    """A record's metadata with only the fields a writer puts there, of their types and in
+    range (a string cut short is dropped); the rest is left out. Every reader of metadata
+    (lookups, `cache stats`, `cache prune`) gets it through here: it may have been planted."""
+    out: dict[str, Any] = {}
+    for name, (types, bound) in _META.items():
+        value = meta.get(name)
+        if type(value) not in types:
+            continue
+        if isinstance(value, str) and len(value) > bound:
+            continue
+        if not isinstance(value, str) and not bound[0] <= value <= bound[1]:
+            continue
+        out[name] = value
+    usage = meta.get("usage")
+    if type(usage) is dict:
+        out["usage"] = {k: v for k in _USAGE if type(v := usage.get(k)) is int and 0 <= v < 1 << 53}
+    return out
+
+
+def read_small(path: str, limit: int = 1 << 20) -> bytes:
+    """The bytes of a small file of a cache folder (its marker, a run's counts), if it is a
+    regular file of at most `limit` bytes; OSError otherwise."""
+    fd = open_regular(path)
+    try:
+        data = os.pread(fd, limit + 1, 0)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise OSError(f"{path} is over {limit} bytes")
+    return data
+
+
+def open_regular(path: str) -> int:
+    """A read-only descriptor of `path` if it is a regular file; OSError otherwise. Opened
+    without waiting (a FIFO named like a pack would block an open forever: O_NONBLOCK, which
+    regular files ignore), then checked (a device such as /dev/zero would be read without
+    end)."""
+    fd = os.open(path, _READ)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a regular file")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 @dataclass(slots=True)
@@ -148,7 +232,7 @@ def iter_records(fd: int, start: int = 0, end: int | None = None) -> Iterator[Fo
             if len(buf) < RECORD.size:
                 return
         magic, crc, length, draw, key = RECORD.unpack_from(buf, at)
-        if magic != REC_MAGIC or pos + RECORD.size + length > end:
+        if magic != REC_MAGIC or length > MAX_RECORD or pos + RECORD.size + length > end:
             following = _next_magic(fd, pos + 1, end)
             if following is None:
                 return
@@ -195,16 +279,20 @@ class Table:
         return cls(bytearray(n_slots * SLOT.size), n_slots)
 
     def find(self, k64: int, draw: int) -> tuple[int, int, int] | None:
-        """(pack number, offset, length) of (key64, draw), or None."""
+        """(pack number, offset, length) of (key64, draw), or None. After `MAX_PROBES` slots
+        with no empty one the table is damaged or planted: it is set aside (no entries), so
+        each later lookup skips it."""
         n, buf, base, unpack = self.n_slots, self.buf, self.base, SLOT.unpack_from
         at = (k64 + draw * _MIX) % n
-        while True:
+        for _ in range(min(n, MAX_PROBES)):
             k, d, pack, offset, length = unpack(buf, base + at * SLOT.size)
             if k == k64 and d == draw:
                 return pack, offset, length
             if k == 0:
                 return None
             at = at + 1 if at + 1 < n else 0
+        self.entries = 0
+        return None
 
     def add(
         self, k64: int, draw: int, pack: int, offset: int, length: int, force: bool = False
@@ -266,9 +354,10 @@ class Index:
 
     @classmethod
     def open(cls, path: str) -> Index | None:
-        """The index at `path`, or None if it is gone, torn or not an index."""
+        """The index at `path`, or None if it is gone, torn, damaged or not an index (not a
+        regular file, a header its size belies, covers that are not [name, size, sealed])."""
         try:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            fd = open_regular(path)
         except OSError:
             return None
         try:
@@ -278,12 +367,16 @@ class Index:
                 return None
             magic, covers_len, n_slots, entries = INDEX_HEAD.unpack(head)
             base = _slots_at(covers_len)
-            if magic != INDEX_MAGIC or size != base + n_slots * SLOT.size or n_slots < 1:
+            if (
+                magic != INDEX_MAGIC
+                or size != base + n_slots * SLOT.size
+                or n_slots < 1
+                or entries > n_slots * _LOAD + 1
+                or covers_len > MAX_COVERS
+            ):
                 return None
-            try:
-                raw = orjson.loads(os.pread(fd, covers_len, INDEX_HEAD.size))
-                covers = [Cover(str(p), int(c), bool(s)) for p, c, s in raw]
-            except (orjson.JSONDecodeError, TypeError, ValueError):
+            covers = _covers(os.pread(fd, covers_len, INDEX_HEAD.size))
+            if covers is None:
                 return None
             try:
                 mm: mmap.mmap | None = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
@@ -303,6 +396,27 @@ class Index:
             self._mm = None
 
 
+def _covers(raw: bytes) -> list[Cover] | None:
+    """An index's covers, if they are a list of [pack name, bytes covered, sealed]."""
+    try:
+        found = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    if type(found) is not list:
+        return None
+    covers = []
+    for item in found:
+        if type(item) is not list or len(item) != 3:
+            return None
+        pack, covered, sealed = item
+        if type(pack) is not str or type(covered) is not int or type(sealed) is not bool:
+            return None
+        if not 0 <= covered <= MAX_OFFSET:
+            return None
+        covers.append(Cover(pack, covered, sealed))
+    return covers
+
+
 def _slots_at(covers_len: int) -> int:
     return (INDEX_HEAD.size + covers_len + 7) // 8 * 8
 
@@ -318,8 +432,10 @@ def write_index(
     to `path`, atomically (a temporary name, then a rename). Where two records of one
     (key64, draw) meet, the first pack's is kept, unless `reads(pack, offset, length)` says it
     is damaged and the other is not: a good copy stored after a damaged one stays found."""
-    table = Table.empty(count)
+    table = Table.empty(min(count, 1 << 20))  # `count` came from other indexes' headers:
     for k64, draw, pack, offset, length in entries:
+        if table.full():  # it may be short, or absurd (a planted sparse file): grown as needed
+            table = table.grown()
         other = table.add(k64, draw, pack, offset, length)
         if other is not None and reads is not None:
             first = table.find(k64, draw)

@@ -20,6 +20,8 @@ Layout of a cache directory::
     jsonlbatch-cache.json        marks the directory as a cache (prune removes nothing elsewhere)
     CACHEDIR.TAG                 tells backup tools to skip it (bford.info/cachedir)
     packs/<time>-<host>-<pid>-<random>.pack   answers, appended by one process each
+    packs/0-<time counted down>-<host>-<pid>-<random>.pack   the same, of a refresh
+                                 (`--cache-mode write`): sorts first, so its copies win
     packs/<time>-<host>-<pid>-<random>.idx    indexes over the packs
     runs/<time>-<host>-<pid>.json  one line of counts per run (hits, misses, stored): `cache stats`
 """
@@ -46,6 +48,8 @@ from jsonlbatch.cache.pack import (
     encode_record,
     iter_records,
     key64,
+    open_regular,
+    read_small,
     write_index,
 )
 from jsonlbatch.errors import OutputError, UsageError
@@ -59,7 +63,8 @@ _TAG = (
     "Signature: 8a477f597d28d172789f06886806bc55\n"
     "# This directory is a jsonlbatch answer cache: see `jsonlbatch cache stats`.\n"
 )
-_READ = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+#: Packs kept open at once (the longest unused is closed first).
+_MAX_OPEN = 128
 #: How many draw numbers past the wanted one a store tries when the cache has them already.
 _MAX_PROBE = 64
 #: A record longer than this is checked against its pack's size before it is read (a damaged
@@ -200,10 +205,14 @@ class Cache:
         return self._view
 
     def _fd(self, pack: int) -> int:
+        """An open descriptor of pack `pack`; at most `_MAX_OPEN` are kept (a cache of
+        thousands of packs, planted or not, must not use up the process's descriptors)."""
         fd = self._fds.get(pack)
         if fd is None:
+            if len(self._fds) >= _MAX_OPEN:
+                os.close(self._fds.pop(next(iter(self._fds))))
             name = self._names[pack] if pack < len(self._names) else self._pack_name
-            fd = self._fds[pack] = os.open(os.path.join(self.root, PACKS, name), _READ)
+            fd = self._fds[pack] = open_regular(os.path.join(self.root, PACKS, name))
         return fd
 
     def _load(self) -> _View:
@@ -286,15 +295,20 @@ class Cache:
         it could not be stored: the first failure is noted, the run goes on).
 
         A body that is one draw keeps the answer already stored, if any (None: nothing stored,
-        the stored answer is the one lookups find). A draw this process
-        knows to be taken (stored earlier, `--cache-mode write`) is not stored again: the
-        answer goes to the next free one. Two processes storing the same draw at once each
-        append it; the first pack's copy is the one every lookup finds."""
-        if one_draw and self.get(key, 0) is not None:
+        the stored answer is the one lookups find). A draw already taken is not stored again:
+        the answer goes to the next free one. Two processes storing the same draw at once each
+        append it; the first pack's copy is the one every lookup finds.
+
+        `--cache-mode write` refreshes: what other runs stored is replaced, not kept. Its pack
+        is named to sort before every other pack (`_pack_name`), so its copy is the first
+        pack's; only the draws this process stored itself count as taken."""
+        own = self._own
+        taken = self.get if self.readable else lambda k, d: own.find(key64(k), d)
+        if one_draw and taken(key, 0) is not None:
             return None
         if not one_draw:
             for d in range(draw, draw + _MAX_PROBE):
-                if self.get(key, d) is None:
+                if taken(key, d) is None:
                     draw = d
                     break
             else:
@@ -318,8 +332,7 @@ class Cache:
     def _append(self, record: bytes) -> int:
         if self._pack_fd is None:
             self.view()  # packs listed before this one exists: its number is theirs + 1
-            stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-            self._pack_name = f"{stamp}-{_unique()}{PACK_SUFFIX}"
+            self._pack_name = _pack_name(refresh=not self.readable)
             path = os.path.join(self.root, PACKS, self._pack_name)
             flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND
             self._pack_fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0), 0o644)
@@ -371,20 +384,26 @@ class Cache:
         if sources <= MERGE_AT and view.walked < WALKED_MAX:
             write_index(path, [own], self._own.items(), self._own.entries)
             return
-        # one index over every pack this process knows, replacing the ones it read
-        covers = [Cover(p, view.covered.get(p, 0), p in view.sealed) for p in view.packs]
-        covers.append(own)
+        # one index over every pack this process knows, replacing the ones it read; numbered
+        # in name order (this pack is the view's last, but a refreshing one sorts first)
+        names = [*view.packs, self._pack_name]
+        order = sorted(range(len(names)), key=names.__getitem__)
+        renumber = [0] * len(names)
+        for new, old in enumerate(order):
+            renumber[old] = new
+        covers = [*(Cover(p, view.covered.get(p, 0), p in view.sealed) for p in view.packs), own]
+        covers = [covers[i] for i in order]
 
         def entries() -> Any:
             for table, numbers in view.tables:
                 for k, d, pack, offset, length in table.items():
                     if pack < len(numbers) and numbers[pack] >= 0:  # not a damaged slot
-                        yield k, d, numbers[pack], offset, length
+                        yield k, d, renumber[numbers[pack]], offset, length
 
         def reads(pack: int, offset: int, length: int) -> bool:
             """Whether a record one of two entries of one draw points at is whole."""
             try:
-                fd = self._fd(pack)
+                fd = self._fd(order[pack])
                 if length > _BIG_RECORD and offset + length > os.fstat(fd).st_size:
                     return False  # a damaged index slot
                 return decode_record(os.pread(fd, length, offset)) is not None
@@ -443,8 +462,7 @@ def check_is_cache(root: str) -> None:
         )
     if MARKER in names:
         try:
-            with open(os.path.join(root, MARKER), "rb") as f:
-                found = orjson.loads(f.read()).get("format")
+            found = orjson.loads(read_small(os.path.join(root, MARKER))).get("format")
         except (OSError, orjson.JSONDecodeError, AttributeError):
             found = None
         if found != FORMAT:
@@ -453,6 +471,15 @@ def check_is_cache(root: str) -> None:
                 "(an earlier development build wrote one file per answer): give a new "
                 "directory, or delete this one"
             )
+
+
+def _pack_name(refresh: bool) -> str:
+    """A new pack's name: `<time>-<host>-<pid>-<random>.pack`, which sorts after the packs
+    before it; refreshing (`--cache-mode write`), `0-<time counted down>-...`, which sorts
+    before every other pack, the newest refresh first: its copies are the ones found."""
+    if refresh:  # microseconds, counted down from 2**60
+        return f"0-{(1 << 60) - time.time_ns() // 1000:019d}-{_unique()}{PACK_SUFFIX}"
+    return f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{_unique()}{PACK_SUFFIX}"
 
 
 def _unique() -> str:

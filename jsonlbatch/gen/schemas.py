@@ -18,6 +18,7 @@ import orjson
 from jsonlbatch.contract import SchemaError, compile_schema
 from jsonlbatch.errors import InputError, UsageError
 from jsonlbatch.extras import require
+from jsonlbatch.schema_bounds import ENV_VAR, limits
 
 #: What may be given as a schema: a JSON Schema, or a Pydantic model class.
 SchemaLike = Any
@@ -27,9 +28,14 @@ def load_schema(spec: str) -> dict[str, Any]:
     """The schema `spec` names: a `.json` file holding a JSON Schema, or `module:Model`, a
     Pydantic model (needs pydantic). Raises `InputError` / `UsageError` saying what is wrong."""
     if os.path.exists(spec) or spec.endswith(".json") or ":" not in spec:
+        most = limits().bytes * 4  # a file may be pretty-printed: the limit is on compact JSON
         try:
             with open(spec, "rb") as f:
-                schema = orjson.loads(f.read())
+                raw = f.read(most + 1)
+            if len(raw) > most:
+                raise InputError(f"schema file {spec} is over {most:,} bytes: too big for a "
+                                 f"schema ({ENV_VAR}=bytes=N raises the limit)")  # fmt: skip
+            schema = orjson.loads(raw)
         except OSError as exc:
             raise InputError(f"cannot read schema file {spec}: {exc.strerror}") from None
         except orjson.JSONDecodeError as exc:
