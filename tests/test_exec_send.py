@@ -31,9 +31,11 @@ async def test_a_usable_answer_is_kept_byte_for_byte_with_its_metrics() -> None:
     big = 2**70  # beyond 64 bits: re-encoding through a float would change it
     raw = orjson.dumps(chat_answer("hello", prompt_tokens=7, completion_tokens=2))
     raw = raw[:-1] + b',"seed":' + str(big).encode() + b"}"
-    async with ScriptedServer(Reply(body=raw, headers={"x-request-id": "req-abc"})) as server:
-        async with sender([server.url]) as s:
-            result = await s.send(request("a"))
+    async with (
+        ScriptedServer(Reply(body=raw, headers={"x-request-id": "req-abc"})) as server,
+        sender([server.url]) as s,
+    ):
+        result = await s.send(request("a"))
     assert result.ok and result.status_code == 200 and result.request_id == "req-abc"
     assert f'"seed":{big}'.encode() in result.to_line()
     assert result.metrics["attempts"] == 1
@@ -57,9 +59,11 @@ async def test_transient_errors_are_retried_until_an_answer() -> None:
 
 async def test_the_last_transient_error_is_written_after_max_retries() -> None:
     script = [Reply(500, {"error": {"message": f"boom {i}"}}) for i in range(3)]
-    async with ScriptedServer(*script, Reply()) as server:
-        async with sender([server.url], max_retries=2) as s:
-            result = await s.send(request("a"))
+    async with (
+        ScriptedServer(*script, Reply()) as server,
+        sender([server.url], max_retries=2) as s,
+    ):
+        result = await s.send(request("a"))
     assert len(server.posts) == 3  # the answer scripted fourth is never asked for
     out = line(result)
     assert out["error"] == {"code": "http_500", "message": "boom 2"}
@@ -83,10 +87,12 @@ async def test_a_context_length_error_dressed_as_a_500_is_final() -> None:
 
 
 async def test_rejected_credentials_stop_the_run() -> None:
-    async with ScriptedServer(Reply(401, {"error": "Unauthorized"})) as server:
-        async with sender([server.url]) as s:
-            with pytest.raises(AuthenticationError, match=r"rejected the credentials \(HTTP 401\)"):
-                await s.send(request("a"))
+    async with (
+        ScriptedServer(Reply(401, {"error": "Unauthorized"})) as server,
+        sender([server.url]) as s,
+    ):
+        with pytest.raises(AuthenticationError, match=r"rejected the credentials \(HTTP 401\)"):
+            await s.send(request("a"))
     assert len(server.posts) == 1
 
 
@@ -111,18 +117,22 @@ async def test_a_200_without_an_answer_is_retried_then_written_without_a_respons
 
 async def test_an_answer_too_large_is_final_without_a_retry() -> None:
     huge = chat_answer("x" * 4096)
-    async with ScriptedServer(Reply(body=huge)) as server:
-        async with sender([server.url], max_response_bytes=1024) as s:
-            result = await s.send(request("a"))
+    async with (
+        ScriptedServer(Reply(body=huge)) as server,
+        sender([server.url], max_response_bytes=1024) as s,
+    ):
+        result = await s.send(request("a"))
     assert len(server.posts) == 1 and result.error["code"] == TOO_LARGE
     assert result.status_code is None and s.summary.retries == 0
 
 
 async def test_one_dropped_keep_alive_connection_costs_no_attempt_a_second_does() -> None:
     # rate_limits off: the learning limiter holds a retry until a first answer came (2 s)
-    async with ScriptedServer(Reply(drop=True), Reply()) as server:
-        async with sender([server.url], rate_limits=False) as s:
-            result = await s.send(request("a"))
+    async with (
+        ScriptedServer(Reply(drop=True), Reply()) as server,
+        sender([server.url], rate_limits=False) as s,
+    ):
+        result = await s.send(request("a"))
     assert result.ok and result.metrics["attempts"] == 1 and len(server.posts) == 2
     script = [Reply(drop=True), Reply(drop=True), Reply()]
     async with ScriptedServer(*script) as server, sender([server.url], rate_limits=False) as s:
@@ -179,16 +189,22 @@ async def test_fit_context_resends_once_with_the_output_cap_that_fits() -> None:
         "This model's maximum context length is 100 tokens. However, you requested 130 tokens "
         "(30 in the messages, 100 in the completion)."
     )
-    async with ScriptedServer(Reply(400, {"error": {"message": words}}), Reply()) as server:
-        async with sender([server.url], fit_context=True) as s:
-            fitted = await s.send(request("a", max_tokens=100))
+    async with (
+        ScriptedServer(Reply(400, {"error": {"message": words}}), Reply()) as server,
+        sender([server.url], fit_context=True) as s,
+    ):
+        fitted = await s.send(request("a", max_tokens=100))
     assert fitted.ok and [body["max_tokens"] for body in server.posts] == [100, 70]
     assert fitted.metrics["fit_context"] == {"max_tokens": 70, "asked": 100}
-    server_script = [Reply(400, {"error": {"message": words}})] * 2
-    async with ScriptedServer(*server_script) as server:
-        async with sender([server.url], fit_context=True) as s:
-            again = await s.send(request("b", max_tokens=100))
-            other = await s.send(request("c", max_tokens=100))
+    # the cut request is refused again, as if the prompt took more than the server said
+    tighter = words.replace("(30 in the messages", "(40 in the messages")
+    script = [Reply(400, {"error": {"message": m}}) for m in (words, tighter)]
+    async with (
+        ScriptedServer(*script) as server,
+        sender([server.url], fit_context=True) as s,
+    ):
+        again = await s.send(request("b", max_tokens=100))
+        other = await s.send(request("c", max_tokens=100))
     # b: cut once, and the cut request's refusal is final (no second cut); c keeps its own cap
     assert again.error["code"] == "http_400" and again.metrics["fit_context"]["max_tokens"] == 70
     assert [body["max_tokens"] for body in server.posts] == [100, 70, 100]
@@ -204,13 +220,15 @@ async def test_a_stopping_run_sends_nothing_more() -> None:
 
 
 async def test_a_stopping_run_gives_up_a_backoff_at_once() -> None:
-    async with ScriptedServer(Reply(500)) as server:
-        async with sender([server.url], backoff_base=30.0, backoff_cap=60.0) as s:
-            sending = asyncio.ensure_future(s.send(request("a")))
-            while not server.posts:
-                await asyncio.sleep(0.01)
-            await asyncio.sleep(0.05)  # in its 15-30 s backoff now
-            s.stopping.set()
-            with pytest.raises(Stop):
-                await asyncio.wait_for(sending, 5)
+    async with (
+        ScriptedServer(Reply(500)) as server,
+        sender([server.url], backoff_base=30.0, backoff_cap=60.0) as s,
+    ):
+        sending = asyncio.ensure_future(s.send(request("a")))
+        while not server.posts:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)  # in its 15-30 s backoff now
+        s.stopping.set()
+        with pytest.raises(Stop):
+            await asyncio.wait_for(sending, 5)
     assert len(server.posts) == 1 and s.sender.retrying == 0
