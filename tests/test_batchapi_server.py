@@ -160,6 +160,7 @@ def test_api_key_guards_the_front(tmp_path, mock_server):
     assert server.client("sk-front").batches.list().data == []
 
 
+@pytest.mark.slow
 def test_server_killed_mid_batch_resumes_without_resending(tmp_path, mock_process):
     mock = mock_process("--latency", "0.1")
     server = BatchServer(tmp_path / "state", mock.url, "--batch-concurrency", "2").start()
@@ -181,6 +182,7 @@ def test_server_killed_mid_batch_resumes_without_resending(tmp_path, mock_proces
     assert 20 <= sent <= 22, f"{sent} requests for 20: the done ones were sent again"
 
 
+@pytest.mark.slow
 def test_serve_batch_api_launches_its_backend(tmp_path):
     """`serve --batch-api --backend mock`: the printed URL is the front; batches and live
     requests both reach the launched backend, which goes down with the front."""

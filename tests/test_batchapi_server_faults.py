@@ -72,6 +72,7 @@ def test_out_of_range_values_are_a_400_naming_the_field(tmp_path, mock_server):
     assert "Traceback" not in log and "bad request from a client" in log, log
 
 
+@pytest.mark.slow
 def test_a_database_locked_for_a_while_is_waited_out(tmp_path, mock_server):
     """Another process holds `BEGIN EXCLUSIVE` for longer than SQLite's default 5 s wait while
     a batch runs and a file is uploaded: both go through once it lets go."""
@@ -104,6 +105,7 @@ def test_a_database_locked_for_a_while_is_waited_out(tmp_path, mock_server):
     assert listed <= on_disk and on_disk - listed <= {done.output_file_id}
 
 
+@pytest.mark.slow
 def test_kill_during_an_upload_leaves_no_temp_file_and_one_server_per_directory(
     tmp_path, mock_server
 ):

@@ -201,6 +201,7 @@ def test_timeouts_become_failed_lines(tmp_path, mock_server):
         assert line["metrics"]["attempts"] == 2
 
 
+@pytest.mark.slow
 def test_cold_server_is_waited_for(tmp_path, mock_process):
     server = mock_process("--startup-delay", "2", wait=False)
     write_requests(tmp_path / "req.jsonl", 20)
@@ -211,6 +212,7 @@ def test_cold_server_is_waited_for(tmp_path, mock_process):
     assert len(read_results(out)) == 20
 
 
+@pytest.mark.slow
 def test_server_down_mid_run_pauses_instead_of_failing(tmp_path, mock_process):
     server = mock_process("--latency", "0.05")
     write_requests(tmp_path / "req.jsonl", 300)
@@ -275,6 +277,7 @@ def test_requests_spread_over_endpoints_and_skip_a_dead_one(tmp_path, mock_serve
     assert {r["metrics"]["endpoint"] for r in results.values()} == {a}
 
 
+@pytest.mark.slow
 def test_endpoint_that_comes_back_rejoins(tmp_path, mock_server, mock_process):
     alive = mock_server(latency=0.05)
     late = mock_process("--latency", "0.05")
@@ -299,6 +302,7 @@ def test_endpoint_that_comes_back_rejoins(tmp_path, mock_server, mock_process):
     assert used.count(late.url) > 20, "the endpoint that came back got no requests"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
 def test_signal_stops_cleanly_and_resume_finishes(tmp_path, mock_server, signame):
     import signal

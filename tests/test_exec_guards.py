@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 import orjson
+import pytest
 from aiohttp import web
 from batchutil import (
     cli,
@@ -21,6 +22,7 @@ import jsonlbatch
 from jsonlbatch.errors import OutputError
 
 
+@pytest.mark.slow
 def test_a_second_run_on_the_same_output_is_refused(tmp_path, mock_server):
     url = mock_server(latency=0.3)  # about 10 s: a loaded machine starts the second run in time
     write_requests(tmp_path / "req.jsonl", 280)

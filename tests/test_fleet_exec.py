@@ -108,6 +108,7 @@ def check_routed(
             assert endpoint.split("/")[0] == model, (cid, model, endpoint)
 
 
+@pytest.mark.slow
 def test_a_mixed_file_over_a_fleet_survives_a_kill_9_of_one_model(standins: Standins) -> None:
     requests, output = standins.tmp / "req.jsonl", standins.tmp / "out.jsonl"
     asked = mixed(requests, 3000)
@@ -136,6 +137,7 @@ def test_a_mixed_file_over_a_fleet_survives_a_kill_9_of_one_model(standins: Stan
     assert len({e["TRITON_CACHE_DIR"] for e in envs.values()}) == 4
 
 
+@pytest.mark.slow
 def test_a_model_that_cannot_come_back_fails_its_requests_and_the_others_finish(
     standins: Standins,
 ) -> None:
@@ -161,6 +163,7 @@ def test_a_model_that_cannot_come_back_fails_its_requests_and_the_others_finish(
     assert wait_no_survivors(standins.tag) == []
 
 
+@pytest.mark.slow
 def test_ctrl_c_tears_every_model_down_and_the_same_command_resumes(standins: Standins) -> None:
     requests, output = standins.tmp / "req.jsonl", standins.tmp / "out.jsonl"
     asked = mixed(requests, 40, ("fast", "mid"))
