@@ -7,14 +7,13 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import orjson
 import pytest
-from batchutil import read_results
+from batchutil import cli, read_results
 from standins.harness import Standins, standin_session, wait_no_survivors, wait_until
 from test_launch_signals import start
 
@@ -86,9 +85,9 @@ def done_by_model(output: Path) -> Counter[str]:
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "jsonlbatch", *args], capture_output=True, text=True, timeout=150
-    )
+    """The CLI (in-process: `batchutil.cli`) in this test's environment: the stand-ins first
+    on PATH and PYTHONPATH for the servers it launches."""
+    return cli(*args, env=dict(os.environ), timeout=150)
 
 
 def check_routed(
