@@ -163,7 +163,9 @@ def test_api_key_guards_the_front(tmp_path, mock_server):
 @pytest.mark.slow
 def test_server_killed_mid_batch_resumes_without_resending(tmp_path, mock_process):
     mock = mock_process("--latency", "0.1")
-    server = BatchServer(tmp_path / "state", mock.url, "--batch-concurrency", "2").start()
+    server = BatchServer(
+        tmp_path / "state", mock.url, "--batch-concurrency", "2", process=True
+    ).start()
     client = server.client()
     requests = _requests(20)
     batch = _create(client, requests)

@@ -40,7 +40,7 @@ def _create(client: openai.OpenAI, data: bytes, **extra) -> openai.types.Batch:
 
 
 def test_out_of_range_values_are_a_400_naming_the_field(tmp_path, mock_server):
-    server = BatchServer(tmp_path / "state", mock_server()).start()
+    server = BatchServer(tmp_path / "state", mock_server(), process=True).start()  # its log
     client = server.client()
     with pytest.raises(openai.BadRequestError) as caught:
         _create(client, _lines(1), completion_window="99999999999999999999d")
@@ -109,7 +109,7 @@ def test_a_database_locked_for_a_while_is_waited_out(tmp_path, mock_server):
 def test_kill_during_an_upload_leaves_no_temp_file_and_one_server_per_directory(
     tmp_path, mock_server
 ):
-    server = BatchServer(tmp_path / "state", mock_server()).start()
+    server = BatchServer(tmp_path / "state", mock_server(), process=True).start()
     files = tmp_path / "state" / "files"
     port = int(server.url.rsplit(":", 1)[1].split("/")[0])
     boundary = "xyzzy"
