@@ -85,21 +85,29 @@ def cli(
     from jsonlbatch.cli import main
 
     saved, here = dict(os.environ), os.getcwd()
-    os.environ.clear()
-    os.environ.update(env)
+    _set_environ(env)
     try:
         if cwd is not None:
             os.chdir(cwd)
         result = CliRunner().invoke(main, list(args), prog_name=PROG)
     finally:
         os.chdir(here)
-        os.environ.clear()
-        os.environ.update(saved)
+        _set_environ(saved)
     stderr = result.stderr
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         assert result.exc_info is not None
         stderr += "".join(traceback.format_exception(*result.exc_info))
     return subprocess.CompletedProcess([PROG, *args], result.exit_code, result.stdout, stderr)
+
+
+def _set_environ(env: dict) -> None:
+    """Make `os.environ` equal `env`, key by key: a server thread of the test reading it
+    meanwhile never sees it empty."""
+    for name in [k for k in os.environ if k not in env]:
+        del os.environ[name]
+    for name, value in env.items():
+        if os.environ.get(name) != value:
+            os.environ[name] = value
 
 
 def _starts_python_differently(env: dict) -> bool:
