@@ -63,12 +63,17 @@ def failures(results: dict[str, dict]) -> dict[str, dict]:
 
 
 def cli(
-    *args: str, timeout: float = 120, env: dict | None = None, cwd: Path | None = None
+    *args: str,
+    timeout: float = 120,
+    env: dict | None = None,
+    cwd: Path | None = None,
+    input: str | None = None,
 ) -> subprocess.CompletedProcess:
     """`jsonlbatch ARGS...` run in this process (click's test runner), shown as a subprocess
     would show it: its exit status, its stdout, and its stderr, where an exception that escaped
     the CLI is printed as Python prints it (so "no traceback" is still checked). During the call
-    the environment is exactly `env` (default `ENV`) and the working directory `cwd`.
+    the environment is exactly `env` (default `ENV`), the working directory `cwd`, and stdin
+    reads `input`.
 
     A Python start costs a second or more on a busy 2-core machine, and the suite ran 346 of
     them; what a test checks (files, lines, messages, exit codes) does not need one. A test of
@@ -79,7 +84,7 @@ def cli(
     (pytest-timeout bounds the test)."""
     env = env or ENV
     if _starts_python_differently(env) or _in_event_loop():
-        return cli_process(*args, timeout=timeout, env=env, cwd=cwd)
+        return cli_process(*args, timeout=timeout, env=env, cwd=cwd, input=input)
     from click.testing import CliRunner
 
     from jsonlbatch.cli import main
@@ -89,7 +94,7 @@ def cli(
     try:
         if cwd is not None:
             os.chdir(cwd)
-        result = CliRunner().invoke(main, list(args), prog_name=PROG)
+        result = CliRunner().invoke(main, list(args), input=input, prog_name=PROG)
     finally:
         os.chdir(here)
         _set_environ(saved)
@@ -130,11 +135,16 @@ PROG = "python -m jsonlbatch"
 
 
 def cli_process(
-    *args: str, timeout: float = 120, env: dict | None = None, cwd: Path | None = None
+    *args: str,
+    timeout: float = 120,
+    env: dict | None = None,
+    cwd: Path | None = None,
+    input: str | None = None,
 ) -> subprocess.CompletedProcess:
     """`python -m jsonlbatch ARGS...` as a real subprocess, waited for."""
     return subprocess.run(
         [sys.executable, "-m", "jsonlbatch", *args],
+        input=input,
         capture_output=True,
         text=True,
         timeout=timeout,
