@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -185,13 +184,23 @@ def test_without_render_a_spec_is_refused_not_guessed(tmp_path: Path) -> None:
     assert summary.written == 0
 
 
-def test_missing_extra_is_named_up_front(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_missing_extra_is_named_up_front(tmp_path: Path) -> None:
     """Without the office libraries, --render stops before writing anything and names the
-    extra (simulated by hiding openpyxl from the import system)."""
+    extra (simulated by hiding openpyxl from the import system in a child process)."""
     responses = tmp_path / "responses.jsonl"
     write_jsonl(responses, [chat_line("t", answer({"path": "a.xlsx", "spec": SHEET}))])
-    monkeypatch.setitem(sys.modules, "openpyxl", None)  # its import raises ImportError
-    result = post("files", responses, "--out-dir", tmp_path / "out", "--render")
+    code = (
+        "import sys\n"
+        "sys.modules['openpyxl'] = None  # its import raises ImportError\n"
+        "from jsonlbatch.cli import main\n"
+        f"sys.argv = ['jsonlbatch', 'post', 'files', {str(responses)!r}, '--out-dir', "
+        f"{str(tmp_path / 'out')!r}, '--render']\n"
+        "main()\n"
+    )
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 2, result.stderr
     assert "jsonlbatch[render]" in result.stderr and "openpyxl" in result.stderr
     assert "Traceback" not in result.stderr

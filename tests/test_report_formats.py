@@ -11,7 +11,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from batchutil import cli
+from batchutil import ENV, cli
 from report_fixtures import streamed_run
 
 OPTIONS = ["--sla", "ttft=500ms", "--sla", "e2e=2s", "--by", "endpoint", "--price", "in=1,out=2"]
@@ -149,11 +149,17 @@ def test_html_is_self_contained_with_embedded_charts(
 
 
 def test_html_without_matplotlib_still_written_and_says_so(
-    runs: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    runs: tuple[Path, Path], tmp_path: Path
 ) -> None:
     target = tmp_path / "report.html"
-    monkeypatch.setitem(sys.modules, "matplotlib", None)  # its import raises ImportError
-    result = cli("report", str(runs[0]), "-o", str(target))
+    hide = "import sys; sys.modules['matplotlib'] = None; from jsonlbatch.cli import main; main()"
+    result = subprocess.run(
+        [sys.executable, "-c", hide, "report", str(runs[0]), "-o", str(target)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=ENV,
+    )
     _ok(result)
     assert result.stderr.startswith(
         "note: the page will have no charts: drawing charts in the HTML report needs matplotlib, "
