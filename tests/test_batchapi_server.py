@@ -113,7 +113,13 @@ def test_sdk_list_pages_with_after_and_limit(tmp_path, mock_server):
 
 def test_sdk_cancel_splits_output_and_error_files(tmp_path, mock_server):
     upstream = mock_server(latency=0.1)
-    client = BatchServer(tmp_path / "state", upstream, "--batch-concurrency", "2").start().client()
+    client = (
+        BatchServer(  # a process: --batch-concurrency's way from the command line
+            tmp_path / "state", upstream, "--batch-concurrency", "2", process=True
+        )
+        .start()
+        .client()
+    )
     requests = _requests(40)
     batch = _create(client, requests)
     wait_batch(client, batch.id, until=lambda b: b.request_counts.completed >= 4)
@@ -154,7 +160,9 @@ def test_bad_input_fails_the_batch_naming_the_line(tmp_path, mock_server):
 
 
 def test_api_key_guards_the_front(tmp_path, mock_server):
-    server = BatchServer(tmp_path / "state", mock_server(), "--server-api-key", "sk-front").start()
+    server = BatchServer(  # a process: the option's way from the command line is tested too
+        tmp_path / "state", mock_server(), "--server-api-key", "sk-front", process=True
+    ).start()
     with pytest.raises(openai.AuthenticationError):
         server.client("wrong").batches.list()
     assert server.client("sk-front").batches.list().data == []

@@ -153,7 +153,9 @@ def test_client_credentials_are_not_passed_to_the_upstream(tmp_path):
 
     upstream, stop = odd_server(handler)
     try:
-        server = BatchServer(tmp_path / "state", upstream, "--upstream-api-key", "sk-up").start()
+        server = BatchServer(  # a process: the option's way from the command line
+            tmp_path / "state", upstream, "--upstream-api-key", "sk-up", process=True
+        ).start()
         import urllib.request
 
         request = urllib.request.Request(
