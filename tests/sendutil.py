@@ -154,7 +154,7 @@ class ScriptedServer:
             await asyncio.sleep(reply.delay)
         if reply.drop:
             assert request.transport is not None
-            request.transport.abort()
+            request.transport.close()
             return web.Response()  # never reaches the client: its connection is gone
         body = reply.body if reply.body is not None else chat_answer()
         raw = body if isinstance(body, bytes) else orjson.dumps(body)
