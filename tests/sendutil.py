@@ -201,12 +201,11 @@ async def sender(
     async with aiohttp.ClientSession(trust_env=False) as session:
         pools = build_pools(session, specs, opts.urls, by_url, {}, opts, None, watchdog)
         meter = Meter(RateLimiter(opts.rpm, opts.tpm, learn=opts.rate_limits))
-        sending = Sending(
-            Sender(opts, session, pools, meter, stopping, summary, bus, check),
-            summary,
-            events,
-            stopping,
-        )
+        made = Sender(
+            opts=opts, session=session, pools=pools, meter=meter, stopping=stopping,
+            summary=summary, bus=bus, check=check,
+        )  # fmt: skip
+        sending = Sending(sender=made, summary=summary, events=events, stopping=stopping)
         try:
             yield sending
         finally:
