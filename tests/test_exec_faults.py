@@ -87,6 +87,7 @@ def test_a_burst_of_fast_errors_does_not_set_a_healthy_server_aside(tmp_path):
     assert not failures(read_results(out))
 
 
+@pytest.mark.slow
 def test_a_server_failing_everything_for_seconds_is_set_aside_and_probed(tmp_path):
     with BackgroundMock(MockConfig(latency=0.05, fail_rate=1.0)) as mock:
         write_requests(tmp_path / "req.jsonl", 4)
