@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import signal
 import subprocess
 import sys
 import time
+import traceback
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -61,13 +63,94 @@ def failures(results: dict[str, dict]) -> dict[str, dict]:
     return {k: v for k, v in results.items() if is_failure(v)}
 
 
-def cli(*args: str, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
+def cli(
+    *args: str,
+    timeout: float = 120,
+    env: dict | None = None,
+    cwd: Path | None = None,
+    input: str | None = None,
+) -> subprocess.CompletedProcess:
+    """`jsonlbatch ARGS...` run in this process (click's test runner), shown as a subprocess
+    would show it: its exit status, its stdout, and its stderr, where an exception that escaped
+    the CLI is printed as Python prints it (so "no traceback" is still checked). During the call
+    the environment is exactly `env` (default `ENV`), the working directory `cwd`, and stdin
+    reads `input`.
+
+    A Python start costs a second or more on a busy 2-core machine, and the suite ran 346 of
+    them; what a test checks (files, lines, messages, exit codes) does not need one. A test of
+    what only a process shows (a signal, a kill, its environment at start-up, what it imports)
+    uses `cli_process`. Inside a running event loop (an async test) the CLI, which runs its
+    own loop, goes to a subprocess too, as does a call whose `env` changes how Python starts
+    (`PYTHONPATH` to a stand-in module, `PYTHONHASHSEED`). `timeout` bounds only a subprocess
+    (pytest-timeout bounds the test)."""
+    env = env or ENV
+    if _starts_python_differently(env) or _in_event_loop():
+        return cli_process(*args, timeout=timeout, env=env, cwd=cwd, input=input)
+    from click.testing import CliRunner
+
+    from jsonlbatch.cli import main
+
+    saved, here = dict(os.environ), os.getcwd()
+    _set_environ(env)
+    try:
+        if cwd is not None:
+            os.chdir(cwd)
+        result = CliRunner().invoke(main, list(args), input=input, prog_name=PROG)
+    finally:
+        os.chdir(here)
+        _set_environ(saved)
+    stderr = result.stderr
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        assert result.exc_info is not None
+        stderr += "".join(traceback.format_exception(*result.exc_info))
+    return subprocess.CompletedProcess([PROG, *args], result.exit_code, result.stdout, stderr)
+
+
+def _set_environ(env: dict) -> None:
+    """Make `os.environ` equal `env`, key by key: a server thread of the test reading it
+    meanwhile never sees it empty."""
+    for name in [k for k in os.environ if k not in env]:
+        del os.environ[name]
+    for name, value in env.items():
+        if os.environ.get(name) != value:
+            os.environ[name] = value
+
+
+def _starts_python_differently(env: dict) -> bool:
+    """`env` sets a `PYTHON*` variable otherwise than this process has it: only a new
+    interpreter reads those."""
+    names = {k for k in [*env, *os.environ] if k.startswith("PYTHON") and k != "PYTHONUNBUFFERED"}
+    return any(env.get(name) != os.environ.get(name) for name in names)
+
+
+def _in_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+#: How click names the program in usage lines when it is started as `python -m jsonlbatch`.
+PROG = "python -m jsonlbatch"
+
+
+def cli_process(
+    *args: str,
+    timeout: float = 120,
+    env: dict | None = None,
+    cwd: Path | None = None,
+    input: str | None = None,
+) -> subprocess.CompletedProcess:
+    """`python -m jsonlbatch ARGS...` as a real subprocess, waited for."""
     return subprocess.run(
         [sys.executable, "-m", "jsonlbatch", *args],
+        input=input,
         capture_output=True,
         text=True,
         timeout=timeout,
         env=env or ENV,
+        cwd=cwd,
     )
 
 

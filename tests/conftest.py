@@ -134,11 +134,14 @@ def mock_process() -> Iterator[Callable[..., MockProcess]]:
 
 @pytest.fixture(autouse=True)
 def _reap_started_cli() -> Iterator[None]:
-    """No `jsonlbatch` process started by a test outlives it, even when the test fails."""
+    """No `jsonlbatch` process or in-process batch front started by a test outlives it, even
+    when the test fails."""
     yield
     import batchutil
 
     batchutil.kill_started()
+    if "batchapiutil" in sys.modules:  # the batch fronts a test ran in this process
+        sys.modules["batchapiutil"].stop_fronts()
 
 
 # The work tree stays clean: a test writes only under its temporary directories. The session

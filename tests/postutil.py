@@ -1,15 +1,15 @@
 """Helpers of the post-processing tests: response lines in the shapes real servers write,
-and the CLI run as a real subprocess."""
+and the CLI run as `batchutil.cli` runs it."""
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
+from subprocess import CompletedProcess
 from typing import Any
 
 import orjson
+from batchutil import cli
 
 ENV = {k: v for k, v in os.environ.items() if "KEY" not in k and "TOKEN" not in k}
 
@@ -92,15 +92,7 @@ def read_jsonl(path: Path) -> list[dict]:
     return [orjson.loads(x) for x in path.read_bytes().splitlines() if x.strip()]
 
 
-def post(
-    *args: str, cwd: Path | None = None, env: dict | None = None
-) -> subprocess.CompletedProcess:
-    """`python -m jsonlbatch post ...` as a real subprocess."""
-    return subprocess.run(
-        [sys.executable, "-m", "jsonlbatch", "post", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=cwd,
-        env=env or ENV,
-    )
+def post(*args: Any, cwd: Path | None = None, env: dict | None = None) -> CompletedProcess:
+    """`jsonlbatch post ...`, run as `batchutil.cli` runs the CLI (in this process, seen as a
+    subprocess would be seen), with this module's `ENV` unless `env` is given."""
+    return cli("post", *map(str, args), cwd=cwd, env=env or ENV)

@@ -10,7 +10,7 @@ import urllib.request
 
 import orjson
 import pytest
-from batchutil import exec_cli, failures, read_results, write_requests
+from batchutil import cli_process, exec_cli, failures, read_results, write_requests
 
 from jsonlbatch.exec.adaptive import START, WINDOW, AdaptiveConcurrency
 from jsonlbatch.exec.concurrency import Outcome
@@ -103,7 +103,9 @@ def test_auto_converges_on_replicas_of_different_speeds(tmp_path, mock_server):
     write_requests(tmp_path / "req.jsonl", 240, max_tokens=30)
     out = tmp_path / "out.jsonl"
     args = ["--route", "least-busy", "--url", urls[0], "--url", urls[1]]
-    proc = exec_cli(tmp_path / "req.jsonl", out, *args)  # no -c: auto, the URLs have /metrics
+    # no -c: auto, the URLs have /metrics. A process of its own: the controller reads latencies,
+    # which the mocks' threads would stretch if the client shared their interpreter (its GIL)
+    proc = cli_process("exec", str(tmp_path / "req.jsonl"), "-o", str(out), *args)
     assert proc.returncode == 0, proc.stderr
     results = read_results(out)
     assert len(results) == 240 and not failures(results)

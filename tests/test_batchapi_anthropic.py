@@ -115,8 +115,9 @@ def test_refusals_are_anthropic_errors(server: BatchServer) -> None:
 
 def test_cancel_and_expiry_give_their_result_types(tmp_path: Path, mock_server: Any) -> None:
     upstream = mock_server(latency=0.3, served_models=("claude-haiku-4-5",))
-    front = BatchServer(tmp_path / "b", upstream, "--batch-concurrency", "1",
-                        "--batch-expiry", "1.5").start()  # fmt: skip
+    front = BatchServer(  # a process: --batch-expiry's way from the command line
+        tmp_path / "b", upstream, "--batch-concurrency", "1", "--batch-expiry", "1.5", process=True
+    ).start()
     try:
         client = anthropic.Anthropic(
             base_url=front.url.removesuffix("/v1"), api_key="x", max_retries=0
@@ -142,7 +143,9 @@ def test_cancel_and_expiry_give_their_result_types(tmp_path: Path, mock_server: 
 
 def test_a_full_queue_is_a_429(tmp_path: Path, mock_server: Any) -> None:
     upstream = mock_server(latency=0.5, served_models=("claude-haiku-4-5",))
-    front = BatchServer(tmp_path / "b", upstream, "--batch-max-queued", "5").start()
+    front = BatchServer(  # a process: the option's way from the command line
+        tmp_path / "b", upstream, "--batch-max-queued", "5", process=True
+    ).start()
     try:
         client = anthropic.Anthropic(
             base_url=front.url.removesuffix("/v1"), api_key="x", max_retries=0

@@ -6,6 +6,7 @@ import signal
 import time
 
 import orjson
+import pytest
 from batchapiutil import BatchServer
 from batchutil import cli, content, exec_cli, failures, read_results, start_exec, write_requests
 
@@ -67,6 +68,7 @@ def _started_watching(tmp_path, mock_server, count: int):
     return server, requests, out, lines, proc
 
 
+@pytest.mark.slow
 def test_exec_killed_while_watching_then_same_command_makes_no_second_batch(tmp_path, mock_server):
     server, requests, out, lines, proc = _started_watching(tmp_path, mock_server, 30)
     proc.kill()
@@ -86,6 +88,7 @@ def test_exec_killed_while_watching_then_same_command_makes_no_second_batch(tmp_
     assert len(server.client().batches.list().data) == 1
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_watching_not_the_batch(tmp_path, mock_server):
     server, requests, out, lines, proc = _started_watching(tmp_path, mock_server, 20)
     proc.send_signal(signal.SIGINT)

@@ -172,6 +172,7 @@ def test_a_full_queue_is_waited_out(tmp_path: Path, mock_server: Any, provider: 
         server.kill()
 
 
+@pytest.mark.slow
 def test_a_crash_around_an_anthropic_create_never_makes_a_second_batch(
     tmp_path: Path, mock_server: Any
 ) -> None:
@@ -229,6 +230,7 @@ def test_an_expired_part_then_retry_failed_submits_only_those(
         server.kill()
 
 
+@pytest.mark.slow
 def test_batches_status_and_cancel_speak_anthropic(tmp_path: Path, mock_server: Any) -> None:
     from batchutil import cli
 
@@ -312,6 +314,7 @@ def test_one_request_file_moves_between_providers(tmp_path: Path, mock_server: A
         server.kill()
 
 
+@pytest.mark.slow
 def test_a_crash_around_a_gemini_create_finds_the_job_by_its_name(
     tmp_path: Path, mock_server: Any
 ) -> None:

@@ -113,7 +113,13 @@ def test_sdk_list_pages_with_after_and_limit(tmp_path, mock_server):
 
 def test_sdk_cancel_splits_output_and_error_files(tmp_path, mock_server):
     upstream = mock_server(latency=0.1)
-    client = BatchServer(tmp_path / "state", upstream, "--batch-concurrency", "2").start().client()
+    client = (
+        BatchServer(  # a process: --batch-concurrency's way from the command line
+            tmp_path / "state", upstream, "--batch-concurrency", "2", process=True
+        )
+        .start()
+        .client()
+    )
     requests = _requests(40)
     batch = _create(client, requests)
     wait_batch(client, batch.id, until=lambda b: b.request_counts.completed >= 4)
@@ -154,15 +160,20 @@ def test_bad_input_fails_the_batch_naming_the_line(tmp_path, mock_server):
 
 
 def test_api_key_guards_the_front(tmp_path, mock_server):
-    server = BatchServer(tmp_path / "state", mock_server(), "--server-api-key", "sk-front").start()
+    server = BatchServer(  # a process: the option's way from the command line is tested too
+        tmp_path / "state", mock_server(), "--server-api-key", "sk-front", process=True
+    ).start()
     with pytest.raises(openai.AuthenticationError):
         server.client("wrong").batches.list()
     assert server.client("sk-front").batches.list().data == []
 
 
+@pytest.mark.slow
 def test_server_killed_mid_batch_resumes_without_resending(tmp_path, mock_process):
     mock = mock_process("--latency", "0.1")
-    server = BatchServer(tmp_path / "state", mock.url, "--batch-concurrency", "2").start()
+    server = BatchServer(
+        tmp_path / "state", mock.url, "--batch-concurrency", "2", process=True
+    ).start()
     client = server.client()
     requests = _requests(20)
     batch = _create(client, requests)
@@ -181,6 +192,7 @@ def test_server_killed_mid_batch_resumes_without_resending(tmp_path, mock_proces
     assert 20 <= sent <= 22, f"{sent} requests for 20: the done ones were sent again"
 
 
+@pytest.mark.slow
 def test_serve_batch_api_launches_its_backend(tmp_path):
     """`serve --batch-api --backend mock`: the printed URL is the front; batches and live
     requests both reach the launched backend, which goes down with the front."""

@@ -40,7 +40,7 @@ def _create(client: openai.OpenAI, data: bytes, **extra) -> openai.types.Batch:
 
 
 def test_out_of_range_values_are_a_400_naming_the_field(tmp_path, mock_server):
-    server = BatchServer(tmp_path / "state", mock_server()).start()
+    server = BatchServer(tmp_path / "state", mock_server(), process=True).start()  # its log
     client = server.client()
     with pytest.raises(openai.BadRequestError) as caught:
         _create(client, _lines(1), completion_window="99999999999999999999d")
@@ -72,6 +72,7 @@ def test_out_of_range_values_are_a_400_naming_the_field(tmp_path, mock_server):
     assert "Traceback" not in log and "bad request from a client" in log, log
 
 
+@pytest.mark.slow
 def test_a_database_locked_for_a_while_is_waited_out(tmp_path, mock_server):
     """Another process holds `BEGIN EXCLUSIVE` for longer than SQLite's default 5 s wait while
     a batch runs and a file is uploaded: both go through once it lets go."""
@@ -104,10 +105,11 @@ def test_a_database_locked_for_a_while_is_waited_out(tmp_path, mock_server):
     assert listed <= on_disk and on_disk - listed <= {done.output_file_id}
 
 
+@pytest.mark.slow
 def test_kill_during_an_upload_leaves_no_temp_file_and_one_server_per_directory(
     tmp_path, mock_server
 ):
-    server = BatchServer(tmp_path / "state", mock_server()).start()
+    server = BatchServer(tmp_path / "state", mock_server(), process=True).start()
     files = tmp_path / "state" / "files"
     port = int(server.url.rsplit(":", 1)[1].split("/")[0])
     boundary = "xyzzy"
@@ -151,7 +153,9 @@ def test_client_credentials_are_not_passed_to_the_upstream(tmp_path):
 
     upstream, stop = odd_server(handler)
     try:
-        server = BatchServer(tmp_path / "state", upstream, "--upstream-api-key", "sk-up").start()
+        server = BatchServer(  # a process: the option's way from the command line
+            tmp_path / "state", upstream, "--upstream-api-key", "sk-up", process=True
+        ).start()
         import urllib.request
 
         request = urllib.request.Request(

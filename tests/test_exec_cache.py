@@ -387,6 +387,7 @@ def test_a_read_only_cache_is_read(tmp_path, mock_server):
     assert "Traceback" not in refused.stderr
 
 
+@pytest.mark.slow
 def test_two_processes_share_a_cache_and_one_is_killed(tmp_path, mock_server):
     """Two runs write one cache at once; one is killed with SIGKILL mid-run and run again.
     No record is corrupt, the one lookup of each key finds an answer one of the outputs has

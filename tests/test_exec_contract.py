@@ -218,6 +218,7 @@ def _sent_seed(line: dict, ask: int) -> int:
     return zlib.crc32(f"{line['custom_id']}\0{ask}".encode()) % (1 << 31)
 
 
+@pytest.mark.slow
 def test_kill_9_mid_reask_keeps_exactly_once_and_finished_reasks(tmp_path, mock_server):
     requests, out, ref = tmp_path / "in.jsonl", tmp_path / "out.jsonl", tmp_path / "ref.jsonl"
     schema_requests(requests, 40)

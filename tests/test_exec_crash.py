@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 import time
 
+import pytest
 from batchutil import (
     cli,
     content,
@@ -19,6 +20,7 @@ from batchutil import (
 from jsonlbatch.mock import reply_text
 
 
+@pytest.mark.slow
 def test_sigkill_at_random_moments_then_resume_is_exactly_once(tmp_path, mock_server):
     url = mock_server(latency=0.05, latency_jitter=0.05)
     requests = write_requests(tmp_path / "req.jsonl", 1000)
@@ -43,6 +45,7 @@ def test_sigkill_at_random_moments_then_resume_is_exactly_once(tmp_path, mock_se
         assert content(results[r["custom_id"]]) == reply_text(r["body"], 0)
 
 
+@pytest.mark.slow
 def test_kill_during_retry_failed_rewrite_loses_nothing(tmp_path, mock_server):
     """--retry-failed rewrites the output; a crash right after must still resume exactly-once."""
     bad, good = mock_server(fail_rate=1.0), mock_server(latency=0.02)

@@ -26,6 +26,7 @@ def _wait_for_lines(path, timeout=30.0):
     raise AssertionError(f"{path} never got a line")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("alias", ["symlink", "hardlink"])
 def test_two_runs_on_one_file_under_two_names_exclude_each_other(tmp_path, mock_server, alias):
     url = mock_server(latency=0.3)  # about 10 s: the second run starts well before the end

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 import orjson
+import pytest
 from aiohttp import web
 from batchutil import (
     cli,
@@ -21,6 +22,7 @@ import jsonlbatch
 from jsonlbatch.errors import OutputError
 
 
+@pytest.mark.slow
 def test_a_second_run_on_the_same_output_is_refused(tmp_path, mock_server):
     url = mock_server(latency=0.3)  # about 10 s: a loaded machine starts the second run in time
     write_requests(tmp_path / "req.jsonl", 280)
@@ -147,16 +149,16 @@ def test_redirects_are_not_followed(tmp_path):
     assert "sk-never-forwarded" not in out.read_text()
 
 
-def test_a_warming_server_is_waited_for_not_failed(tmp_path, mock_process):
+def test_a_warming_server_is_waited_for_not_failed(tmp_path, mock_server):
     """Like SGLang: /v1/models answers at once, generation and /health say 503 until warm."""
-    server = mock_process("--warmup", "3")
+    url = mock_server(warmup=3.0)
     write_requests(tmp_path / "req.jsonl", 40)
     out = tmp_path / "out.jsonl"
     proc = exec_cli(
         tmp_path / "req.jsonl",
         out,
         "--url",
-        server.url,
+        url,
         "--backoff",
         "0.05",
     )

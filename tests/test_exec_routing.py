@@ -7,6 +7,7 @@ import random
 from pathlib import Path
 
 import orjson
+import pytest
 from batchutil import cli, content, failures, kill_at_random, read_results
 
 from jsonlbatch.mock import reply_text
@@ -86,6 +87,7 @@ def test_bad_route_options_are_usage_errors(tmp_path, mock_server):
     assert not (tmp_path / "o.jsonl").exists()
 
 
+@pytest.mark.slow
 def test_kill_9_while_grouping_then_resume_is_exactly_once(tmp_path, mock_server):
     """The look-ahead window reorders what is sent; a crash at any moment and the same command
     again must still end with one right answer per request."""

@@ -139,6 +139,7 @@ def test_rerun_sends_nothing_and_a_changed_setting_reruns_only_its_dependants(
     assert sent(url) == before
 
 
+@pytest.mark.slow
 def test_kill_9_mid_exec_then_the_same_command_resumes(tmp_path, mock_process):
     mock = mock_process("--latency", "0.25")  # 4 in flight: about 16 results/s, 4 s in all
     path = write_experiment(tmp_path / "exp", mock.url, rows=60, concurrency=4, judge=False)
@@ -206,6 +207,7 @@ def test_the_file_is_checked_first_with_key_and_line(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_ctrl_c_mid_exec_tears_down_the_launched_server_and_the_rerun_finishes(tmp_path):
     """SIGINT to `jsonlbatch run`: exit 130, the mock it launched is gone, the run resumes."""
     port = free_port()

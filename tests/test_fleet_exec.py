@@ -7,14 +7,13 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import orjson
 import pytest
-from batchutil import read_results
+from batchutil import cli, read_results
 from standins.harness import Standins, standin_session, wait_no_survivors, wait_until
 from test_launch_signals import start
 
@@ -86,9 +85,9 @@ def done_by_model(output: Path) -> Counter[str]:
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "jsonlbatch", *args], capture_output=True, text=True, timeout=150
-    )
+    """The CLI (in-process: `batchutil.cli`) in this test's environment: the stand-ins first
+    on PATH and PYTHONPATH for the servers it launches."""
+    return cli(*args, env=dict(os.environ), timeout=150)
 
 
 def check_routed(
@@ -108,6 +107,7 @@ def check_routed(
             assert endpoint.split("/")[0] == model, (cid, model, endpoint)
 
 
+@pytest.mark.slow
 def test_a_mixed_file_over_a_fleet_survives_a_kill_9_of_one_model(standins: Standins) -> None:
     requests, output = standins.tmp / "req.jsonl", standins.tmp / "out.jsonl"
     asked = mixed(requests, 3000)
@@ -136,6 +136,7 @@ def test_a_mixed_file_over_a_fleet_survives_a_kill_9_of_one_model(standins: Stan
     assert len({e["TRITON_CACHE_DIR"] for e in envs.values()}) == 4
 
 
+@pytest.mark.slow
 def test_a_model_that_cannot_come_back_fails_its_requests_and_the_others_finish(
     standins: Standins,
 ) -> None:
@@ -161,6 +162,7 @@ def test_a_model_that_cannot_come_back_fails_its_requests_and_the_others_finish(
     assert wait_no_survivors(standins.tag) == []
 
 
+@pytest.mark.slow
 def test_ctrl_c_tears_every_model_down_and_the_same_command_resumes(standins: Standins) -> None:
     requests, output = standins.tmp / "req.jsonl", standins.tmp / "out.jsonl"
     asked = mixed(requests, 40, ("fast", "mid"))

@@ -145,6 +145,7 @@ def models_of(url: str) -> list[str]:
         return [m["id"] for m in orjson.loads(resp.read())["data"]]
 
 
+@pytest.mark.slow
 def test_serve_fleet_writes_the_endpoints_file_and_sigterm_stops_every_model(
     standins: Standins,
 ) -> None:
@@ -177,6 +178,7 @@ def test_serve_fleet_writes_the_endpoints_file_and_sigterm_stops_every_model(
     ]
 
 
+@pytest.mark.slow
 def test_stagger_starts_models_one_after_another_and_ctrl_c_stops_them(
     standins: Standins,
 ) -> None:

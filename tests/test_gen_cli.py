@@ -5,11 +5,10 @@ from __future__ import annotations
 import csv
 import os
 import subprocess
-import sys
 
 import orjson
 import pytest
-from batchutil import ENV, cli, read_results
+from batchutil import cli, read_results
 from conftest import free_port
 
 from jsonlbatch.records import parse_request
@@ -37,16 +36,7 @@ def read(path) -> list[dict]:
 
 
 def gen(*args, stdin: str | None = None) -> subprocess.CompletedProcess:
-    if stdin is None:
-        return cli("gen", *map(str, args), timeout=60)
-    return subprocess.run(
-        [sys.executable, "-m", "jsonlbatch", "gen", *map(str, args)],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=ENV,
-    )
+    return cli("gen", *map(str, args), timeout=60, input=stdin)
 
 
 def assert_clean_failure(proc, code, out_dir):

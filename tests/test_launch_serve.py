@@ -138,6 +138,7 @@ def test_ready_timeout_stops_the_slow_server(
     assert not Path("jsonlbatch-vllm.server.log").exists()
 
 
+@pytest.mark.slow
 def test_a_server_dying_mid_run_is_restarted_on_the_same_port(
     standins: Standins, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -160,6 +161,7 @@ def test_a_server_dying_mid_run_is_restarted_on_the_same_port(
     assert "illegal memory access" in log and "start 2:" in log
 
 
+@pytest.mark.slow
 def test_a_server_that_keeps_dying_ends_the_run_with_its_log(
     standins: Standins, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -178,6 +180,7 @@ def test_a_server_that_keeps_dying_ends_the_run_with_its_log(
     assert 0 < len(done) < 30
 
 
+@pytest.mark.slow
 def test_a_restarted_server_that_never_gets_ready_ends_the_run(
     standins: Standins, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -212,6 +215,7 @@ def test_teardown_on_an_exception_takes_the_whole_group(
     assert not any(alive(pid) for pid in pids)
 
 
+@pytest.mark.slow
 def test_a_server_ignoring_sigterm_is_killed_after_the_grace(
     standins: Standins, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -94,6 +94,7 @@ def _fake_nvidia_smi(folder: Path) -> None:
     script.chmod(0o755)
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_jsonlbatch_serve_and_its_servers(
     standins: Standins, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -115,6 +116,7 @@ def test_ctrl_c_stops_jsonlbatch_serve_and_its_servers(
     assert wait_no_survivors(standins.tag) == []
 
 
+@pytest.mark.slow
 def test_sigterm_stops_mock_replicas_started_by_serve(standins: Standins) -> None:
     proc, out, err = start(
         "serve", "--backend", "mock", "--served-model-name", "m", "--dp-size", "2",
@@ -131,6 +133,7 @@ def test_sigterm_stops_mock_replicas_started_by_serve(standins: Standins) -> Non
     ]
 
 
+@pytest.mark.slow
 def test_ctrl_c_while_the_server_is_still_loading(standins: Standins) -> None:
     env = standins.env(ready_delay=120, grandchild=1)
     proc, _, err = start("serve", "--backend", "sglang", "--model-path", "M", env=env)
@@ -141,6 +144,7 @@ def test_ctrl_c_while_the_server_is_still_loading(standins: Standins) -> None:
     assert "interrupted; the server(s) were stopped" in err.rest()
 
 
+@pytest.mark.slow
 def test_sigkill_of_the_parent_still_takes_the_servers_down(standins: Standins) -> None:
     script = (
         "import time\n"
@@ -184,6 +188,7 @@ def test_serve_reports_a_crash_at_start_in_the_servers_words(standins: Standins)
     assert "Error: server 0" in text and oom in text and "Traceback" not in text
 
 
+@pytest.mark.slow
 def test_exec_serve_interrupted_mid_run_then_resumed(standins: Standins) -> None:
     requests, output = standins.tmp / "req.jsonl", standins.tmp / "resp.jsonl"
     write_requests(requests, 200, model="M")
@@ -205,6 +210,7 @@ def test_exec_serve_interrupted_mid_run_then_resumed(standins: Standins) -> None
     assert "--max-num-seqs=4" in standins.records()[0]["argv"]
 
 
+@pytest.mark.slow
 def test_ctrl_c_right_after_startup_is_a_clean_interrupt(standins: Standins) -> None:
     requests, output = standins.tmp / "req.jsonl", standins.tmp / "resp.jsonl"
     write_requests(requests, 50, model="M")
@@ -216,6 +222,7 @@ def test_ctrl_c_right_after_startup_is_a_clean_interrupt(standins: Standins) -> 
     assert "Traceback" not in err.rest()
 
 
+@pytest.mark.slow
 def test_a_sigkilled_reaper_still_takes_its_server_down(standins: Standins) -> None:
     """Ray SIGKILLs the children of an actor that ends; the server below the reaper must not be
     orphaned: it gets SIGTERM through the kernel's parent-death signal. (A server that writes
@@ -266,6 +273,7 @@ def test_ray_without_the_extra_says_how_to_install_it(standins: Standins) -> Non
     assert not (standins.tmp / "out.jsonl").exists()
 
 
+@pytest.mark.slow
 def test_serve_keeps_its_logs_out_of_the_current_directory(
     standins: Standins, monkeypatch: pytest.MonkeyPatch
 ) -> None:

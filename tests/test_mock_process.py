@@ -36,6 +36,7 @@ def refused(port: int) -> bool:
     return False
 
 
+@pytest.mark.slow
 async def test_startup_delay_refuses_then_serves(mock_process):
     mock = mock_process("--startup-delay", "2", wait=False)
     assert refused(mock.port)
@@ -44,6 +45,7 @@ async def test_startup_delay_refuses_then_serves(mock_process):
     assert (await call(mock.url.removesuffix("/v1"), None, path="/health"))[0] == 200
 
 
+@pytest.mark.slow
 async def test_kill_and_restart_on_the_same_port(mock_process):
     mock = mock_process()
     assert (await post_json(mock.url, HELLO))[0] == 200
@@ -56,6 +58,7 @@ async def test_kill_and_restart_on_the_same_port(mock_process):
     assert status == 200 and out["choices"][0]["message"]["content"] == reply_text(HELLO)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 async def test_signals_stop_cleanly(mock_process, sig):
     mock = mock_process("--latency", "0.05")
@@ -66,6 +69,7 @@ async def test_signals_stop_cleanly(mock_process, sig):
     assert "Traceback" not in mock.stderr()
 
 
+@pytest.mark.slow
 def test_signal_during_startup_delay(mock_process):
     mock = mock_process("--startup-delay", "30", wait=False)
     for _ in range(600):  # bounded: until it says it is waiting (30 s at most)

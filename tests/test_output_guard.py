@@ -62,6 +62,7 @@ def test_every_writer_refuses_each_alias_of_an_input(tmp_path, responses):
     assert responses.read_bytes() == before
 
 
+@pytest.mark.slow
 def test_an_output_a_running_exec_holds_is_refused(tmp_path, mock_server, responses):
     url = mock_server(latency=0.5)
     requests, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"

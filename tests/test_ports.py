@@ -71,6 +71,7 @@ def test_a_server_that_fails_otherwise_is_not_moved(
     assert len(standins.records()) == 1
 
 
+@pytest.mark.slow
 def test_a_server_of_the_same_model_on_the_taken_port_is_not_taken_for_ours(
     standins: Standins,
 ) -> None:

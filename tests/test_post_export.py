@@ -12,7 +12,8 @@ from pathlib import Path
 
 import orjson
 import pytest
-from postutil import ENV, chat_line, expired_line, read_jsonl, write_jsonl
+from batchutil import cli
+from postutil import ENV, chat_line, expired_line, post, read_jsonl, write_jsonl
 
 pa = pytest.importorskip("pyarrow", reason="the parquet extra is not installed")
 pq = pytest.importorskip("pyarrow.parquet")
@@ -23,13 +24,8 @@ from jsonlbatch.post.export import export, sample_number  # noqa: E402
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "jsonlbatch", "export", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=ENV,
-    )
+    """`jsonlbatch export ARGS...`, in-process as `batchutil.cli` runs it."""
+    return cli("export", *map(str, args), env=ENV)
 
 
 def with_metrics(line: dict, **metrics: float) -> dict:
@@ -122,11 +118,12 @@ def test_datasets_reads_the_parquet(files: dict[str, Path], tmp_path: Path) -> N
 
 def test_joins_votes_patches_and_files(files: dict[str, Path]) -> None:
     d = files["dir"]
-    post = [sys.executable, "-m", "jsonlbatch", "post"]
     votes = d / "votes.jsonl"
     gold = write_jsonl(d / "gold.jsonl", [{"id": "t1", "answer": "4"}])
-    subprocess.run([*post, "votes", files["responses"], "--gold", gold, "-o", votes], env=ENV, check=True, capture_output=True)  # fmt: skip
-    subprocess.run([*post, "files", files["responses"], "--out-dir", d / "files", "--use-truncated"], env=ENV, check=True, capture_output=True)  # fmt: skip
+    done = post("votes", files["responses"], "--gold", gold, "-o", votes)
+    assert done.returncode == 0, done.stderr
+    done = post("files", files["responses"], "--out-dir", d / "files", "--use-truncated")
+    assert done.returncode == 0, done.stderr
     preds = write_jsonl(
         d / "preds.jsonl",
         [{"instance_id": "t1", "model_name_or_path": "m", "model_patch": "diff --git a/x b/x\n"}],

@@ -219,6 +219,7 @@ def _alive_with(marker: str) -> list[int]:
     return pids
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="checks processes through /proc")
 def test_run_timeout_kills_the_process_group(tmp_path: Path) -> None:
     marker = f"jsonlbatch-orphan-check-{os.getpid()}-{tmp_path.name}"

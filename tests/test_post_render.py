@@ -122,6 +122,13 @@ def test_totals_are_capped() -> None:
         render("big.xlsx", {"sheets": [{"rows": rows}]})
 
 
+def test_totals_are_checked_before_the_schema() -> None:
+    """The schema's validator takes seconds on a spec this big; the totals say no at once."""
+    rows = [[1] * 500 for _ in range(500)]
+    with pytest.raises(SpecError, match="over the limit of 200000"):
+        render("big.xlsx", {"sheets": [{"name": "a/b", "rows": rows}]})  # a bad name too
+
+
 def test_format_from_field_or_suffix() -> None:
     assert format_of("notes.markdown") == "md"
     assert format_of("report", "pdf") == "pdf"

@@ -210,6 +210,7 @@ def _prometheus(url: str) -> dict[str, float]:
     return samples
 
 
+@pytest.mark.slow
 def test_exec_view_and_metrics_follow_a_live_run(tmp_path: Path) -> None:
     pytest.importorskip("prometheus_client")
     from conftest import free_port

@@ -92,6 +92,7 @@ def test_browse_filter_open_and_compare_ten_thousand_lines(tmp_path: Path, page:
         proc.close()
 
 
+@pytest.mark.slow
 def test_a_live_run_grows_on_the_page(tmp_path: Path, page: Any) -> None:
     requests = write_requests(tmp_path / "requests.jsonl", 40)
     out = tmp_path / "out.jsonl"

@@ -75,8 +75,10 @@ def format_of(path: str, declared: Any = None) -> str:
 def render(path: str, spec: Any, declared: Any = None, limits: RenderLimits | None = None) -> bytes:
     """The file's bytes, or `SpecError` saying why the spec cannot be rendered."""
     fmt = format_of(path, declared)
-    _validate(fmt, spec)
+    # The totals first: one linear pass, where the schema's validator (pure Python) takes
+    # seconds on a spec of a few hundred thousand cells, which an answer may hold.
     _check_totals(spec, limits or RenderLimits())
+    _validate(fmt, spec)
     from jsonlbatch.post.render import formats
 
     logging.getLogger("fpdf").setLevel(logging.ERROR)  # missing glyphs are not the user's error
