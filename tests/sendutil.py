@@ -25,7 +25,7 @@ import orjson
 from aiohttp import web
 
 from jsonlbatch.exec.budget import Meter
-from jsonlbatch.exec.checks import AnswerCheck
+from jsonlbatch.exec.checks import AnswerCheck, as_check
 from jsonlbatch.exec.events import EventBus, RateLimited, Retried, Sent
 from jsonlbatch.exec.limits import RateLimiter
 from jsonlbatch.exec.options import ExecOptions
@@ -199,11 +199,12 @@ async def sender(
     bus.subscribe(events.append, Sent, Retried, RateLimited)
     stopping = asyncio.Event()
     async with aiohttp.ClientSession(trust_env=False) as session:
-        pools = build_pools(session, specs, opts.urls, by_url, {}, opts, None, watchdog)
+        pools = build_pools(session, specs=specs, urls=opts.urls, by_url=by_url, keys={},
+                            opts=opts, controller=None, watchdog=watchdog)  # fmt: skip
         meter = Meter(RateLimiter(opts.rpm, opts.tpm, learn=opts.rate_limits))
         made = Sender(
             opts=opts, session=session, pools=pools, meter=meter, stopping=stopping,
-            summary=summary, bus=bus, check=check,
+            summary=summary, bus=bus, check=as_check(check) if check is not None else None,
         )  # fmt: skip
         sending = Sending(sender=made, summary=summary, events=events, stopping=stopping)
         try:

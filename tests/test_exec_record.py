@@ -48,8 +48,9 @@ class Recording:
         self.notes: list[str] = []
         self.errors: list[OutputError] = []
         self.recorder = Recorder(
-            str(self.output), str(self.requests), self.lock, self.scan, existing, self.summary,
-            self.bus, self.notes.append, "refuse",
+            output=str(self.output), requests=str(self.requests), lock=self.lock,
+            scan=self.scan, existing=existing, summary=self.summary, bus=self.bus,
+            note=self.notes.append, changed_policy="refuse",
         )  # fmt: skip
         self.recorder.on_error = self.errors.append
 
