@@ -71,8 +71,6 @@ def write_parts(
             key = (obj["url"], model or obj["body"].get("model") or "")
             # as exec marks its lines: the request as the file asks it, before any rewrite
             mark = fingerprint(raw, obj["url"], obj["body"])
-            # what its answer is checked against when it comes back (batchapi/result_check.py)
-            asked = {"url": obj["url"], **declares(obj["body"])}
             cid = obj["custom_id"]
             sent = safe_id(cid) if provider.safe_ids else cid
             changed = sent != cid or obj["url"] in provider.translated
@@ -81,6 +79,9 @@ def write_parts(
             if obj["url"] in provider.translated:  # checked by check_lines: no problems left
                 url, translate = provider.translated[obj["url"]]
                 obj["url"], obj["body"] = url, translate(obj["body"])[0]
+            # what its answer is checked against when it comes back (batchapi/result_check.py):
+            # the request as sent, since the provider answers in that endpoint's form
+            asked = {"url": obj["url"], **declares(obj["body"])}
             if rewrite is not None or changed:
                 line = rewrite(obj) if rewrite else orjson.dumps(obj) + b"\n"
             else:

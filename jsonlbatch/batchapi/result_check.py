@@ -2,7 +2,8 @@
 
 A results line that is a success (after `merge.py` has made it an OpenAI Batch output line under
 the request file's custom_id) is checked as exec checks an answer it got (`exec.checks.vet`):
-the endpoint's shape (a usable answer), then the answer contract against the schema its request
+the endpoint's shape (a usable answer, in the form of the endpoint the request was sent to:
+a provider answers in its own), then the answer contract against the schema its request
 declared (kept in the part's marks: `parts.declares`). An accepted answer's line gains the
 contract's verdict, as exec's lines have it; a refused one becomes the failure exec would write
 (`schema_invalid` keeping the answer, or `invalid_response`), which `--retry-failed` submits
