@@ -29,7 +29,7 @@ from jsonlbatch.exec.options import ExecOptions
 from jsonlbatch.exec.pools import ModelPools
 from jsonlbatch.exec.priority import Payloads
 from jsonlbatch.exec.results import http_result
-from jsonlbatch.exec.retry import Backoff, Verdict, parse_retry_after
+from jsonlbatch.exec.retry import Backoff, Verdict, batch_cap, retry_after_of
 from jsonlbatch.exec.streaming import STREAM_URLS, StreamError, StreamReader, stream_body
 from jsonlbatch.exec.summary import RunSummary
 from jsonlbatch.records import COMPLETIONS_URL, Request, Result
@@ -62,7 +62,8 @@ class Sender:
         self.summary = summary
         self.bus = bus
         self.check = check
-        self.backoff = Backoff(opts.backoff_base, opts.backoff_cap)
+        cap = batch_cap(opts.backoff_base) if opts.backoff_cap is None else opts.backoff_cap
+        self.backoff = Backoff(opts.backoff_base, cap)
         self.timeout = aiohttp.ClientTimeout(total=opts.timeout, sock_connect=30)
         self.retrying = 0  # requests waiting out a backoff now
         self._fitted: dict[str, dict[str, int]] = {}  # --fit-context: custom_id -> what it did
@@ -133,7 +134,7 @@ class Sender:
                         raw = await read_body(resp.content.iter_any(), limit, resp.content_length)
                     request_id = resp.headers.get("x-request-id")
                     if status == 429 or status >= 500:
-                        retry_after = parse_retry_after(resp.headers.get("Retry-After"))
+                        retry_after = retry_after_of(resp.headers)
                     self.meter.after_answer(ticket, status, resp.headers, retry_after)
             except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
                 # Refused, unresolvable or silent: the server is down or cold, not this
