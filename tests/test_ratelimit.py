@@ -198,6 +198,34 @@ def test_the_budget_is_spent_when_less_remains_than_the_request_costs(headers, c
     assert (limiter.hold_until > 0) is held
 
 
+def test_failures_answered_faster_than_answers_are_no_high_share():
+    """Issue 39: a 429 or a 500 comes back at once, an answer after its generation, so the
+    first answers of any moment are mostly failures. 5% stray 429s (and 5% 500s, and a timeout
+    that never answers) must not read as a high share: the share is taken over the answers to
+    a group of requests in the order they were sent, not over the first answers back."""
+
+    async def scenario() -> RateLimiter:
+        limiter = RateLimiter()
+        draw = random.Random(7)
+        for _ in range(10):  # rounds of 256 in flight; errors and 429s are answered first
+            sent = [(limiter.count_unpaced(), draw.random()) for _ in range(256)]
+            fast = [(t, r) for t, r in sent if r < 0.1]
+            for ticket, r in fast + [(t, r) for t, r in sent if r >= 0.1]:
+                if r < 0.05:
+                    limiter.answered(429, {}, ticket, 1.0)
+                elif r < 0.09:
+                    limiter.answered(500, {}, ticket, None)
+                elif r < 0.1:
+                    limiter.unanswered(ticket)  # a timeout: no HTTP answer at all
+                else:
+                    limiter.answered(200, {}, ticket, None)
+        return limiter
+
+    limiter = asyncio.run(scenario())
+    assert limiter.rate_limited > 100
+    assert limiter.throttle is None and limiter.hold_until == 0.0 and not limiter.active
+
+
 def test_a_high_share_of_429s_lets_their_retry_after_hold_the_run():
     async def scenario() -> RateLimiter:
         limiter = RateLimiter()

@@ -233,6 +233,10 @@ class Meter:
     ) -> None:
         self.limiter.answered(status, headers, ticket.sent, retry_after, ticket.cost)
 
+    def no_answer(self, ticket: Ticket) -> None:
+        """An attempt that got no HTTP answer (the limiter counts every request it sent)."""
+        self.limiter.unanswered(ticket.sent)
+
     def finish(self, ticket: Ticket, result: Result) -> None:
         metrics = result.metrics
         prompt = metrics.get("prompt_tokens", 0) if result.ok else 0

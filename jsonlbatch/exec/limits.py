@@ -17,7 +17,8 @@ A 429 slows the whole run only on evidence of a limit, never for being a 429: a 
 gateway's queue limit, a busy replica, a proxy) is retried like a 500 and nothing else changes,
 and its `Retry-After` delays that request alone (its sender waits it out). The evidence:
 rate-limit headers on the 429, or a high share of 429s (`HIGH_SHARE`) among the answers to the
-last `DECIDE_EVERY` requests sent since the last change. Then sending is throttled to half the
+first `DECIDE_EVERY` requests sent since the last change (all of them, however fast each came
+back: `_weigh`). Then sending is throttled to half the
 rate, and a 429's `Retry-After` holds every request (nothing is sent before it) when the
 headers say the budget is spent (less left than the request costs) or while a high share of
 429s holds the throttle down. The throttle halves at most once per
@@ -343,17 +344,29 @@ class RateLimiter:
             return
         headed = self.observe(headers, ticket)
         now = time.monotonic()
-        if ticket[0] >= self._mark:  # sent before the last change: says nothing about the new rate
-            self._weigh(status, headed, now)
+        self._weigh(ticket[0], status == 429, headed, now)
         if status == 429 and retry_after and (self._by_share or (headed and spent(headers, cost))):
             self.hold_until = max(self.hold_until, now + min(retry_after, _MAX_HOLD_S))
             self.active = True
 
-    def _weigh(self, status: int, headed: bool, now: float) -> None:
-        self._answers += 1
-        if status == 429:
-            self._limited += 1
-            self._evidence = self._evidence or headed
+    def unanswered(self, ticket: tuple[int, float]) -> None:
+        """An attempt that got no HTTP answer (a timeout, a dropped or refused connection): it
+        counts in its group as an answer that is no 429, or the group would never be whole."""
+        if self.learn:
+            self._weigh(ticket[0], False, False, time.monotonic())
+
+    def _weigh(self, index: int, limited: bool, headed: bool, now: float) -> None:
+        """Count the answer to the request sent `index`-th. The share is taken over the group of
+        the first `DECIDE_EVERY` requests sent since the last change, once all of them are
+        answered, not over the first answers to come back: errors come back faster than
+        answers (no generation), so the first answers of a moment are mostly the failures."""
+        if index < self._mark:  # sent before the last change: says nothing about the new rate
+            return
+        if limited and headed:
+            self._evidence = True
+        if index < self._mark + DECIDE_EVERY:
+            self._answers += 1
+            self._limited += limited
         if self._evidence and self.throttle is None:
             self._decide(now)  # a provider that says it limits us: slow down at once
         elif self._answers >= DECIDE_EVERY:

@@ -244,6 +244,7 @@ class Sender:
                 pool.release(endpoint)
             retry_after = None
             if isinstance(got, Broken):
+                self.meter.no_answer(ticket)
                 if got.absent:  # refused, unresolvable or silent: not this request's fault
                     pool.set_aside(endpoint, got.message)
                     continue
