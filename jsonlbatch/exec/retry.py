@@ -73,13 +73,18 @@ class Backoff:
         """Seconds to wait after failed attempt number `attempt` (1-based).
 
         A server's `Retry-After` says when this request may go again (it knows its own load):
-        the wait is exactly that, instead of the backoff, as the OpenAI SDK does; capped at five
-        times the backoff cap so a misconfigured header cannot stall a run for hours. A
+        the wait is that, instead of the backoff, as the OpenAI SDK does; capped at five times
+        the backoff cap so a misconfigured header cannot stall a run for hours. From the
+        request's second attempt on, up to half the backoff's step is added at random: a
+        request refused again although it waited contends with others that were told the same
+        moment, and they must not all come back together again (a rate-limited server without
+        learned limits was otherwise hammered, one request losing 100 times in a row). A
         `Retry-After` of 0 says nothing useful: the backoff applies.
         """
-        if retry_after:
-            return min(retry_after, self.cap * 5)
         step = min(self.cap, self.base * 2 ** min(max(0, attempt - 1), 60))
+        if retry_after:
+            wait = min(retry_after, self.cap * 5)
+            return wait + self._rng.uniform(0, step / 2) if attempt > 1 else wait
         return step / 2 + self._rng.uniform(0, step / 2)
 
 
