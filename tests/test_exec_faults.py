@@ -100,7 +100,7 @@ def test_a_server_failing_everything_for_seconds_is_set_aside_and_probed(tmp_pat
             "--max-retries",
             "7",
             "--backoff",
-            "0.05",  # the last attempts come 2.4 to 5 s after the first failure
+            "0.15",  # doubling up to 1.2 s: the last attempts come 3.4 to 6.9 s after the first
         )
         assert proc.returncode == 3, proc.stderr
         assert mock.stats.requests["/health"] >= 1

@@ -134,21 +134,109 @@ def test_rpm_option_paces_a_server_that_sends_no_headers(tmp_path, mock_server):
 _HEADERS = {"x-ratelimit-limit-requests": "12000", "x-ratelimit-remaining-requests": "0"}
 
 
-def _answer(limiter: RateLimiter, status: int, headers=None, retry_after=None) -> None:
+def _answer(limiter: RateLimiter, status: int, headers=None, retry_after=None, cost=None) -> None:
     """One answer to a request sent just now (as a worker's send would count it)."""
-    limiter.answered(status, headers or {}, limiter.count_unpaced(), retry_after)
+    limiter.answered(status, headers or {}, limiter.count_unpaced(), retry_after, cost)
 
 
-def test_a_429_with_retry_after_holds_every_worker_until_then():
+def test_a_429_with_retry_after_and_a_spent_budget_holds_every_worker_until_then():
     async def scenario() -> float:
         limiter = RateLimiter()
-        _answer(limiter, 429, retry_after=0.3)
-        assert limiter.active and limiter.throttle is None  # held, not slowed: one 429
+        _answer(limiter, 429, _HEADERS, retry_after=0.3)  # remaining-requests: 0
+        assert limiter.active and limiter.hold_until > time.monotonic()
         started = time.monotonic()
         await limiter.acquire(Cost())  # another worker's request: held by the first's 429
         return time.monotonic() - started
 
     assert asyncio.run(scenario()) >= 0.28
+
+
+def test_a_stray_retry_after_holds_no_other_request():
+    """Issue 39: a 429 with `Retry-After` but no sign of a run-wide limit (no rate-limit
+    headers, or headers with budget left) delays its own request only (its sender waits)."""
+    left = {"x-ratelimit-limit-requests": "12000", "x-ratelimit-remaining-requests": "500"}
+
+    async def scenario() -> RateLimiter:
+        limiter = RateLimiter()
+        _answer(limiter, 200)
+        draw = random.Random(4)
+        for _ in range(400):
+            stray = draw.random() < 0.05
+            _answer(limiter, 429 if stray else 200, retry_after=30.0 if stray else None)
+        assert not limiter.active and limiter.throttle is None  # workers skip the limiter
+        _answer(limiter, 429, left, retry_after=30.0)
+        return limiter
+
+    limiter = asyncio.run(scenario())
+    assert limiter.rate_limited > 10
+    assert limiter.hold_until == 0.0
+
+
+def _tokens(remaining: int) -> dict[str, str]:
+    return {"x-ratelimit-limit-tokens": "90000", "x-ratelimit-remaining-tokens": str(remaining)}
+
+
+def _anthropic(remaining: int) -> dict[str, str]:
+    return {
+        "anthropic-ratelimit-requests-limit": "50",
+        "anthropic-ratelimit-requests-remaining": str(remaining),
+    }
+
+
+@pytest.mark.parametrize(
+    ("headers", "cost", "held"),
+    [
+        (_tokens(40), 100, True),
+        (_tokens(400), 100, False),
+        (_anthropic(0), 0, True),
+        (_anthropic(7), 0, False),
+    ],
+)
+def test_the_budget_is_spent_when_less_remains_than_the_request_costs(headers, cost, held):
+    limiter = RateLimiter()
+    _answer(limiter, 429, headers, retry_after=5.0, cost=Cost.of(cost / 2, cost / 2))
+    assert (limiter.hold_until > 0) is held
+
+
+def test_failures_answered_faster_than_answers_are_no_high_share():
+    """Issue 39: a 429 or a 500 comes back at once, an answer after its generation, so the
+    first answers of any moment are mostly failures. 5% stray 429s (and 5% 500s, and a timeout
+    that never answers) must not read as a high share: the share is taken over the answers to
+    a group of requests in the order they were sent, not over the first answers back."""
+
+    async def scenario() -> RateLimiter:
+        limiter = RateLimiter()
+        draw = random.Random(7)
+        for _ in range(10):  # rounds of 256 in flight; errors and 429s are answered first
+            sent = [(limiter.count_unpaced(), draw.random()) for _ in range(256)]
+            fast = [(t, r) for t, r in sent if r < 0.1]
+            for ticket, r in fast + [(t, r) for t, r in sent if r >= 0.1]:
+                if r < 0.05:
+                    limiter.answered(429, {}, ticket, 1.0)
+                elif r < 0.09:
+                    limiter.answered(500, {}, ticket, None)
+                elif r < 0.1:
+                    limiter.unanswered(ticket)  # a timeout: no HTTP answer at all
+                else:
+                    limiter.answered(200, {}, ticket, None)
+        return limiter
+
+    limiter = asyncio.run(scenario())
+    assert limiter.rate_limited > 100
+    assert limiter.throttle is None and limiter.hold_until == 0.0 and not limiter.active
+
+
+def test_a_high_share_of_429s_lets_their_retry_after_hold_the_run():
+    async def scenario() -> RateLimiter:
+        limiter = RateLimiter()
+        for _ in range(limits.DECIDE_EVERY):  # a group of answers, all 429: a run-wide limit
+            _answer(limiter, 429, retry_after=0.5)
+        assert limiter.throttle is not None
+        _answer(limiter, 429, retry_after=0.5)
+        return limiter
+
+    limiter = asyncio.run(scenario())
+    assert limiter.hold_until > time.monotonic()
 
 
 @pytest.mark.parametrize("share", [0.05, 0.2])

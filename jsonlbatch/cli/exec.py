@@ -215,7 +215,7 @@ _EXAMPLES = (
     default=ExecOptions.backoff_base,
     show_default=True,
     metavar="SECONDS",
-    help="First retry delay; doubles per attempt (with jitter) up to 60 s.",
+    help="First retry delay; doubles per attempt (with jitter) up to 8 times itself.",
 )
 @click.option(
     "--retry-failed",

@@ -231,7 +231,11 @@ class Meter:
     def after_answer(
         self, ticket: Ticket, status: int, headers: Mapping[str, str], retry_after: float | None
     ) -> None:
-        self.limiter.answered(status, headers, ticket.sent, retry_after)
+        self.limiter.answered(status, headers, ticket.sent, retry_after, ticket.cost)
+
+    def no_answer(self, ticket: Ticket) -> None:
+        """An attempt that got no HTTP answer (the limiter counts every request it sent)."""
+        self.limiter.unanswered(ticket.sent)
 
     def finish(self, ticket: Ticket, result: Result) -> None:
         metrics = result.metrics

@@ -14,10 +14,14 @@ limit sets a bucket's rate; what remains pulls the bucket down when the provider
 left than we do (never up: our own count already holds requests the server has not seen yet).
 
 A 429 slows the whole run only on evidence of a limit, never for being a 429: a stray 429 (a
-gateway's queue limit, a busy replica, a proxy) is retried like a 500 and nothing else changes.
-The evidence: a `Retry-After` (nothing is sent before it), rate-limit headers on the 429, or a
-high share of 429s (`HIGH_SHARE`) among the answers to the last `DECIDE_EVERY` requests sent
-since the last change. Then sending is throttled to half the rate, at most once per
+gateway's queue limit, a busy replica, a proxy) is retried like a 500 and nothing else changes,
+and its `Retry-After` delays that request alone (its sender waits it out). The evidence:
+rate-limit headers on the 429, or a high share of 429s (`HIGH_SHARE`) among the answers to the
+first `DECIDE_EVERY` requests sent since the last change (all of them, however fast each came
+back: `_weigh`). Then sending is throttled to half the
+rate, and a 429's `Retry-After` holds every request (nothing is sent before it) when the
+headers say the budget is spent (less left than the request costs) or while a high share of
+429s holds the throttle down. The throttle halves at most once per
 `DECIDE_EVERY` such answers (so the next decision sees requests sent at the new rate), down to
 `MIN_RATE`; each later group of answers with a low share (`LOW_SHARE`) doubles it back, and it
 is lifted once it is twice the rate that ran into the limit. Recovery is counted in answers: a
@@ -157,6 +161,7 @@ class RateLimiter:
         self._answers = 0  # answers to requests sent since then ...
         self._limited = 0  # ... and how many of them were 429s
         self._evidence = False  # a 429 among them carried rate-limit headers
+        self._by_share = False  # the throttle is down because of a high share of 429s
         self.sent = 0  # requests sent so far, for the send rate and the header reconciliation
         self._tokens_sent = 0.0
         self._rate_mark = (time.monotonic(), 0)
@@ -279,11 +284,8 @@ class RateLimiter:
         return found
 
     def _learn_from(self, headers: Mapping[str, str], ticket: tuple[int, float]) -> bool:
-        if "x-ratelimit-limit-requests" in headers or "x-ratelimit-limit-tokens" in headers:
-            family = OPENAI_HEADERS
-        elif "anthropic-ratelimit-requests-limit" in headers:
-            family = ANTHROPIC_HEADERS
-        else:
+        family = _family(headers)
+        if family is None:
             return False
         now = None
         for kind, (limit_name, remaining_name, reset_name) in family.items():
@@ -332,24 +334,39 @@ class RateLimiter:
         headers: Mapping[str, str],
         ticket: tuple[int, float],
         retry_after: float | None,
+        cost: Cost | None = None,
     ) -> None:
-        """An HTTP answer to the request of `ticket` (any status): learn from its headers and
-        weigh the evidence of a limit (module docstring)."""
+        """An HTTP answer to the request of `ticket` (any status; `cost`: what the request
+        takes): learn from its headers and weigh the evidence of a limit (module docstring)."""
         if status == 429:
             self.rate_limited += 1
         if not self.learn:  # --rate-limits off: no pacing the user did not ask for
             return
         headed = self.observe(headers, ticket)
         now = time.monotonic()
-        if status == 429 and retry_after:
+        self._weigh(ticket[0], status == 429, headed, now)
+        if status == 429 and retry_after and (self._by_share or (headed and spent(headers, cost))):
             self.hold_until = max(self.hold_until, now + min(retry_after, _MAX_HOLD_S))
             self.active = True
-        if ticket[0] < self._mark:  # sent before the last change: says nothing about the new rate
+
+    def unanswered(self, ticket: tuple[int, float]) -> None:
+        """An attempt that got no HTTP answer (a timeout, a dropped or refused connection): it
+        counts in its group as an answer that is no 429, or the group would never be whole."""
+        if self.learn:
+            self._weigh(ticket[0], False, False, time.monotonic())
+
+    def _weigh(self, index: int, limited: bool, headed: bool, now: float) -> None:
+        """Count the answer to the request sent `index`-th. The share is taken over the group of
+        the first `DECIDE_EVERY` requests sent since the last change, once all of them are
+        answered, not over the first answers to come back: errors come back faster than
+        answers (no generation), so the first answers of a moment are mostly the failures."""
+        if index < self._mark:  # sent before the last change: says nothing about the new rate
             return
-        self._answers += 1
-        if status == 429:
-            self._limited += 1
-            self._evidence = self._evidence or headed
+        if limited and headed:
+            self._evidence = True
+        if index < self._mark + DECIDE_EVERY:
+            self._answers += 1
+            self._limited += limited
         if self._evidence and self.throttle is None:
             self._decide(now)  # a provider that says it limits us: slow down at once
         elif self._answers >= DECIDE_EVERY:
@@ -358,8 +375,11 @@ class RateLimiter:
     def _decide(self, now: float) -> None:
         share = self._limited / max(1, self._answers)
         if self._evidence or share >= HIGH_SHARE:
+            # a share counts over a whole group (a 429 with headers decides on fewer answers)
+            self._by_share = share >= HIGH_SHARE and self._answers >= DECIDE_EVERY
             self._slow_down(now)
         elif self.throttle is not None and share < LOW_SHARE:
+            self._by_share = False
             self._speed_up()
         self._answers = self._limited = 0
         self._evidence = False
@@ -427,3 +447,27 @@ class RateLimiter:
         """The limits in force, for the end-of-run summary."""
         parts = [f"{b.per_minute:,.0f} {_SHORT[k]} ({b.source})" for k, b in self.buckets.items()]
         return ", ".join(parts)
+
+
+def _family(headers: Mapping[str, str]) -> dict[str, tuple[str, ...]] | None:
+    """Which provider's rate-limit headers an answer carries, if any."""
+    if "x-ratelimit-limit-requests" in headers or "x-ratelimit-limit-tokens" in headers:
+        return OPENAI_HEADERS
+    if "anthropic-ratelimit-requests-limit" in headers:
+        return ANTHROPIC_HEADERS
+    return None
+
+
+def spent(headers: Mapping[str, str], cost: Cost | None) -> bool:
+    """Whether a 429's rate-limit headers say the budget is spent: for some kind of limit, less
+    remains than the request costs (at least one request, or one token). Only then is the 429's
+    `Retry-After` a limit of the whole run rather than of the request that got it."""
+    family = _family(headers)
+    if family is None:
+        return False
+    for kind, (_, remaining_name, _) in family.items():
+        remaining = header_number(headers.get(remaining_name))
+        need = getattr(cost, kind) if cost is not None else 0.0
+        if remaining is not None and remaining < max(1.0, need):
+            return True
+    return False

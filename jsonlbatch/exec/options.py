@@ -43,8 +43,8 @@ class ExecOptions:
     shard: tuple[int, int] | None = None  # (k, n), k 0-based
     quiet: bool = False
     grace: float = 10.0  # seconds in-flight requests get after the first Ctrl-C
-    backoff_base: float = 1.0
-    backoff_cap: float = 60.0
+    backoff_base: float = 1.0  # the first retry's delay; doubles per attempt, with jitter
+    backoff_cap: float | None = None  # the longest; None: 8 x backoff_base (exec/retry.py)
     route: str = RouteOptions.policy  # prefix | least-busy | round-robin (see exec/router.py)
     order_window: int = RouteOptions.order_window
     balance_abs_threshold: int | None = RouteOptions.balance_abs_threshold

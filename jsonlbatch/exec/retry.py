@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import email.utils
 import enum
+import math
 import random
 import time
+from collections.abc import Mapping
 
 
 class Verdict(enum.Enum):
@@ -45,6 +47,17 @@ def is_context_length_error(body: bytes) -> bool:
     return any(marker in text for marker in _CONTEXT_MARKERS)
 
 
+#: The backoff doubles at most this many times: from `--backoff` (1 s) to 8 times it (8 s), as the
+#: OpenAI SDK caps its own at 8 s. A batch's tail is the few requests that failed five or six
+#: times in a row; doubling on to 60 s made that tail one request's 31 s of waiting.
+DOUBLINGS = 3
+
+
+def batch_cap(base: float) -> float:
+    """The longest backoff for a run whose first retry waits `base`."""
+    return base * 2**DOUBLINGS
+
+
 class Backoff:
     """Exponential backoff with equal jitter: `base * 2**(attempt-1)`, capped, half of it random.
 
@@ -59,14 +72,34 @@ class Backoff:
     def delay(self, attempt: int, retry_after: float | None = None) -> float:
         """Seconds to wait after failed attempt number `attempt` (1-based).
 
-        A server's `Retry-After` is honoured as a floor (it knows its own load), capped at five
-        times the backoff cap so a misconfigured header cannot stall a run for hours.
+        A server's `Retry-After` says when this request may go again (it knows its own load):
+        the wait is that, instead of the backoff, as the OpenAI SDK does; capped at five times
+        the backoff cap so a misconfigured header cannot stall a run for hours. From the
+        request's second attempt on, up to half the backoff's step is added at random: a
+        request refused again although it waited contends with others that were told the same
+        moment, and they must not all come back together again (a rate-limited server without
+        learned limits was otherwise hammered, one request losing 100 times in a row). A
+        `Retry-After` of 0 says nothing useful: the backoff applies.
         """
         step = min(self.cap, self.base * 2 ** min(max(0, attempt - 1), 60))
-        wait = step / 2 + self._rng.uniform(0, step / 2)
-        if retry_after is not None:
-            wait = max(wait, min(retry_after, self.cap * 5))
-        return wait
+        if retry_after:
+            wait = min(retry_after, self.cap * 5)
+            return wait + self._rng.uniform(0, step / 2) if attempt > 1 else wait
+        return step / 2 + self._rng.uniform(0, step / 2)
+
+
+def retry_after_of(headers: Mapping[str, str]) -> float | None:
+    """When the server says to try again, in seconds: `retry-after-ms` (OpenAI's and Azure's,
+    finer) when it is a number, else `Retry-After` (seconds or an HTTP date)."""
+    millis = headers.get("retry-after-ms")
+    if millis is not None:
+        try:
+            value = float(millis)
+        except ValueError:
+            value = math.nan
+        if math.isfinite(value) and value >= 0:
+            return value / 1000.0
+    return parse_retry_after(headers.get("Retry-After"))
 
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:

@@ -238,8 +238,9 @@ class Run:
                                             endpoints, before, session, headers)  # fmt: skip
                 self.n_workers = AUTO_MAX_CONCURRENCY if tuners else self.opts.fixed_concurrency
                 self.sender = Sender(
-                    self.opts, session, pools, self.meter, self.stopping, self.summary,
-                    self.bus, self.job.checks,
+                    opts=self.opts, session=session, pools=pools, meter=self.meter,
+                    stopping=self.stopping, summary=self.summary, bus=self.bus,
+                    check=self.job.checks,
                 )  # fmt: skip
                 await self._send_all()
                 if not self.signals and self.abort is None:

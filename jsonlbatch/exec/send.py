@@ -1,43 +1,70 @@
 """Sending one request: admitted by the meter and its pool, then attempted until it has a result.
 
 `Sender.send` is one request's whole life on the wire: its pool (by `body.model`) and the
-pool's in-flight cap, the meter (rate limits and `--max-cost`), then attempts on the endpoints
-the pool's router picks. An attempt ends in a usable answer (shown to the on-answer check, which
-may accept, reject or re-ask), a final failure, or a retry after a backoff; a refused connection
-is the server's absence, not the request's fault, and costs no attempt.
+pool's in-flight cap, the meter (`--max-cost`), then attempts in three layers, as httpx splits
+auth, redirects and the transport:
+
+- the retry policy (`Sender._attempts`): counts attempts, and after each decides (from what
+  `exchange.judge` says it means) to keep the result, show the answer to the on-answer check
+  (which may accept, reject or re-ask), fit the request to the context, or retry after a
+  backoff or the server's `Retry-After`;
+- the endpoint (`Sender._try`): paced by the meter's rate limits, an endpoint chosen by the
+  pool's router, one exchange on it, and its health, its concurrency controller and the meter
+  told what came back. A refused connection is the server's absence, not the request's fault,
+  and a kept-alive connection closed under a request (once) is a race: both are sent again
+  here and cost no attempt;
+- the transport (`exchange.Transport.post`): one POST and its answer read whole.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
-from jsonlbatch.answers import unusable_reason
 from jsonlbatch.errors import AuthenticationError
 from jsonlbatch.exec.answer_check import fit_to_context
-from jsonlbatch.exec.bodies import TOO_LARGE, read_answer, read_body
 from jsonlbatch.exec.budget import BudgetReached, Meter, Ticket
-from jsonlbatch.exec.checks import Accept, Answer, AskAgain, Check, begin, end, refused
+from jsonlbatch.exec.checks import Accept, AskAgain, Check, begin, end, refused
 from jsonlbatch.exec.concurrency import Outcome
 from jsonlbatch.exec.endpoint_pool import EndpointPool
-from jsonlbatch.exec.endpoints import Endpoint, describe_exception
+from jsonlbatch.exec.endpoints import Endpoint
 from jsonlbatch.exec.events import EventBus, RateLimited, Retried, Sent
+from jsonlbatch.exec.exchange import Broken, Health, Judged, Next, Transport, judge
 from jsonlbatch.exec.options import ExecOptions
 from jsonlbatch.exec.pools import ModelPools
 from jsonlbatch.exec.priority import Payloads
-from jsonlbatch.exec.results import http_result
-from jsonlbatch.exec.retry import Backoff, Verdict, parse_retry_after
-from jsonlbatch.exec.streaming import STREAM_URLS, StreamError, StreamReader, stream_body
+from jsonlbatch.exec.retry import Backoff, batch_cap
+from jsonlbatch.exec.streaming import STREAM_URLS, stream_body
 from jsonlbatch.exec.summary import RunSummary
-from jsonlbatch.records import COMPLETIONS_URL, Request, Result
-from jsonlbatch.redact import redact
+from jsonlbatch.records import Request, Result
 
 
 class Stop(Exception):
     """Raised inside a worker to drop its request unwritten (the run is stopping)."""
+
+
+@dataclass(slots=True)
+class Asking:
+    """A request as it is being sent: its body (which a re-ask or `--fit-context` replaces) and
+    what follows from it."""
+
+    req: Request
+    payloads: Payloads  # the body's bytes, per server's priority terms
+    route_key: Any  # the router's key (a prompt prefix)
+    streaming: bool
+    raced: bool = False  # a kept-alive connection already closed under it once
+
+
+@dataclass(slots=True)
+class Tried:
+    """One attempt, judged, on the endpoint that made it."""
+
+    endpoint: Endpoint
+    judged: Judged
 
 
 class Sender:
@@ -45,6 +72,7 @@ class Sender:
 
     def __init__(
         self,
+        *,
         opts: ExecOptions,
         session: aiohttp.ClientSession,
         pools: ModelPools,
@@ -55,15 +83,16 @@ class Sender:
         check: Check | None = None,
     ) -> None:
         self.opts = opts
-        self.session = session
         self.pools = pools
         self.meter = meter
         self.stopping = stopping
         self.summary = summary
         self.bus = bus
         self.check = check
-        self.backoff = Backoff(opts.backoff_base, opts.backoff_cap)
-        self.timeout = aiohttp.ClientTimeout(total=opts.timeout, sock_connect=30)
+        cap = batch_cap(opts.backoff_base) if opts.backoff_cap is None else opts.backoff_cap
+        self.backoff = Backoff(opts.backoff_base, cap)
+        self.transport = Transport(session, timeout=opts.timeout, limit=opts.max_response_bytes,
+                                   stall=opts.stream_stall_timeout)  # fmt: skip
         self.retrying = 0  # requests waiting out a backoff now
         self._fitted: dict[str, dict[str, int]] = {}  # --fit-context: custom_id -> what it did
 
@@ -92,167 +121,74 @@ class Sender:
             if cap is not None:
                 cap.release()
 
+    # -- the retry policy ----------------------------------------------------------------------
+
     async def _attempts(self, req: Request, pool: EndpointPool, ticket: Ticket) -> Result:
         """Send one request until it succeeds, fails for good, or runs out of retries."""
-        payloads, route_key, streaming = self._prepared(req, pool)
-        attempts = 0
-        raced = False
+        asking = self._asking(req, pool)
+        attempt = 0
         failed_on: set[Endpoint] = set()  # its retries go elsewhere while there is an elsewhere
         while True:
-            await self.meter.before_send(ticket)
-            endpoint = await pool.acquire(route_key, failed_on)
-            if self.stopping.is_set():
-                pool.release(endpoint)
-                raise Stop
-            attempts += 1
-            if self.bus.wants(Sent):
-                self.bus.emit(Sent(req.custom_id, endpoint.name, attempts))
-            start_wall, start = time.time(), time.perf_counter()
-            retry_after = None
-            failure: tuple[str, str] | None
-            streamed: StreamReader | None = None
-            status: int | None = None
-            try:
-                async with self.session.post(
-                    endpoint.target(req.url),
-                    data=payloads.for_sign(endpoint.priority_sign),
-                    headers=pool.headers[endpoint],
-                    proxy=endpoint.proxy,
-                    timeout=self.timeout,
-                    allow_redirects=False,  # a redirect could carry our credentials elsewhere
-                ) as resp:
-                    status = resp.status
-                    limit = self.opts.max_response_bytes
-                    if status == 200 and (streaming or resp.content_type == "text/event-stream"):
-                        raw, streamed = await read_answer(
-                            resp.content.iter_any(),
-                            chat=req.url != COMPLETIONS_URL,
-                            limit=limit,
-                            stall=self.opts.stream_stall_timeout,
-                        )
-                    else:
-                        raw = await read_body(resp.content.iter_any(), limit, resp.content_length)
-                    request_id = resp.headers.get("x-request-id")
-                    if status == 429 or status >= 500:
-                        retry_after = parse_retry_after(resp.headers.get("Retry-After"))
-                    self.meter.after_answer(ticket, status, resp.headers, retry_after)
-            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
-                # Refused, unresolvable or silent: the server is down or cold, not this
-                # request's fault. Wait for it without using an attempt.
-                pool.set_aside(endpoint, describe_exception(exc))
-                attempts -= 1
-                continue
-            except aiohttp.ServerDisconnectedError as exc:
-                if not raced:  # a keep-alive connection closed under us: not an attempt
-                    raced = True
-                    attempts -= 1
-                    continue
-                failure = ("connection_error", describe_exception(exc))
-            except asyncio.TimeoutError:
-                failure = ("request_timeout", f"no response within {self.opts.timeout:g}s")
-            except StreamError as exc:  # an error event or a cut stream after a 200
-                failure = (exc.code, str(exc))
-            except (aiohttp.ClientError, OSError) as exc:
-                failure = ("connection_error", describe_exception(exc))
-            else:
-                failure = None
-            finally:
-                pool.release(endpoint)
-            end = time.perf_counter()
-            endpoint.controller.observe(Outcome(status, end - start, status == 429))
-            if status == 429 and self.bus.wants(RateLimited):
-                self.bus.emit(RateLimited(req.custom_id, endpoint.name, retry_after))
-            metrics: dict[str, Any] = {
-                "attempts": attempts,
-                "endpoint": endpoint.name,
-                "start_time": round(start_wall, 6),
-                "latency_s": round(end - start, 6),
-            }
-            answer: Answer | None = None
-            if failure is None and streamed is not None:
-                body = streamed.body()
-                reason = unusable_reason(req.url, body)
-                if reason is None:
-                    metrics.update(streamed.metrics(start, end))
-                    pool.record_success(endpoint)
-                    result = Result(
-                        req.custom_id, status, body, request_id or body["id"], None, metrics
-                    )
-                    answer = Answer(req, result, decoded=body)
-                else:
-                    failure = (
-                        "invalid_response",
-                        f"HTTP {status} stream without an answer ({reason})",
-                    )
-            if answer is None and failure is None:
-                assert status is not None
-                result, verdict = http_result(req, status, raw, request_id, metrics)
-                if verdict is Verdict.OK:
-                    pool.record_success(endpoint)
-                    answer = Answer(req, result, raw=raw)
-                elif verdict is Verdict.ABORT:
-                    raise AuthenticationError(
-                        f"{endpoint.name} rejected the credentials (HTTP {status}); check "
-                        "--api-key or OPENAI_API_KEY. Nothing more was sent; re-run to resume"
-                    )
-                elif verdict is Verdict.FINAL:
-                    fit = self._fit(req, result)
-                    if fit is None:
-                        return result
-                    req = fit
-                    payloads, route_key, streaming = self._prepared(req, pool)
-                    await self._retry(req, attempts, "context_length", 0.0)
-                    continue
-                elif status == 503:  # starting or overloaded: probe /health until it is ready
-                    pool.set_aside(endpoint, "HTTP 503 (starting or overloaded)")
-                    failed_on.add(endpoint)
-                elif status >= 500 or result.status_code is None:  # 5xx, or a 2xx no answer
-                    pool.record_failure(endpoint, f"HTTP {status}")
-                    failed_on.add(endpoint)
-                else:  # 408, 409, 429: retried too, elsewhere while there is an elsewhere
-                    failed_on.add(endpoint)
-            elif failure is not None:
-                code, message = failure
-                pool.record_failure(endpoint, message)
-                failed_on.add(endpoint)
-                result = Result(
-                    req.custom_id, None, error={"code": code, "message": redact(message)}
-                )
-                result.metrics = metrics
-                if code == TOO_LARGE:  # the same request would get the same answer
-                    return result
-            if answer is not None:
+            attempt += 1
+            tried = await self._try(asking, pool, ticket, attempt, failed_on)
+            judged = tried.judged
+            result = judged.result
+            nxt = judged.next
+            if nxt is Next.ANSWER:
                 if self.check is None:
                     return result
-                verdict_of_check = self.check(answer)
-                if isinstance(verdict_of_check, Accept):
+                assert judged.answer is not None
+                verdict = self.check(judged.answer)
+                if isinstance(verdict, Accept):
                     return result
-                result = refused(result, verdict_of_check, attempts)
-                if not isinstance(verdict_of_check, AskAgain) or attempts > self.opts.max_retries:
+                result = refused(result, verdict, attempt)
+                if not isinstance(verdict, AskAgain) or attempt > self.opts.max_retries:
                     return result
+                req = asking.req
                 req = Request(
-                    req.custom_id, req.url, verdict_of_check.body, req.line,
+                    req.custom_id, req.url, verdict.body, req.line,
                     fingerprint=req.fingerprint, priority=req.priority,
                 )  # fmt: skip
-                payloads, route_key, streaming = self._prepared(req, pool)
-                await self._retry(req, attempts, verdict_of_check.reason, 0.0)
-                continue
-            extra = attempts - self.opts.max_retries
-            if extra > 0 and not (endpoint in failed_on and pool.untried(failed_on, extra)):
-                return result  # out of retries, and no replica it has not failed on is up
-            # a set-aside endpoint is waited for in acquire() instead
-            delay = self.backoff.delay(attempts, retry_after) if endpoint.up else 0.0
-            reason = (result.error or {}).get("code", "error")
-            await self._retry(req, attempts, reason, delay)
+                asking = self._asking(req, pool, asking.raced)
+                await self._retry(req, attempt, verdict.reason, 0.0)
+            elif nxt is Next.RETRY:
+                failed_on.add(tried.endpoint)
+                extra = attempt - self.opts.max_retries
+                if extra > 0 and not pool.untried(failed_on, extra):
+                    return result  # out of retries, and no replica it has not failed on is up
+                # a set-aside endpoint is waited for in acquire() instead
+                up = tried.endpoint.up
+                delay = self.backoff.delay(attempt, judged.retry_after) if up else 0.0
+                reason = (result.error or {}).get("code", "error")
+                await self._retry(asking.req, attempt, reason, delay)
+            elif nxt is Next.FINAL:
+                fit = self._fit(asking.req, result)
+                if fit is None:
+                    return result
+                asking = self._asking(fit, pool, asking.raced)
+                await self._retry(fit, attempt, "context_length", 0.0)
+            elif nxt is Next.KEEP:  # the same request would get the same answer
+                return result
+            else:
+                raise AuthenticationError(
+                    f"{tried.endpoint.name} rejected the credentials (HTTP "
+                    f"{result.status_code}); check --api-key or OPENAI_API_KEY. Nothing more "
+                    "was sent; re-run to resume"
+                )
 
-    def _prepared(self, req: Request, pool: EndpointPool) -> tuple[Payloads, Any, bool]:
+    def _asking(self, req: Request, pool: EndpointPool, raced: bool = False) -> Asking:
         """A new body's payloads (per server's priority terms), route key and streaming flag
         (`--stream` applied to it)."""
         if self.opts.stream and req.url in STREAM_URLS:
             stream_body(req.body)
         priority = req.priority if req.priority is not None else self.opts.priority
-        payloads = Payloads(req.body, priority)
-        return payloads, pool.router.key(req.body), req.body.get("stream") is True
+        return Asking(
+            req=req,
+            payloads=Payloads(req.body, priority),
+            route_key=pool.router.key(req.body),
+            streaming=req.body.get("stream") is True,
+            raced=raced,
+        )
 
     def _fit(self, req: Request, result: Result) -> Request | None:
         """With --fit-context, once per request: the request with `max_tokens` cut to what the
@@ -285,6 +221,70 @@ class Sender:
         finally:
             self.retrying -= 1
         raise Stop
+
+    # -- the endpoint --------------------------------------------------------------------------
+
+    async def _try(
+        self,
+        asking: Asking,
+        pool: EndpointPool,
+        ticket: Ticket,
+        attempt: int,
+        failed_on: set[Endpoint],
+    ) -> Tried:
+        """Attempt number `attempt`: paced, sent on the endpoint the pool chooses, and accounted
+        to that endpoint and the meter. Sent again without counting an attempt while the server
+        is absent (the endpoint is set aside and waited for in `acquire`), and once after a
+        kept-alive connection closed under the request."""
+        req = asking.req
+        while True:
+            await self.meter.before_send(ticket)
+            endpoint = await pool.acquire(asking.route_key, failed_on)
+            if self.stopping.is_set():
+                pool.release(endpoint)
+                raise Stop
+            if self.bus.wants(Sent):
+                self.bus.emit(Sent(req.custom_id, endpoint.name, attempt))
+            start_wall, start = time.time(), time.perf_counter()
+            try:
+                got = await self.transport.post(
+                    endpoint, req.url, asking.payloads.for_sign(endpoint.priority_sign),
+                    pool.headers[endpoint], asking.streaming,
+                )  # fmt: skip
+            finally:
+                pool.release(endpoint)
+            retry_after = None
+            if isinstance(got, Broken):
+                self.meter.no_answer(ticket)
+                if got.absent:  # refused, unresolvable or silent: not this request's fault
+                    pool.set_aside(endpoint, got.message)
+                    continue
+                if got.disconnected and not asking.raced:
+                    asking.raced = True
+                    continue
+            else:
+                retry_after = got.retry_after
+                self.meter.after_answer(ticket, got.status, got.headers, retry_after)
+            end = time.perf_counter()
+            status = got.status
+            endpoint.controller.observe(Outcome(status, end - start, status == 429))
+            if status == 429 and self.bus.wants(RateLimited):
+                self.bus.emit(RateLimited(req.custom_id, endpoint.name, retry_after))
+            metrics: dict[str, Any] = {
+                "attempts": attempt,
+                "endpoint": endpoint.name,
+                "start_time": round(start_wall, 6),
+                "latency_s": round(end - start, 6),
+            }
+            judged = judge(req, got, metrics, start, end)
+            health = judged.health
+            if health is Health.GOOD:
+                pool.record_success(endpoint)
+            elif health is Health.FAULT:
+                pool.record_failure(endpoint, judged.fault)
+            elif health is Health.BUSY:  # starting or overloaded: probe /health until ready
+                pool.set_aside(endpoint, "HTTP 503 (starting or overloaded)")
+            return Tried(endpoint, judged)
 
 
 __all__ = ["BudgetReached", "Sender", "Stop"]
