@@ -6,7 +6,7 @@
    `--streams` such streams at `--concurrency`:
    - `bare`: `async for line in resp.content` + `orjson.loads` per data line, keeping nothing
      (the baseline the issue quotes: about 120,000 chunks/s on one core);
-   - `jsonlbatch`: `jsonlbatch.exec.bodies.read_stream` on `iter_any()` reads, which also rebuilds
+   - `jsonlbatch`: `jsonlbatch.exec.send.body_caps.read_stream` on `iter_any()` reads, which also rebuilds
      the body and times every chunk (target >= 80,000 chunks/s).
 2. `jsonlbatch exec --stream` vs `jsonlbatch exec` requests/s against the instant built-in
    mock with short outputs (16 tokens), each timed as a whole command (target >= 70%).
@@ -93,7 +93,7 @@ async def read_streams(url: str, client: str, streams: int, concurrency: int) ->
 
     import aiohttp
 
-    from jsonlbatch.exec.bodies import read_stream
+    from jsonlbatch.exec.send.body_caps import read_stream
 
     body = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}],
                          "stream": True, "stream_options": {"include_usage": True}})  # fmt: skip

@@ -14,7 +14,7 @@ from batchutil import start_cli
 from openai import OpenAI
 
 if TYPE_CHECKING:
-    from jsonlbatch.batchapi.server import BatchServerOptions
+    from jsonlbatch.batchapi.server.batch_server import BatchServerOptions
 
 TERMINAL = {"completed", "failed", "expired", "cancelled"}
 
@@ -85,8 +85,8 @@ class BatchServer:
 
     def _options(self, port: int) -> BatchServerOptions:
         """The front `serve --batch-api --upstream URL ARGS` would run (its defaults)."""
-        from jsonlbatch.batchapi.runner import RunnerOptions
-        from jsonlbatch.batchapi.server import BatchServerOptions
+        from jsonlbatch.batchapi.server.batch_runner import RunnerOptions
+        from jsonlbatch.batchapi.server.batch_server import BatchServerOptions
         from jsonlbatch.redact import register_secret
 
         given: dict[str, Any] = {}
@@ -131,7 +131,7 @@ def _front_in_a_thread(options: BatchServerOptions) -> tuple[str, Callable[[], N
 
     from aiohttp import web
 
-    from jsonlbatch.batchapi.server import create_app
+    from jsonlbatch.batchapi.server.batch_server import create_app
 
     loop = asyncio.new_event_loop()
     runner = web.AppRunner(create_app(options), access_log=None)

@@ -24,14 +24,14 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from jsonlbatch.exec.budget import Meter
-from jsonlbatch.exec.checks import AnswerCheck, as_check
-from jsonlbatch.exec.events import EventBus, RateLimited, Retried, Sent
-from jsonlbatch.exec.limits import RateLimiter
-from jsonlbatch.exec.options import ExecOptions
-from jsonlbatch.exec.pools import PoolSpec, build_pools, parse_endpoints
-from jsonlbatch.exec.send import Sender
-from jsonlbatch.exec.summary import RunSummary
+from jsonlbatch.exec.exec_options import ExecOptions
+from jsonlbatch.exec.hooks.check_hook import AnswerCheck, as_check
+from jsonlbatch.exec.output.events import EventBus, RateLimited, Retried, Sent
+from jsonlbatch.exec.output.run_summary import RunSummary
+from jsonlbatch.exec.route.model_pools import PoolSpec, build_pools, parse_endpoints
+from jsonlbatch.exec.send.budget import Meter
+from jsonlbatch.exec.send.rate_limits import RateLimiter
+from jsonlbatch.exec.send.sender import Sender
 from jsonlbatch.records import Request
 
 CHAT_URL = "/v1/chat/completions"

@@ -1,4 +1,4 @@
-"""`-c auto` (exec/adaptive.py) and `--priority` (exec/priority.py): the controller's decisions
+"""`-c auto` (exec/route/adaptive_concurrency.py) and `--priority` (exec/send/priority.py): the controller's decisions
 from server gauges and latency, a real run converging on GPU-model mock replicas, and the
 priority each kind of server receives in its request body (the mock records the bodies)."""
 
@@ -12,10 +12,10 @@ import orjson
 import pytest
 from batchutil import cli_process, exec_cli, failures, read_results, write_requests
 
-from jsonlbatch.exec.adaptive import START, WINDOW, AdaptiveConcurrency
-from jsonlbatch.exec.concurrency import Outcome
-from jsonlbatch.exec.priority import Payloads, sign_of
-from jsonlbatch.exec.server_metrics import ServerLoad, load, parse_prometheus
+from jsonlbatch.exec.route.adaptive_concurrency import START, WINDOW, AdaptiveConcurrency
+from jsonlbatch.exec.route.endpoint_concurrency import Outcome
+from jsonlbatch.exec.route.server_metrics import ServerLoad, load, parse_prometheus
+from jsonlbatch.exec.send.priority import Payloads, sign_of
 from jsonlbatch.mock.gpu import GpuModel
 
 

@@ -20,7 +20,7 @@ from test_exec_contract import schema_requests
 
 from jsonlbatch import execute
 from jsonlbatch.contract import compile_schema, judge
-from jsonlbatch.exec.seams import Seams
+from jsonlbatch.exec.hooks.seams import Seams
 from jsonlbatch.records import Request, Result
 
 

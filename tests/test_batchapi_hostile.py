@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 from batchutil import exec_cli, serve_app, write_requests
 
-from jsonlbatch.safe_names import is_plain_id, safe_name
+from jsonlbatch.batchapi.client.safe_names import is_plain_id, safe_name
 
 FAST = ("--batch-api", "--poll-interval", "0.05", "--max-retries", "0")
 

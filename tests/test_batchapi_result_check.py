@@ -1,4 +1,4 @@
-"""A provider's answers pass exec's checks before their line (batchapi/result_check.py).
+"""A provider's answers pass exec's checks before their line (batchapi/client/batch_result_check.py).
 
 The lines are what `merge.merged_lines` yields for a finished batch (OpenAI Batch output lines
 under the request file's ids, the fingerprint last); the checks are exec's (`checks.vet`: the
@@ -11,9 +11,9 @@ from __future__ import annotations
 import orjson
 from contractutil import GOOD, SCHEMA
 
-from jsonlbatch.batchapi.merge import Merged
-from jsonlbatch.batchapi.parts import declares
-from jsonlbatch.batchapi.result_check import ResultChecks
+from jsonlbatch.batchapi.client.batch_parts import declares
+from jsonlbatch.batchapi.client.batch_result_check import ResultChecks
+from jsonlbatch.batchapi.client.result_merge import Merged
 from jsonlbatch.contract import with_schema
 from jsonlbatch.records import CHAT_URL, is_failure
 

@@ -124,7 +124,7 @@ def test_bad_results_lines_are_counted_and_their_requests_retried(
 def test_the_guard_reads_lines_across_chunks_and_never_holds_an_overlong_one(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from jsonlbatch.batchapi import merge
+    from jsonlbatch.batchapi.client import result_merge as merge
 
     monkeypatch.setattr(merge, "MAX_RESULT_LINE", 1000)
     good = b'{"custom_id": "a", "response": {"status_code": 200, "body": {}}}'
@@ -180,9 +180,9 @@ def test_a_batch_whose_counts_and_errors_are_garbage_still_ends_in_failure_lines
     "job", [{"name": "batches/x", "metadata": ["state"]}, {"name": ["x"]}, [1], "job"]
 )
 def test_a_gemini_job_of_the_wrong_shape_is_a_clear_error(job: Any) -> None:
-    from jsonlbatch.batchapi.client_gemini import GeminiBatchApi
-    from jsonlbatch.batchapi.remote import RemoteError
-    from jsonlbatch.exec.endpoints import parse_endpoint
+    from jsonlbatch.batchapi.client.batch_api import RemoteError
+    from jsonlbatch.batchapi.client.gemini_api import GeminiBatchApi
+    from jsonlbatch.exec.route.endpoints import parse_endpoint
 
     api = GeminiBatchApi(parse_endpoint("http://127.0.0.1:9/v1beta"), None)  # type: ignore[arg-type]
     with pytest.raises(RemoteError, match="not a Gemini batch job"):

@@ -226,8 +226,8 @@ def test_serve_batch_api_launches_its_backend(tmp_path):
 
 def test_azure_urls_and_endpoint_names():
     """Azure's dated API: /openai/files?api-version=..., endpoints without /v1, api-key header."""
-    from jsonlbatch.batchapi.remote import api_path
-    from jsonlbatch.exec.endpoints import auth_headers, parse_endpoint
+    from jsonlbatch.batchapi.client.batch_api import api_path
+    from jsonlbatch.exec.route.endpoints import auth_headers, parse_endpoint
 
     dated = parse_endpoint("https://res.openai.azure.com/openai?api-version=2024-10-21")
     assert dated.url_for("/v1/batches") == (

@@ -184,9 +184,9 @@ def test_the_runner_logs_a_failure_and_goes_on(tmp_path, monkeypatch, caplog):
     import asyncio
     import logging
 
-    from jsonlbatch.batchapi import runner as runner_module
-    from jsonlbatch.batchapi.runner import BatchRunner, RunnerOptions
-    from jsonlbatch.batchapi.store import Store
+    from jsonlbatch.batchapi.server import batch_runner as runner_module
+    from jsonlbatch.batchapi.server.batch_runner import BatchRunner, RunnerOptions
+    from jsonlbatch.batchapi.server.batch_store import Store
 
     monkeypatch.setattr(runner_module, "_RETRY_BACKEND", 0.01)
     store = Store(tmp_path / "state")

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from jsonlbatch.cli import main
 from jsonlbatch.cli.exec import exec_
-from jsonlbatch.exec.options import ExecOptions
+from jsonlbatch.exec.exec_options import ExecOptions
 
 #: An option's row in a help: two spaces, then its first spelling (`-o, --output`, `--url`).
 _ROW = re.compile(r"^  (-\w, )?--[\w-]+", re.MULTILINE)

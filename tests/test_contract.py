@@ -255,7 +255,7 @@ def test_fast_path_agrees_with_jsonschema():
     ],
 )
 def test_fit_to_context_reads_each_servers_wording(message, room):
-    from jsonlbatch.exec.answer_check import fit_to_context
+    from jsonlbatch.exec.hooks.contract_check import fit_to_context
 
     body = {"model": "m", "messages": [], "max_tokens": 20000}
     found = fit_to_context(CHAT_URL, body, {"error": {"message": message}})
@@ -269,7 +269,7 @@ def test_fit_to_context_reads_each_servers_wording(message, room):
 
 def test_reask_needs_the_attempts():
     from jsonlbatch.errors import UsageError
-    from jsonlbatch.exec.options import ExecOptions
+    from jsonlbatch.exec.exec_options import ExecOptions
 
     with pytest.raises(UsageError, match="--reask 9 needs --max-retries 9"):
         ExecOptions(reask=9)
@@ -282,7 +282,7 @@ def test_reask_journal_resumes_pending_requests_only(tmp_path):
     """Entries of requests whose line is written (a failure `--retry-failed` sends again, a
     success) are dropped at the start; a torn last entry is cut; a pending one resumes at the
     ask after the journaled one, unless the request changed since (its fingerprint)."""
-    from jsonlbatch.exec.answer_check import AnswerChecker, journal_path
+    from jsonlbatch.exec.hooks.contract_check import AnswerChecker, journal_path
     from jsonlbatch.idset import IdSet
     from jsonlbatch.records import Request
 

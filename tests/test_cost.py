@@ -10,7 +10,7 @@ import pytest
 from batchutil import ENV, exec_cli, failures, read_results, write_requests
 
 from jsonlbatch.cost import Price, estimate_prompt_tokens, max_output_tokens, parse_price
-from jsonlbatch.exec.budget import Budget, BudgetReached, spent_in_output
+from jsonlbatch.exec.send.budget import Budget, BudgetReached, spent_in_output
 
 EXIT_BUDGET = 4
 

@@ -1,4 +1,4 @@
-"""What one answer may hold (exec/bodies.py): a gzip bomb, a body that never ends and a stream
+"""What one answer may hold (exec/send/body_caps.py): a gzip bomb, a body that never ends and a stream
 that never ends or only pings are failure lines, never a crash or a run held until --timeout.
 Real servers on 127.0.0.1; caps set low so the bombs stay small."""
 

@@ -20,7 +20,7 @@ from conftest import free_port
 from jsonlbatch import execute
 from jsonlbatch.cache import Cache, cache_stats
 from jsonlbatch.cache.pack import iter_records
-from jsonlbatch.exec.summary import RunSummary
+from jsonlbatch.exec.output.run_summary import RunSummary
 from jsonlbatch.records import request_line
 
 CHAT = "/v1/chat/completions"

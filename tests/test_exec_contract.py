@@ -14,8 +14,8 @@ from contractutil import SCHEMA
 
 from jsonlbatch.contract import compile_schema, judge, with_schema
 from jsonlbatch.cost import parse_price
-from jsonlbatch.exec.answer_check import FEEDBACK, journal_path
-from jsonlbatch.exec.budget import spent_in_output
+from jsonlbatch.exec.hooks.contract_check import FEEDBACK, journal_path
+from jsonlbatch.exec.send.budget import spent_in_output
 from jsonlbatch.gen import response_rows
 from jsonlbatch.mock.content import json_answer
 from jsonlbatch.records import CHAT_URL, COMPLETIONS_URL, MESSAGES_URL, RESPONSES_URL

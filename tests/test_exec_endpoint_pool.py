@@ -1,4 +1,4 @@
-"""`EndpointPool` (exec/endpoint_pool.py) and `admit.preflight` (exec/admit.py), in-process.
+"""`EndpointPool` (exec/route/endpoint_pool.py) and `admit.preflight` (exec/route/preflight.py), in-process.
 
 The pool's endpoints point at scripted servers (`sendutil.ScriptedServer`, real HTTP on
 127.0.0.1 in the test's loop) or at a port nothing listens on; the tests check which endpoint
@@ -24,11 +24,11 @@ from jsonlbatch.errors import (
     ServerUnavailableError,
     UsageError,
 )
-from jsonlbatch.exec.admit import preflight
-from jsonlbatch.exec.concurrency import FixedConcurrency
-from jsonlbatch.exec.endpoint_pool import SET_ASIDE_AFTER, SET_ASIDE_SECONDS, EndpointPool
-from jsonlbatch.exec.endpoints import Endpoint, auth_headers, parse_endpoint
-from jsonlbatch.exec.pools import ModelPools, PoolSpec
+from jsonlbatch.exec.route.endpoint_concurrency import FixedConcurrency
+from jsonlbatch.exec.route.endpoint_pool import SET_ASIDE_AFTER, SET_ASIDE_SECONDS, EndpointPool
+from jsonlbatch.exec.route.endpoints import Endpoint, auth_headers, parse_endpoint
+from jsonlbatch.exec.route.model_pools import ModelPools, PoolSpec
+from jsonlbatch.exec.route.preflight import preflight
 
 
 def dead_url() -> str:

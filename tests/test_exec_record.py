@@ -1,4 +1,4 @@
-"""The `Recorder` (exec/record.py) on real files, without a run: preparing an output for a
+"""The `Recorder` (exec/output/recorder.py) on real files, without a run: preparing an output for a
 resume, writing the results of one loop iteration at once, and what a failed write does."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import pytest
 from batchutil import read_results, write_requests
 
 from jsonlbatch.errors import OutputError
-from jsonlbatch.exec.events import Answered, EventBus, Failed
-from jsonlbatch.exec.record import Recorder
-from jsonlbatch.exec.scan import scan_input, scan_output
-from jsonlbatch.exec.summary import RunSummary
+from jsonlbatch.exec.output.events import Answered, EventBus, Failed
+from jsonlbatch.exec.output.recorder import Recorder
+from jsonlbatch.exec.output.run_summary import RunSummary
+from jsonlbatch.exec.prepare.input_scan import scan_input, scan_output
 from jsonlbatch.jsonl import OutputLock
 from jsonlbatch.records import Result
 

@@ -1,5 +1,5 @@
-"""What an HTTP answer means for a request (exec/results.py) and which failures are retried
-(exec/retry.py), without a server: `http_result` on the bytes a server could send."""
+"""What an HTTP answer means for a request (exec/send/http_reply.py) and which failures are retried
+(exec/send/retry.py), without a server: `http_result` on the bytes a server could send."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import orjson
 import pytest
 from sendutil import chat_answer, request
 
-from jsonlbatch.exec.results import http_result
-from jsonlbatch.exec.retry import Verdict, is_context_length_error, parse_retry_after
+from jsonlbatch.exec.send.http_reply import http_result
+from jsonlbatch.exec.send.retry import Verdict, is_context_length_error, parse_retry_after
 from jsonlbatch.jsonl import BOM
 from jsonlbatch.redact import register_secret
 

@@ -1,4 +1,4 @@
-"""The executor's seams (exec/seams.py) are called by a real run against the mock.
+"""The executor's seams (exec/hooks/seams.py) are called by a real run against the mock.
 
 Each test plugs a hook into `execute` and proves from the output file (and the mock's own
 counters) that the run called it and did what its verdict said.
@@ -17,11 +17,11 @@ from batchutil import chat_body, read_results, write_requests
 
 from jsonlbatch.errors import UsageError
 from jsonlbatch.exec import execute
-from jsonlbatch.exec.checks import Accept, Answer, AskAgain, CheckVerdict, Reject
-from jsonlbatch.exec.concurrency import Outcome
-from jsonlbatch.exec.events import Answered, Failed, RateLimited, Retried, Sent, Snapshot
-from jsonlbatch.exec.pools import PoolSpec
-from jsonlbatch.exec.seams import Seams
+from jsonlbatch.exec.hooks.check_hook import Accept, Answer, AskAgain, CheckVerdict, Reject
+from jsonlbatch.exec.hooks.seams import Seams
+from jsonlbatch.exec.output.events import Answered, Failed, RateLimited, Retried, Sent, Snapshot
+from jsonlbatch.exec.route.endpoint_concurrency import Outcome
+from jsonlbatch.exec.route.model_pools import PoolSpec
 from jsonlbatch.records import Request, Result
 
 

@@ -1,4 +1,4 @@
-"""`Sender.send` (exec/send.py) in-process: one request's attempts against a scripted server.
+"""`Sender.send` (exec/send/sender.py) in-process: one request's attempts against a scripted server.
 
 Each test scripts the server's answers (`sendutil.ScriptedServer`: real HTTP on 127.0.0.1 in
 the test's own loop) and checks what `send` returns, what reached the server and which events
@@ -16,10 +16,10 @@ from conftest import free_port
 from sendutil import Reply, ScriptedServer, chat_answer, request, sender
 
 from jsonlbatch.errors import AuthenticationError
-from jsonlbatch.exec.bodies import TOO_LARGE
-from jsonlbatch.exec.checks import Accept, Answer, AskAgain, CheckVerdict, Reject
-from jsonlbatch.exec.events import RateLimited, Retried, Sent
-from jsonlbatch.exec.send import Stop
+from jsonlbatch.exec.hooks.check_hook import Accept, Answer, AskAgain, CheckVerdict, Reject
+from jsonlbatch.exec.output.events import RateLimited, Retried, Sent
+from jsonlbatch.exec.send.body_caps import TOO_LARGE
+from jsonlbatch.exec.send.sender import Stop
 
 
 def line(result) -> dict:

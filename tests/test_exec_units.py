@@ -7,9 +7,10 @@ import random
 import pytest
 
 from jsonlbatch.errors import UsageError
-from jsonlbatch.exec import resume, scan
-from jsonlbatch.exec.endpoints import auth_headers, parse_endpoint
-from jsonlbatch.exec.retry import Backoff, Verdict, classify, parse_retry_after
+from jsonlbatch.exec.prepare import input_scan as scan
+from jsonlbatch.exec.prepare import resume_scan as resume
+from jsonlbatch.exec.route.endpoints import auth_headers, parse_endpoint
+from jsonlbatch.exec.send.retry import Backoff, Verdict, classify, parse_retry_after
 from jsonlbatch.idset import IdSet
 from jsonlbatch.records import Result
 from jsonlbatch.redact import redact

@@ -13,7 +13,7 @@ from standins.harness import Standins, standin_session, wait_no_survivors
 from test_launch_signals import start
 
 from jsonlbatch.errors import InputError, UsageError
-from jsonlbatch.exec.modelmap import read_endpoints
+from jsonlbatch.exec.route.endpoints_file import read_endpoints
 from jsonlbatch.experiment.spec import load_experiment
 from jsonlbatch.serve.fleet import SERVE_KEYS, load_fleet, place
 from jsonlbatch.serve.fleetrun import plan_fleet

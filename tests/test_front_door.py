@@ -1,5 +1,5 @@
 """The front door: `jsonlbatch.execute`/`aexecute` take every mode of `jsonlbatch exec`, with its
-option names, and hand the same `RunSpec` to the same `exec.front.start` the command uses.
+option names, and hand the same `RunSpec` to the same `exec.front_door.start` the command uses.
 
 Real runs against the mock (launched by the run itself with `serve="mock"`, or in-process),
 real files; the answers come back typed, by custom_id.
@@ -19,7 +19,7 @@ from test_exec_contract import schema_requests
 import jsonlbatch
 from jsonlbatch.cli.library import build_spec
 from jsonlbatch.errors import UsageError
-from jsonlbatch.exec.front import EndpointsFiles, Urls
+from jsonlbatch.exec.front_door import EndpointsFiles, Urls
 from jsonlbatch.serve.target import Launch
 
 

@@ -8,7 +8,7 @@ from batchutil import cli
 
 from jsonlbatch.errors import InputError, UsageError
 from jsonlbatch.gen import RequestWriter, write_requests
-from jsonlbatch.gen.responses import looks_like_responses, response_rows
+from jsonlbatch.gen.response_rows import looks_like_responses, response_rows
 from jsonlbatch.gen.templates import Prompt, RowTemplate
 
 USAGE = {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12}

@@ -12,7 +12,7 @@ import orjson
 import pytest
 from batchutil import cli, exec_cli, failures, read_results
 
-from jsonlbatch.exec.endpoints import auth_headers, parse_endpoint
+from jsonlbatch.exec.route.endpoints import auth_headers, parse_endpoint
 from jsonlbatch.mock import reply_text
 from jsonlbatch.mock.hosted import as_chat
 from jsonlbatch.samples import samples_of

@@ -18,7 +18,7 @@ import jsonlbatch
 ROOT = Path(jsonlbatch.__file__).parent
 CORE = {
     "answers", "contract", "cost", "errors", "extras", "filecheck", "idset", "jsonl", "lazy", "prices",
-    "records", "redact", "safe_names", "samples", "stats", "schema_bounds", "bounded_check",
+    "records", "redact", "samples", "stats", "schema_bounds", "bounded_check",
 }  # fmt: skip
 STAGES = {
     "gen", "exec", "serve", "post", "report", "mock", "experiment", "batchapi", "cache", "view",
@@ -271,10 +271,36 @@ def test_help_imports_no_stage_and_gen_help_no_executor():
     assert wrong == {"jsonlbatch.gen"}, sorted(wrong)
     # exec loads what sending needs, not the launcher or the mock's web server (`--serve` does)
     loaded = _imported_by(_main_help(), "exec", "--help")
-    assert "jsonlbatch.exec.run" in loaded
+    assert "jsonlbatch.exec.run_loop" in loaded
     wrong = loaded & {"jsonlbatch.serve.launch", "jsonlbatch.mock", "aiohttp.web", "jinja2"}
     assert not wrong, sorted(wrong)
 
 
 def test_the_import_check_sees_an_import():
     assert "aiohttp" in _imported_by("import jsonlbatch\njsonlbatch.execute")
+
+
+#: Inside batchapi: the client and the server share only the formats (and exec, the core).
+SIDES = {"batchapi.client": {"batchapi.server"}, "batchapi.server": {"batchapi.client"},
+         "batchapi.formats": {"batchapi.client", "batchapi.server"}}  # fmt: skip
+
+
+def _side_crossings(edges: dict[str, set[str]]) -> list[str]:
+    found = []
+    for module, imported in sorted(edges.items()):
+        for side, forbidden in SIDES.items():
+            if module == side or module.startswith(side + "."):
+                wrong = {i for i in imported for f in forbidden if i == f or i.startswith(f + ".")}
+                found += [f"jsonlbatch.{module} imports jsonlbatch.{w}" for w in sorted(wrong)]
+    return found
+
+
+def test_batchapi_client_and_server_share_only_the_formats():
+    assert not _side_crossings(_all_edges())
+
+
+def test_the_sides_check_can_fail():
+    edges = {"batchapi.client.submit": {"batchapi.server.batch_store", "batchapi.formats.x"}}
+    assert _side_crossings(edges) == [
+        "jsonlbatch.batchapi.client.submit imports jsonlbatch.batchapi.server.batch_store"
+    ]

@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from jsonlbatch.errors import UsageError
-from jsonlbatch.exec.server_metrics import counters, parse_prometheus
+from jsonlbatch.exec.route.server_metrics import counters, parse_prometheus
 from jsonlbatch.mock.__main__ import build_parser, config_from_args
 from jsonlbatch.mock.gpu import GpuModel, prompt_words
 

@@ -13,9 +13,9 @@ import orjson
 import pytest
 from batchutil import exec_cli, failures, read_results, write_requests
 
-from jsonlbatch.exec import limits
-from jsonlbatch.exec.front import execute
-from jsonlbatch.exec.limits import Cost, RateLimiter, parse_reset
+from jsonlbatch.exec.front_door import execute
+from jsonlbatch.exec.send import rate_limits as limits
+from jsonlbatch.exec.send.rate_limits import Cost, RateLimiter, parse_reset
 from jsonlbatch.mock.limits import go_duration
 
 
@@ -376,7 +376,7 @@ def test_hostile_limit_headers_cannot_stall_a_run(tmp_path, monkeypatch, case):
     from aiohttp import web
     from batchutil import odd_server
 
-    from jsonlbatch.exec.front import aexecute
+    from jsonlbatch.exec.front_door import aexecute
 
     monkeypatch.setattr(limits, "_MAX_LEARNED_WAIT_S", 0.1)
     body = {"id": "x", "object": "chat.completion", "model": "mock",

@@ -9,8 +9,8 @@ import orjson
 import pytest
 
 from jsonlbatch.errors import UsageError
-from jsonlbatch.exec import router as router_module
-from jsonlbatch.exec.router import (
+from jsonlbatch.exec.route import router as router_module
+from jsonlbatch.exec.route.router import (
     RouteOptions,
     Router,
     grouped,

@@ -17,8 +17,8 @@ from contractutil import SCHEMA
 from jsonlbatch import execute
 from jsonlbatch.cache import cache_stats
 from jsonlbatch.contract import with_schema
-from jsonlbatch.exec.answer_check import journal_path
-from jsonlbatch.exec.seams import Seams
+from jsonlbatch.exec.hooks.contract_check import journal_path
+from jsonlbatch.exec.hooks.seams import Seams
 from jsonlbatch.jsonl import iter_lines
 from jsonlbatch.records import CHAT_URL, fingerprint, request_line
 

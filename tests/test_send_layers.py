@@ -1,4 +1,4 @@
-"""The send path's three layers alone (exec/send.py, exec/exchange.py), and issue 39's rule: a
+"""The send path's three layers alone (exec/send/sender.py, exec/send/transport.py), and issue 39's rule: a
 `Retry-After` delays its own request; only evidence of a run-wide limit holds every request.
 
 In-process: the transport over real HTTP to the mock on 127.0.0.1, `judge` on values, and the
@@ -22,19 +22,19 @@ from batchutil import chat_body, failures, read_results, write_requests
 from conftest import free_port
 from multidict import CIMultiDict
 
-from jsonlbatch.exec import limits
-from jsonlbatch.exec.bodies import TOO_LARGE
-from jsonlbatch.exec.budget import Meter
-from jsonlbatch.exec.endpoints import parse_endpoint
-from jsonlbatch.exec.events import EventBus, Retried, Sent
-from jsonlbatch.exec.exchange import Broken, Health, Next, Reply, Transport, judge
-from jsonlbatch.exec.front import execute
-from jsonlbatch.exec.limits import RateLimiter
-from jsonlbatch.exec.options import ExecOptions
-from jsonlbatch.exec.pools import PoolSpec, build_pools, parse_endpoints
-from jsonlbatch.exec.retry import Backoff, batch_cap, retry_after_of
-from jsonlbatch.exec.send import Sender
-from jsonlbatch.exec.summary import RunSummary
+from jsonlbatch.exec.exec_options import ExecOptions
+from jsonlbatch.exec.front_door import execute
+from jsonlbatch.exec.output.events import EventBus, Retried, Sent
+from jsonlbatch.exec.output.run_summary import RunSummary
+from jsonlbatch.exec.route.endpoints import parse_endpoint
+from jsonlbatch.exec.route.model_pools import PoolSpec, build_pools, parse_endpoints
+from jsonlbatch.exec.send import rate_limits as limits
+from jsonlbatch.exec.send.body_caps import TOO_LARGE
+from jsonlbatch.exec.send.budget import Meter
+from jsonlbatch.exec.send.rate_limits import RateLimiter
+from jsonlbatch.exec.send.retry import Backoff, batch_cap, retry_after_of
+from jsonlbatch.exec.send.sender import Sender
+from jsonlbatch.exec.send.transport import Broken, Health, Next, Reply, Transport, judge
 from jsonlbatch.records import CHAT_URL, Request, Result
 
 _OK = orjson.dumps(

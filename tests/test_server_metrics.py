@@ -6,7 +6,8 @@ from pathlib import Path
 
 import orjson
 
-from jsonlbatch.exec.server_metrics import (
+from jsonlbatch.exec.output.run_summary import RunSummary
+from jsonlbatch.exec.route.server_metrics import (
     ServerCounters,
     ServerStats,
     compare,
@@ -15,7 +16,6 @@ from jsonlbatch.exec.server_metrics import (
     parse_prometheus,
     servers_path,
 )
-from jsonlbatch.exec.summary import RunSummary
 
 VLLM = """\
 # HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.

@@ -12,7 +12,7 @@ import pytest
 from batchutil import cli, read_results, write_requests
 
 from jsonlbatch.errors import InputError, UsageError
-from jsonlbatch.exec.shard import MergeError, in_shard, merge, parse_shard, shard_of
+from jsonlbatch.exec.prepare.shard import MergeError, in_shard, merge, parse_shard, shard_of
 from jsonlbatch.records import Result
 
 
@@ -38,7 +38,7 @@ def test_the_split_is_the_same_in_every_process() -> None:
     ids = [f"id-{i}" for i in range(200)] + ["ünïcode-id", "a|0"]
     code = (
         "import sys, orjson\n"
-        "from jsonlbatch.exec.shard import shard_of\n"
+        "from jsonlbatch.exec.prepare.shard import shard_of\n"
         "ids = orjson.loads(sys.stdin.buffer.read())\n"
         "print(orjson.dumps([shard_of(i, 7) for i in ids]).decode())\n"
     )

@@ -1,4 +1,4 @@
-"""SSE reassembly and stream timing (`jsonlbatch.exec.streaming`), on hand-written streams."""
+"""SSE reassembly and stream timing (`jsonlbatch.exec.send.streaming`), on hand-written streams."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 import orjson
 import pytest
 
-from jsonlbatch.exec.bodies import read_stream
-from jsonlbatch.exec.streaming import StreamError, StreamReader, stream_body
+from jsonlbatch.exec.send.body_caps import read_stream
+from jsonlbatch.exec.send.streaming import StreamError, StreamReader, stream_body
 
 HEAD = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1700000000, "model": "m"}
 

@@ -1,4 +1,4 @@
-"""`exec --batch-api`: the options and the hand-over to `jsonlbatch.batchapi.submit`.
+"""`exec --batch-api`: the options and the hand-over to `jsonlbatch.batchapi.client.submit`.
 
 Kept beside exec's own module so `cli/exec.py` only grows by a decorator and one branch.
 """
@@ -14,7 +14,7 @@ from jsonlbatch.cli.params import SECONDS
 from jsonlbatch.errors import UsageError
 
 if TYPE_CHECKING:
-    from jsonlbatch.batchapi.target import ProviderBatch
+    from jsonlbatch.batchapi.client.provider_target import ProviderBatch
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -74,7 +74,7 @@ _OPTIONS = [
 
 
 def _window(value: str) -> str:
-    from jsonlbatch.batchapi.objects import window_seconds
+    from jsonlbatch.batchapi.formats.batch_objects import window_seconds
 
     try:
         window_seconds(value)
@@ -127,8 +127,8 @@ def batch_target(
     kwargs: dict[str, Any],
 ) -> ProviderBatch:
     """`exec --batch-api`: the run's target (submit, watch, merge), from exec's options."""
-    from jsonlbatch.batchapi.submit import SubmitOptions
-    from jsonlbatch.batchapi.target import ProviderBatch
+    from jsonlbatch.batchapi.client.provider_target import ProviderBatch
+    from jsonlbatch.batchapi.client.submit import SubmitOptions
     from jsonlbatch.cost import parse_price
     from jsonlbatch.prices import load_price_file
 

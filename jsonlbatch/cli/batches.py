@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from jsonlbatch.batchapi.manage import batches_of
+from jsonlbatch.batchapi.client.batch_status import batches_of
 from jsonlbatch.cli.params import HttpUrl
 from jsonlbatch.cli.sections import Sectioned
 from jsonlbatch.exec.job import run_coroutine

@@ -39,14 +39,14 @@ from jsonlbatch.cli.serve_options import (
 from jsonlbatch.cli.settings import settings_option
 from jsonlbatch.cost import parse_price
 from jsonlbatch.errors import Interrupted, UsageError
-from jsonlbatch.exec.answer_cache import cache_dir_from
-from jsonlbatch.exec.front import EndpointsFiles, RunSpec, Target, Urls, Watcher, start
-from jsonlbatch.exec.options import ExecOptions
-from jsonlbatch.exec.router import POLICIES
-from jsonlbatch.exec.scan import CHANGED_POLICIES
-from jsonlbatch.exec.seams import Seams
-from jsonlbatch.exec.shard import parse_shard
-from jsonlbatch.exec.summary import RunSummary
+from jsonlbatch.exec.exec_options import ExecOptions
+from jsonlbatch.exec.front_door import EndpointsFiles, RunSpec, Target, Urls, Watcher, start
+from jsonlbatch.exec.hooks.answer_cache import cache_dir_from
+from jsonlbatch.exec.hooks.seams import Seams
+from jsonlbatch.exec.output.run_summary import RunSummary
+from jsonlbatch.exec.prepare.input_scan import CHANGED_POLICIES
+from jsonlbatch.exec.prepare.shard import parse_shard
+from jsonlbatch.exec.route.router import POLICIES
 from jsonlbatch.records import PRIORITY_RANGE
 from jsonlbatch.redact import register_secret
 from jsonlbatch.serve.target import Fleet, Launch

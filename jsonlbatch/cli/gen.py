@@ -9,7 +9,7 @@ import click
 from jsonlbatch.cli.params import Finite, NonEmpty
 from jsonlbatch.cli.sections import Section, Sectioned
 from jsonlbatch.errors import UsageError
-from jsonlbatch.gen.responses import looks_like_responses, response_rows
+from jsonlbatch.gen.response_rows import looks_like_responses, response_rows
 from jsonlbatch.gen.schemas import load_schema
 from jsonlbatch.gen.sources import FORMATS, iter_rows, select
 from jsonlbatch.gen.templates import Prompt, RowTemplate, compile_condition

@@ -2,11 +2,11 @@
 option names (dashes as underscores).
 
     summary = jsonlbatch.execute("in.jsonl", "out.jsonl", serve="mock", cache="cache/", reask=2)
-    summary.results["q-17"].value        # typed answers by custom_id (exec/outcome.py)
+    summary.results["q-17"].value        # typed answers by custom_id (exec/output/run_outcome.py)
 
 The options go through the command's own parameters (click's types, ranges, choices and
 defaults, written once there), then through the same `spec_from_params` the command uses, and
-the `RunSpec` it returns is started by the same `exec.front.start`: a Python run and a command
+the `RunSpec` it returns is started by the same `exec.front_door.start`: a Python run and a command
 line run are one run. An unknown option name is a `UsageError` naming the nearest one.
 
 Values take their Python forms as well as the command line's: a list or a single string for an
@@ -28,9 +28,9 @@ from click.core import ParameterSource
 from jsonlbatch.cli.sections import Sectioned
 from jsonlbatch.cost import Price
 from jsonlbatch.errors import UsageError
-from jsonlbatch.exec.front import RunSpec, astart, start
-from jsonlbatch.exec.options import ExecOptions
-from jsonlbatch.exec.seams import Seams
+from jsonlbatch.exec.exec_options import ExecOptions
+from jsonlbatch.exec.front_door import RunSpec, astart, start
+from jsonlbatch.exec.hooks.seams import Seams
 
 #: The command's positional parameters: given as `requests` and `output`, never as options.
 _POSITIONAL = ("requests", "output")
@@ -162,6 +162,6 @@ async def aexecute(
     **options: Any,
 ) -> Any:
     """`execute` inside a running event loop (a notebook): the run goes on in a worker thread,
-    and cancelling the awaiting task stops it cleanly (exec/front.py's `astart`)."""
+    and cancelling the awaiting task stops it cleanly (exec/front_door.py's `astart`)."""
     outcome = await astart(build_spec(requests, output, seams=seams, watchdog=watchdog, **options))
     return outcome.dry if outcome.dry is not None else outcome.summary

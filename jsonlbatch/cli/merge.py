@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from jsonlbatch.cli.sections import Sectioned
-from jsonlbatch.exec.shard import merge
+from jsonlbatch.exec.prepare.shard import merge
 
 
 @click.command(

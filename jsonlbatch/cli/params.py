@@ -103,14 +103,14 @@ class CacheDir(click.Path):
 
 
 class HttpUrl(click.ParamType):
-    """An http(s) base URL that `jsonlbatch.exec.endpoints.parse_endpoint` accepts (a port in
+    """An http(s) base URL that `jsonlbatch.exec.route.endpoints.parse_endpoint` accepts (a port in
     range, brackets that close, a host)."""
 
     name = "url"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         # imported here: building a command's options must not import the executor
-        from jsonlbatch.exec.endpoints import parse_endpoint
+        from jsonlbatch.exec.route.endpoints import parse_endpoint
 
         try:
             parse_endpoint(value)

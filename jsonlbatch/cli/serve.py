@@ -176,8 +176,8 @@ def serve(
             except (KeyboardInterrupt, Interrupted):
                 pass  # the usual way to end `serve`: stop the servers, exit 0
         return
-    from jsonlbatch.batchapi.runner import RunnerOptions
-    from jsonlbatch.batchapi.server import BatchServerOptions
+    from jsonlbatch.batchapi.server.batch_runner import RunnerOptions
+    from jsonlbatch.batchapi.server.batch_server import BatchServerOptions
 
     front = BatchServerOptions(
         batch_dir,
@@ -215,7 +215,7 @@ def _serve_fleet(
     quiet: bool,
     kwargs: dict[str, Any],
 ) -> None:
-    from jsonlbatch.exec.modelmap import write_endpoints
+    from jsonlbatch.exec.route.endpoints_file import write_endpoints
     from jsonlbatch.jsonl import check_output
     from jsonlbatch.serve.fleetrun import serving_fleet
 
@@ -240,7 +240,7 @@ def _serve_fleet(
 
 
 def _run_front(front: Any, quiet: bool, check: Callable[[], None] | None = None) -> None:
-    from jsonlbatch.batchapi.server import serve_batch_api
+    from jsonlbatch.batchapi.server.batch_server import serve_batch_api
     from jsonlbatch.exec.job import run_coroutine
 
     for secret in (front.api_key, front.runner.api_key):

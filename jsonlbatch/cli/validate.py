@@ -8,8 +8,8 @@ import click
 
 from jsonlbatch.cli.sections import Sectioned
 from jsonlbatch.errors import count_problems
-from jsonlbatch.exec.shape import hint
-from jsonlbatch.exec.validate import validate_file
+from jsonlbatch.exec.prepare.validate import validate_file
+from jsonlbatch.exec.prepare.wrong_file_hints import hint
 from jsonlbatch.stats import plural
 
 

@@ -1,15 +1,14 @@
 """The exec stage: send an OpenAI Batch request file to OpenAI-compatible servers, crash-safely.
 
-`Job` (in `job`) scans what the output already holds and validates the whole input before
-anything is sent (`scan`); `run` is the loop: `admit` checks the servers, `send` sends each
-request (pools by model: `pools`; endpoints and health: `endpoints`, `router`; rate limits and
-budget: `budget`, `limits`; retries: `retry`; streamed answers: `streaming`), `record` appends one
-whole line per finished request, `events` tells the progress bar and any listener what happened.
-`seams` gathers what a caller plugs in (`checks`, `lookup`, `pools`, `events`, `concurrency`).
-`shard` splits a file across machines and merges the parts back; `summary` says what happened.
+`front_door` is the way in: a `RunSpec` (what every way of asking for a run builds) started by
+`start`/`astart`, and `execute`/`aexecute`; `job.Job` is a run prepared, `run_loop` the run
+itself. The stages, in the order a request meets them: `prepare/` (the input and output
+passes), `route/` (which server), `send/` (the attempts), `hooks/` (what a caller plugs in:
+checks, an answer store; the answer contract), `output/` (the written line, events, the bar,
+the summary, what a caller gets back). docs/architecture.md draws one request's path.
 
     from jsonlbatch.exec import execute
-    summary = execute("requests.jsonl", "responses.jsonl", urls=["http://localhost:8000/v1"])
+    outcome = execute("requests.jsonl", "responses.jsonl", urls=["http://localhost:8000/v1"])
 """
 
 from __future__ import annotations
@@ -18,35 +17,35 @@ from typing import TYPE_CHECKING
 
 from jsonlbatch.lazy import lazy
 
-#: Public name -> its module, imported on first use: `import jsonlbatch.exec.scan` (validate,
+#: Public name -> its module, imported on first use: `import jsonlbatch.exec.prepare.input_scan` (validate,
 #: report, batchapi) must not import the run loop and aiohttp with it.
 _LAZY = {
-    "ExecOptions": "jsonlbatch.exec.options",
+    "ExecOptions": "jsonlbatch.exec.exec_options",
     "Job": "jsonlbatch.exec.job",
-    "aexecute": "jsonlbatch.exec.front",
-    "execute": "jsonlbatch.exec.front",
-    "RunSpec": "jsonlbatch.exec.front",
-    "start": "jsonlbatch.exec.front",
-    "astart": "jsonlbatch.exec.front",
+    "aexecute": "jsonlbatch.exec.front_door",
+    "execute": "jsonlbatch.exec.front_door",
+    "RunSpec": "jsonlbatch.exec.front_door",
+    "start": "jsonlbatch.exec.front_door",
+    "astart": "jsonlbatch.exec.front_door",
     "run_coroutine": "jsonlbatch.exec.job",
-    "MergeError": "jsonlbatch.exec.shard",
-    "MergeSummary": "jsonlbatch.exec.shard",
-    "merge": "jsonlbatch.exec.shard",
-    "parse_shard": "jsonlbatch.exec.shard",
-    "RunSummary": "jsonlbatch.exec.summary",
-    "Seams": "jsonlbatch.exec.seams",
-    "ValidationReport": "jsonlbatch.exec.validate",
-    "validate_file": "jsonlbatch.exec.validate",
+    "MergeError": "jsonlbatch.exec.prepare.shard",
+    "MergeSummary": "jsonlbatch.exec.prepare.shard",
+    "merge": "jsonlbatch.exec.prepare.shard",
+    "parse_shard": "jsonlbatch.exec.prepare.shard",
+    "RunSummary": "jsonlbatch.exec.output.run_summary",
+    "Seams": "jsonlbatch.exec.hooks.seams",
+    "ValidationReport": "jsonlbatch.exec.prepare.validate",
+    "validate_file": "jsonlbatch.exec.prepare.validate",
 }
 
 if TYPE_CHECKING:
-    from jsonlbatch.exec.front import RunSpec, aexecute, astart, execute, start
+    from jsonlbatch.exec.exec_options import ExecOptions
+    from jsonlbatch.exec.front_door import RunSpec, aexecute, astart, execute, start
+    from jsonlbatch.exec.hooks.seams import Seams
     from jsonlbatch.exec.job import Job, run_coroutine
-    from jsonlbatch.exec.options import ExecOptions
-    from jsonlbatch.exec.seams import Seams
-    from jsonlbatch.exec.shard import MergeError, MergeSummary, merge, parse_shard
-    from jsonlbatch.exec.summary import RunSummary
-    from jsonlbatch.exec.validate import ValidationReport, validate_file
+    from jsonlbatch.exec.output.run_summary import RunSummary
+    from jsonlbatch.exec.prepare.shard import MergeError, MergeSummary, merge, parse_shard
+    from jsonlbatch.exec.prepare.validate import ValidationReport, validate_file
 
 
 __getattr__, __dir__ = lazy(__name__, _LAZY)

@@ -3,12 +3,12 @@
 The shape of a run, each step in a module of its own:
 
 1. `Job.prepare()` (here) takes the output's lock, scans the existing output (what is done) and
-   validates the whole input (what is asked) before anything is sent or modified (`scan.py`),
+   validates the whole input (what is asked) before anything is sent or modified (`input_scan.py`),
    so bad input changes nothing.
-2. `Job.run()` hands over to the run loop (`run.py`): endpoint pools and the servers' model
-   check (`pools.py`, `admit.py`), then the pending lines through a bounded queue to a fixed
-   pool of workers that send them (`send.py`: meter, attempts, retries, on-answer check) and
-   record each result as one whole output line (`record.py`). Killing the process at any moment
+2. `Job.run()` hands over to the run loop (`run_loop.py`): endpoint pools and the servers' model
+   check (`model_pools.py`, `preflight.py`), then the pending lines through a bounded queue to a fixed
+   pool of workers that send them (`sender.py`: meter, attempts, retries, on-answer check) and
+   record each result as one whole output line (`recorder.py`). Killing the process at any moment
    loses at most requests in flight, which the next run sends again.
 
 Memory is bounded by the concurrency: the input is re-read line by line and only compact state
@@ -28,17 +28,17 @@ from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from jsonlbatch.errors import OutputError, UsageError
-from jsonlbatch.exec.answer_cache import RunCache
-from jsonlbatch.exec.answer_check import AnswerChecker
-from jsonlbatch.exec.checks import Check, chain
-from jsonlbatch.exec.endpoints import parse_endpoint
-from jsonlbatch.exec.lookup import EarlyAnswers, Vetter
-from jsonlbatch.exec.options import ExecOptions
-from jsonlbatch.exec.run import Prepared, Run
-from jsonlbatch.exec.scan import InputScan, OutputScan, scan_input, scan_output
-from jsonlbatch.exec.seams import NO_SEAMS, Seams
-from jsonlbatch.exec.streaming import NO_STREAM_URLS
-from jsonlbatch.exec.summary import RunSummary
+from jsonlbatch.exec.exec_options import ExecOptions
+from jsonlbatch.exec.hooks.answer_cache import RunCache
+from jsonlbatch.exec.hooks.check_hook import Check, chain
+from jsonlbatch.exec.hooks.contract_check import AnswerChecker
+from jsonlbatch.exec.hooks.seams import NO_SEAMS, Seams
+from jsonlbatch.exec.hooks.store_hook import EarlyAnswers, Vetter
+from jsonlbatch.exec.output.run_summary import RunSummary
+from jsonlbatch.exec.prepare.input_scan import InputScan, OutputScan, scan_input, scan_output
+from jsonlbatch.exec.route.endpoints import parse_endpoint
+from jsonlbatch.exec.run_loop import Prepared, Run
+from jsonlbatch.exec.send.streaming import NO_STREAM_URLS
 from jsonlbatch.jsonl import (
     OutputLock,
     check_output,
@@ -75,12 +75,12 @@ class Job:
         self.requests = os.fspath(requests)
         self.output = os.fspath(output)
         self.options = options or ExecOptions()
-        #: What plugs into the run (exec/seams.py): checks, a store, pools, listeners.
+        #: What plugs into the run (exec/hooks/seams.py): checks, a store, pools, listeners.
         self.seams = seams or NO_SEAMS
         self.input: InputScan | None = None
         self.existing: OutputScan | None = None
         self.early: EarlyAnswers | None = None  # lines the store answered during the scan
-        #: The answer contract (answer_check.py) of this output: made once the output is
+        #: The answer contract (contract_check.py) of this output: made once the output is
         #: scanned, it checks stored answers during the input scan and sent ones in the run.
         self.contract: AnswerChecker | None = None
         self._running: tuple[asyncio.AbstractEventLoop, Run] | None = None  # for `stop`
@@ -125,7 +125,7 @@ class Job:
             parse_endpoint(url)
         select = None
         if opts.shard is not None:
-            from jsonlbatch.exec.shard import in_shard
+            from jsonlbatch.exec.prepare.shard import in_shard
 
             k, n = opts.shard
             select = lambda cid: in_shard(cid, k, n)  # noqa: E731

@@ -35,7 +35,7 @@ from jsonlbatch.exec import execute
 from jsonlbatch.experiment.rules import PassRule, coerce
 from jsonlbatch.experiment.state import file_digest
 from jsonlbatch.gen import RequestWriter
-from jsonlbatch.gen.responses import RequestIndex, response_rows
+from jsonlbatch.gen.response_rows import RequestIndex, response_rows
 from jsonlbatch.gen.sources import Row
 from jsonlbatch.gen.templates import Prompt, RowTemplate
 from jsonlbatch.jsonl import iter_lines_at

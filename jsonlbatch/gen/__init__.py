@@ -12,7 +12,7 @@ sampling options into request lines (`RequestWriter`), the same machinery `jsonl
 
 from __future__ import annotations
 
-from jsonlbatch.gen.responses import response_rows
+from jsonlbatch.gen.response_rows import response_rows
 from jsonlbatch.gen.writer import GenSummary, RequestError, RequestWriter, write_requests
 
 __all__ = ["GenSummary", "RequestError", "RequestWriter", "response_rows", "write_requests"]

@@ -140,7 +140,7 @@ class Prompt:
     prompt string or a two-message chat, or `messages`, a template that renders a JSON list of
     chat messages (multi-turn, multi-part, images): the whole conversation is the template's.
 
-    `continues`: the row is a response read with its request (`gen.responses`), and the `user`
+    `continues`: the row is a response read with its request (`gen.response_rows`), and the `user`
     text is a new turn after the request's messages and the assistant's answer (a second turn,
     a self-check, a repair prompt)."""
 

@@ -12,7 +12,7 @@ from jsonlbatch.report.build import FORMATS, build_report, format_for, render, w
 from jsonlbatch.report.load import RunData, load_request_fields, load_run
 from jsonlbatch.report.model import Report
 from jsonlbatch.report.options import Price, Sla, parse_duration, parse_price, parse_sla
-from jsonlbatch.report.stats import (
+from jsonlbatch.report.run_stats import (
     Cost,
     Distribution,
     RunStats,

@@ -20,8 +20,8 @@ from jsonlbatch.report.render_html import render_html
 from jsonlbatch.report.render_json import render_json
 from jsonlbatch.report.render_md import render_markdown
 from jsonlbatch.report.render_text import render_text
+from jsonlbatch.report.run_stats import summarize
 from jsonlbatch.report.servers import load_servers
-from jsonlbatch.report.stats import summarize
 
 FORMATS = ("text", "md", "json", "html")
 _SUFFIXES = {".txt": "text", ".md": "md", ".markdown": "md", ".json": "json", ".html": "html"}

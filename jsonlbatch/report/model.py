@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 from jsonlbatch.report.load import RunData
 from jsonlbatch.report.options import Price, Sla
+from jsonlbatch.report.run_stats import RunStats
 from jsonlbatch.report.servers import ServerFigures
-from jsonlbatch.report.stats import RunStats
 
 
 @dataclass

@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 
 from jsonlbatch.report.model import Report
-from jsonlbatch.report.stats import RunStats
+from jsonlbatch.report.run_stats import RunStats
 from jsonlbatch.report.tables import NOTE_FAILED, NOTE_PERCENTILES
 
 SCHEMA_VERSION = 1

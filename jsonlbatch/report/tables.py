@@ -15,7 +15,7 @@ from typing import Any
 from jsonlbatch.prices import PriceBook
 from jsonlbatch.report.model import Report
 from jsonlbatch.report.options import Price, format_duration
-from jsonlbatch.report.stats import LATENCIES, PERCENTILES, TOKENS, Distribution, RunStats
+from jsonlbatch.report.run_stats import LATENCIES, PERCENTILES, TOKENS, Distribution, RunStats
 
 LATENCY_NAMES = {
     "e2e": "E2E latency",

@@ -23,7 +23,7 @@ from dataclasses import replace
 from typing import Any
 
 from jsonlbatch.errors import LaunchError, UsageError
-from jsonlbatch.exec.modelmap import ModelEndpoints
+from jsonlbatch.exec.route.endpoints_file import ModelEndpoints
 from jsonlbatch.redact import redact
 from jsonlbatch.serve.backends import BACKENDS
 from jsonlbatch.serve.fleet import Fleet, ServeEntry, place, slug

@@ -29,7 +29,7 @@ from typing import Any
 import orjson
 
 from jsonlbatch.errors import Interrupted, LaunchError, UsageError
-from jsonlbatch.exec.endpoints import model_ids
+from jsonlbatch.exec.route.endpoints import model_ids
 from jsonlbatch.redact import redact
 from jsonlbatch.serve import reaper
 from jsonlbatch.serve.backends import (

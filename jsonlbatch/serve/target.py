@@ -1,5 +1,5 @@
 """Run targets that launch their servers (`exec --serve`, `exec --fleet`): a `RunSpec`'s
-`target` (exec/front.py) that starts the servers, runs the prepared job over them and tears
+`target` (exec/front_door.py) that starts the servers, runs the prepared job over them and tears
 them down however the run ends (Ctrl-C, a launch that fails, a server that dies).
 
 A job with nothing left to send launches nothing.
@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from jsonlbatch.errors import UsageError
-from jsonlbatch.exec.front import Running, Urls, route, route_by_listing
-from jsonlbatch.exec.modelroute import check_served
-from jsonlbatch.exec.pools import PoolSpec
-from jsonlbatch.exec.summary import RunSummary
+from jsonlbatch.exec.front_door import Running, Urls, route, route_by_listing
+from jsonlbatch.exec.output.run_summary import RunSummary
+from jsonlbatch.exec.route.model_pools import PoolSpec
+from jsonlbatch.exec.route.model_routing import check_served
 from jsonlbatch.serve.backends import ServeOptions
 
 

@@ -31,7 +31,7 @@ from typing import Any, BinaryIO
 import orjson
 
 from jsonlbatch.cost import Price
-from jsonlbatch.exec.bodies import MAX_RESPONSE_BYTES
+from jsonlbatch.exec.send.body_caps import MAX_RESPONSE_BYTES
 from jsonlbatch.records import is_failure
 from jsonlbatch.samples import chat_usage, hosted_choices
 

@@ -1,6 +1,6 @@
 """A run seen from outside while it goes on: the live state the viewer's status strip shows, and
 Prometheus metrics a dashboard scrapes. Both are subscribers of exec's event stream
-(`jsonlbatch.exec.events`): the run loop does not know they exist.
+(`jsonlbatch.exec.output.events`): the run loop does not know they exist.
 
 Subscribers run on the run's event loop and only bump counters; the viewer and the metrics
 server read them from their own threads (plain reads of numbers, and dicts replaced whole, are
@@ -23,8 +23,8 @@ import aiohttp
 
 from jsonlbatch.cost import Price
 from jsonlbatch.errors import UsageError
-from jsonlbatch.exec.events import Answered, Failed, RateLimited, Retried, Sent, Snapshot
-from jsonlbatch.exec.server_metrics import ServerCounters, scrape
+from jsonlbatch.exec.output.events import Answered, Failed, RateLimited, Retried, Sent, Snapshot
+from jsonlbatch.exec.route.server_metrics import ServerCounters, scrape
 from jsonlbatch.extras import load
 from jsonlbatch.view.hosts import allowed_hosts
 

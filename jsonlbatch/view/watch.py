@@ -1,5 +1,5 @@
 """A run watched while it lasts (`exec --view`, `exec --metrics-port`): a `RunSpec` watcher
-(exec/front.py). Both are subscribers of the run's event stream, started before the run and
+(exec/front_door.py). Both are subscribers of the run's event stream, started before the run and
 stopped after it, on threads of their own so the run's loop only sends. Nothing is imported
 or started unless asked for.
 """
@@ -12,10 +12,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from jsonlbatch.exec.front import Subscription
+from jsonlbatch.exec.front_door import Subscription
 
 if TYPE_CHECKING:
-    from jsonlbatch.exec.front import RunSpec
+    from jsonlbatch.exec.front_door import RunSpec
 
 
 @dataclass(frozen=True)

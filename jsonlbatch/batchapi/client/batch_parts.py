@@ -1,0 +1,151 @@
+"""Cutting what OUT still lacks into batch parts, after checking every line fits the provider.
+
+Each part holds one endpoint and one model, within the provider's limits (requests and bytes
+per batch). Beside each part's lines, a marks file lists for each request its custom_id, the id
+it is sent under (providers with a restricted alphabet get `providers.safe_id`) and exec's
+fingerprint of the line as the file asks it; merging maps the results back through it, so the
+mapping survives any crash for as long as the part is unmerged.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+
+from jsonlbatch.batchapi.client.providers import Provider, safe_id
+from jsonlbatch.batchapi.client.submit_state import Part
+from jsonlbatch.contract import SCHEMA_KEYS
+from jsonlbatch.errors import InputError, Problem
+from jsonlbatch.jsonl import iter_lines, iter_lines_at, read_lines_at
+from jsonlbatch.records import fingerprint
+
+#: Problems listed before the check stops reading (the first ones say what to fix).
+MAX_PROBLEMS = 50
+
+
+def check_lines(requests: str, pending: Sequence[int], provider: Provider) -> None:
+    """Refuse the run, before anything is submitted, when a pending line holds what the
+    provider cannot take (file, line, field for each)."""
+    if (provider.check is None and not provider.translated) or not pending:
+        return
+    problems: list[Problem] = []
+    for number, offset, raw in iter_lines_at(requests):
+        at = bisect_left(pending, offset)
+        if at >= len(pending) or pending[at] != offset:
+            continue
+        obj = orjson.loads(raw)
+        for field, message in provider.problems(obj["url"], obj.get("body") or {}):
+            problems.append(Problem(requests, number, field, message))
+        if len(problems) >= MAX_PROBLEMS:
+            break
+    if problems:
+        raise InputError(
+            f"{requests}: {len(problems)}{'+' if len(problems) >= MAX_PROBLEMS else ''} request(s) "
+            f"cannot go to the {provider.name} batch API as they are; nothing was submitted",
+            problems,
+        )
+
+
+def write_parts(
+    requests: str,
+    pending: Sequence[int],
+    folder: Path,
+    tag: str,
+    provider: Provider,
+    *,
+    max_requests: int,
+    max_bytes: int,
+    model: str | None,
+    rewrite: Callable[[dict[str, Any]], bytes] | None,
+) -> list[Part]:
+    """Write the pending lines into part files (with their marks files) and return the parts."""
+    open_parts: dict[tuple[str, str], tuple[Part, IO[bytes], IO[bytes]]] = {}
+    parts: list[Part] = []
+    try:
+        for raw in read_lines_at(requests, pending):
+            obj = orjson.loads(raw)
+            key = (obj["url"], model or obj["body"].get("model") or "")
+            # as exec marks its lines: the request as the file asks it, before any rewrite
+            mark = fingerprint(raw, obj["url"], obj["body"])
+            cid = obj["custom_id"]
+            sent = safe_id(cid) if provider.safe_ids else cid
+            changed = sent != cid or obj["url"] in provider.translated
+            if changed:
+                obj["custom_id"] = sent
+            if obj["url"] in provider.translated:  # checked by check_lines: no problems left
+                url, translate = provider.translated[obj["url"]]
+                obj["url"], obj["body"] = url, translate(obj["body"])[0]
+            # what its answer is checked against when it comes back (batchapi/client/batch_result_check.py):
+            # the request as sent, since the provider answers in that endpoint's form
+            asked = {"url": obj["url"], **declares(obj["body"])}
+            if rewrite is not None or changed:
+                line = rewrite(obj) if rewrite else orjson.dumps(obj) + b"\n"
+            else:
+                line = raw.rstrip(b"\r\n") + b"\n"
+            current = open_parts.get(key)
+            if current is not None and (
+                current[0].count >= max_requests or current[0].bytes + len(line) > max_bytes
+            ):
+                current[1].close()
+                current[2].close()
+                current = None
+            if current is None:
+                index = len(parts)
+                part = Part(tag, index, f"part-{tag}-{index:04d}.jsonl", obj["url"], 0, 0)
+                current = (
+                    part,
+                    open(folder / part.path, "wb"),  # noqa: SIM115 - closed below
+                    open(folder / marks_path(part), "wb"),  # noqa: SIM115
+                )
+                open_parts[key] = current
+                parts.append(part)
+            current[1].write(line)
+            current[2].write(
+                orjson.dumps({"custom_id": cid, "sent_as": sent, "fingerprint": mark, **asked})
+                + b"\n"
+            )
+            current[0].count += 1
+            current[0].bytes += len(line)
+    finally:
+        for _, lines, marks in open_parts.values():
+            lines.close()
+            marks.close()
+    return parts
+
+
+def marks_path(part: Part) -> str:
+    """The file beside a part's lines listing each request's custom_id and fingerprint."""
+    return part.path.removesuffix(".jsonl") + ".marks.jsonl"
+
+
+def declares(body: Any) -> dict[str, Any]:
+    """The fields of a request body that declare its answer's schema (`contract.SCHEMA_KEYS`,
+    and the tool a forced tool call names), as `{"declares": {...}}`; {} for a body without:
+    what a results line is checked against, without keeping the prompt."""
+    if not isinstance(body, dict) or SCHEMA_KEYS.isdisjoint(body):
+        return {}
+    return {"declares": {k: body[k] for k in (*SCHEMA_KEYS, "tool_choice") if k in body}}
+
+
+def read_asked(folder: Path, part: Part) -> dict[str, tuple[str, dict[str, Any]]]:
+    """custom_id -> (its endpoint URL, the body fields that declare its schema), for a part's
+    requests (marks written before this was kept give none: their answers are not checked)."""
+    out = {}
+    for _, raw in iter_lines(folder / marks_path(part)):
+        mark = orjson.loads(raw)
+        if isinstance(mark.get("url"), str):
+            out[mark["custom_id"]] = (mark["url"], mark.get("declares") or {})
+    return out
+
+
+def read_marks(folder: Path, part: Part) -> dict[str, tuple[str, str]]:
+    """id as sent -> (custom_id, fingerprint), for a part's requests."""
+    out = {}
+    for _, raw in iter_lines(folder / marks_path(part)):
+        mark = orjson.loads(raw)
+        out[mark.get("sent_as") or mark["custom_id"]] = (mark["custom_id"], mark["fingerprint"])
+    return out

@@ -1,0 +1,143 @@
+"""What a run gives a Python caller back: its summary, and its answers by custom_id.
+
+`Outcome.results` reads the output file on use, so a caller never parses lines by hand:
+
+    outcome = jsonlbatch.execute("in.jsonl", "out.jsonl", serve="mock", reask=2)
+    answer = outcome.results["q-17"]
+    answer.ok, answer.text, answer.value, answer.valid, answer.error, answer.usage
+
+An `Answer` is one line, read through the same reader `post`, `report` and `export` use
+(`samples.samples_of`): the text of each choice, the value the answer contract read under the
+request's schema, its verdict, the failure, the token counts. Iterating costs memory for one
+line at a time; looking an id up indexes the file's line offsets once (about 100 bytes a line).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from jsonlbatch.jsonl import iter_lines_at, read_lines_at
+from jsonlbatch.samples import Sample, samples_of
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One response line, typed: what a caller of `execute` reads instead of the JSON."""
+
+    custom_id: str
+    ok: bool
+    #: Each choice's text (the answer's, reasoning left out); [] for a failure.
+    texts: list[str] = field(default_factory=list)
+    #: Under a schema: each choice's value as the contract read it (None where it broke it).
+    values: list[Any] = field(default_factory=list)
+    #: Under a schema: whether every choice held it; None without a schema (or unchecked).
+    valid: bool | None = None
+    error: dict[str, Any] | None = None  # the failure (`code`, `message`); None when ok
+    status_code: int | None = None
+    usage: dict[str, Any] = field(default_factory=dict)  # prompt_tokens, completion_tokens, ...
+    cached: bool = False  # answered from the answer cache, not sent
+    body: Any = None  # the server's response body, as written
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def text(self) -> str | None:
+        """The first choice's text (None for a failure)."""
+        return self.texts[0] if self.texts else None
+
+    @property
+    def value(self) -> Any:
+        """The first choice's value under the request's schema (None without one)."""
+        return self.values[0] if self.values else None
+
+    @classmethod
+    def of_line(cls, obj: dict[str, Any]) -> Answer:
+        """The typed form of one decoded response line."""
+        got = obj.get("response")
+        response: dict[str, Any] | None = got if isinstance(got, dict) else None
+        got = obj.get("metrics")
+        metrics: dict[str, Any] = got if isinstance(got, dict) else {}
+        error = obj.get("error")
+        if isinstance(error, str):  # vLLM's run-batch writes a bare message
+            error = {"code": "error", "message": error}
+        status = response.get("status_code") if response is not None else None
+        ok = error is None and isinstance(status, int) and 200 <= status < 300
+        samples: list[Sample] = samples_of(obj) if ok else []
+        contract = metrics.get("contract") if isinstance(metrics.get("contract"), dict) else None
+        values: list[Any] = []
+        if contract is not None and isinstance(contract.get("choices"), list):
+            values = [c.get("value") if isinstance(c, dict) else None for c in contract["choices"]]
+        usage: dict[str, Any] = {k: metrics[k] for k in ("prompt_tokens", "completion_tokens",
+                                                        "reasoning_tokens")
+                 if k in metrics}  # fmt: skip
+        return cls(
+            custom_id=str(obj.get("custom_id")),
+            ok=ok,
+            texts=[s.text for s in samples if not s.failed],
+            values=values,
+            valid=contract.get("valid") if contract is not None else None,
+            error=error if isinstance(error, dict) else None,
+            status_code=status if isinstance(status, int) else None,
+            usage=usage,
+            cached=metrics.get("cache") == "hit",
+            body=response.get("body") if response is not None else None,
+            metrics=metrics,
+        )
+
+
+class Results(Mapping[str, Answer]):
+    """An output file's answers by custom_id, read on use (see the module doc). The last line
+    of an id wins, as for every reader of a resumed file."""
+
+    def __init__(self, output: str) -> None:
+        self.output = output
+        self._offsets: dict[str, int] | None = None
+
+    def _index(self) -> dict[str, int]:
+        if self._offsets is None:
+            offsets: dict[str, int] = {}
+            for _, offset, raw in iter_lines_at(self.output):
+                try:
+                    cid = orjson.loads(raw).get("custom_id")
+                except (orjson.JSONDecodeError, AttributeError):
+                    continue  # a torn last line: the next run repairs it
+                if isinstance(cid, str):
+                    offsets[cid] = offset
+            self._offsets = offsets
+        return self._offsets
+
+    def __getitem__(self, custom_id: str) -> Answer:
+        offset = self._index()[custom_id]
+        (raw,) = read_lines_at(self.output, [offset])
+        return Answer.of_line(orjson.loads(raw))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._index())
+
+    def __len__(self) -> int:
+        return len(self._index())
+
+    def answers(self) -> Iterator[Answer]:
+        """Every line's answer in file order (one line in memory at a time)."""
+        for _, _, raw in iter_lines_at(self.output):
+            try:
+                yield Answer.of_line(orjson.loads(raw))
+            except (orjson.JSONDecodeError, AttributeError):
+                continue
+
+
+@dataclass
+class Outcome:
+    """What a started run gives back: its summary (None for a dry run), the dry run's count
+    (`exec.prepare.dry_run.DryRunReport`), and the answers (`results`, read from the output on use)."""
+
+    output: str
+    summary: Any = None  # RunSummary, or a Batch API's SubmitSummary
+    dry: Any = None
+
+    @property
+    def results(self) -> Results:
+        return Results(self.output)

@@ -1,0 +1,458 @@
+"""The run loop: one `Job.run`, from the pending lines to the last written result.
+
+One request's path: the before-send lookup (`store_hook.answer_stored`) writes what a store
+already answers; `_read` reads each other pending line (in the router's order) onto a bounded
+queue; a worker (`_work`) takes it and hands it to `sender.Sender` (pool, meter, attempts,
+on-answer check); the result is given to the store, then to `recorder.Recorder`, which appends its
+line. Around that, `main` opens the HTTP session, has the pools built (`model_pools.build_pools`),
+runs the preflight (`preflight.py`), ticks the event stream (`events.py`) and stops cleanly on
+Ctrl-C, a budget stop or a fatal error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import aiohttp
+import orjson
+
+from jsonlbatch.errors import (
+    InputError,
+    Interrupted,
+    JsonlbatchError,
+    LaunchError,
+    ServerUnavailableError,
+    UsageError,
+)
+from jsonlbatch.exec.exec_options import AUTO_MAX_CONCURRENCY, ExecOptions
+from jsonlbatch.exec.hooks.check_hook import Check
+from jsonlbatch.exec.hooks.contract_check import AnswerChecker
+from jsonlbatch.exec.hooks.seams import Seams
+from jsonlbatch.exec.hooks.store_hook import (
+    EarlyAnswers,
+    StoreBase,
+    Vetter,
+    answer_stored,
+    occurrences,
+)
+from jsonlbatch.exec.output.events import Answered, EventBus, Snapshot
+from jsonlbatch.exec.output.progress_bar import Progress
+from jsonlbatch.exec.output.recorder import Recorder
+from jsonlbatch.exec.output.run_summary import RunSummary
+from jsonlbatch.exec.prepare.input_scan import InputScan, OutputScan, stat_input
+from jsonlbatch.exec.route import adaptive_concurrency as adaptive
+from jsonlbatch.exec.route.endpoints import Endpoint
+from jsonlbatch.exec.route.model_pools import ModelPools, PoolSpec, build_pools, parse_endpoints
+from jsonlbatch.exec.route.model_routing import split_pending, unavailable
+from jsonlbatch.exec.route.preflight import preflight
+from jsonlbatch.exec.route.router import ordered_lines
+from jsonlbatch.exec.route.server_metrics import compare, keep_servers, scrape_all
+from jsonlbatch.exec.send.budget import Budget, BudgetReached, Meter, spent_in_output
+from jsonlbatch.exec.send.priority import sign_of
+from jsonlbatch.exec.send.rate_limits import RateLimiter
+from jsonlbatch.exec.send.sender import Sender, Stop
+from jsonlbatch.jsonl import OutputLock
+from jsonlbatch.records import Request, Result, fingerprint
+
+
+@dataclass
+class Prepared:
+    """What `Job.prepare` found and holds, handed to the run loop: the two files (and `source`,
+    what is read: the request file or a copy of a pipe), the options, both scans, the lock."""
+
+    requests: str
+    output: str
+    source: str
+    options: ExecOptions
+    scan: InputScan
+    existing: OutputScan
+    lock: OutputLock
+    checks: Check | None  # every check an answer passes (`Job.checks`)
+    contract: AnswerChecker  # the answer contract's journal is closed with the run
+    early: EarlyAnswers | None = None  # lines answered during the scan, waiting to be written
+
+
+class Run:
+    """The state of one `Job.run`: queue, workers, sender, recorder, counters."""
+
+    def __init__(
+        self,
+        job: Prepared,
+        *,
+        urls: list[str],
+        keys: dict[str, str | None],
+        watchdog: Callable[[], None] | None,
+        handle_signals: bool,
+        seams: Seams,
+    ) -> None:
+        self.job = job
+        self.opts = opts = job.options
+        self.scan = job.scan
+        self.urls = urls
+        self.keys = keys
+        self.watchdog = watchdog
+        self.handle_signals = handle_signals
+        self.seams = seams
+        self.summary = RunSummary(
+            output=job.output,
+            requests=self.scan.total,
+            already_done=self.scan.already_done,
+            failed_before=self.scan.failed_before,
+            pending=len(self.scan.pending) + self.scan.answered,
+        )
+        self.bus = EventBus()
+        self.progress = Progress(len(self.scan.pending) + self.scan.answered, quiet=opts.quiet)
+        if not opts.quiet:
+            self.bus.subscribe(self.progress.on_snapshot, Snapshot)
+            self.bus.subscribe(self.progress.on_answered, Answered)
+        for callback, types in seams.subscribers:
+            self.bus.subscribe(callback, *types)
+        budget = None
+        if opts.price is not None:
+            spent = spent_in_output(job.output, opts.price) if opts.max_cost is not None else 0.0
+            budget = Budget(opts.price, opts.max_cost, spent)
+            self.summary.spent_before = spent
+        self.meter = Meter(RateLimiter(opts.rpm, opts.tpm, learn=opts.rate_limits), budget)
+        self.stopping = asyncio.Event()
+        self.abort: JsonlbatchError | None = None
+        self.signals = 0
+        self._cancel_scheduled = False
+        self.recorder = Recorder(
+            output=job.output, requests=job.requests, lock=job.lock, scan=self.scan,
+            existing=job.existing, summary=self.summary, bus=self.bus, note=self.progress.note,
+            changed_policy=opts.changed,
+        )  # fmt: skip
+        self.recorder.on_error = self._stop
+        self.sender: Sender | None = None
+        self.endpoints: list[Endpoint] = []
+        self.n_workers = self.opts.fixed_concurrency  # workers; more when concurrency is tuned
+        self.pools: ModelPools | None = None
+        self.model_override: str | None = None
+        self.early = job.early
+        # marks this run's lines (metrics.run); the early answers' lines have it already
+        self.run_id = self.early.run_id if self.early is not None else os.urandom(4).hex()
+        self.workers: list[asyncio.Task[None]] = []
+        self.readers: list[asyncio.Task[None]] = []
+        #: One queue per pool with its number of workers (one queue without several pools).
+        self.queues: list[tuple[asyncio.Queue[Request | None], int]] = []
+        self.preflight: asyncio.Task[str | None] | None = None
+        self.repeats: dict[str, int] = {}  # custom_id -> occurrence, with a lookup only
+        self.pending = self.scan.pending  # byte offsets of the lines still to send
+        self.contract = job.contract
+        #: The store (seams.py, completed) and the steps its answers take before their line.
+        self.store = seams.the_store
+        self.vetter = Vetter(self.store, job.checks) if self.store is not None else None
+
+    # -- the run -------------------------------------------------------------------------------
+
+    async def main(self) -> RunSummary:
+        started = time.monotonic()
+        specs = list(self.seams.pools or [PoolSpec()])
+        if self.scan.pending and not (self.urls or all(spec.urls for spec in specs)):
+            raise UsageError("no endpoint: give --url (or --serve to launch a server)")
+        endpoints = parse_endpoints(specs, self.urls, self.keys)  # before the output is touched
+        if not self.scan.pending:  # no server needed: the output may be written at once
+            self._store_notes()
+            self.recorder.prepare()
+            self.recorder.write_early(self.early)
+            self.recorder.close()
+            self.contract.close(complete=True)
+            self._close_store()
+            answered = f", {self.scan.answered} of them now" if self.scan.answered else ""
+            self.progress.note(
+                f"nothing to send: all {self.scan.total} requests have a result{answered}"
+            )
+            self.summary.wall_s = time.monotonic() - started
+            self._snapshot(final=True)  # listeners (metrics, the live page) see the counts
+            return self.summary
+        self.summary.endpoints.update({ep.name: 0 for ep in endpoints.values()})  # --url order
+        loop = asyncio.get_running_loop()
+        if self.handle_signals:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, self._on_signal)
+        try:
+            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=4.0, ttl_dns_cache=300)
+            async with aiohttp.ClientSession(
+                connector=connector, trust_env=False, read_bufsize=1 << 20
+            ) as session:
+                await self._run(session, specs, endpoints)
+        finally:
+            if self.handle_signals:
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    loop.remove_signal_handler(sig)
+            self.recorder.close()
+            self.contract.close(complete=self.summary.complete and self.abort is None)
+            self.meter.summarize(self.summary)
+            self._close_store()
+            self._snapshot(final=True)
+            self.progress.close()
+            self.summary.wall_s = time.monotonic() - started
+        if self.abort is not None:
+            raise self.abort
+        if self.signals and self.summary.remaining:
+            self.summary.interrupted = True
+            raise Interrupted(
+                f"interrupted: {self.summary.written} results written; run the same command "
+                "again to resume",
+                summary=self.summary,
+            )
+        return self.summary
+
+    async def _run(
+        self, session: aiohttp.ClientSession, specs: list[PoolSpec], by_url: dict[str, Endpoint]
+    ) -> None:
+        make = self.seams.concurrency
+        self.pools = pools = build_pools(
+            session, specs=specs, urls=self.urls, by_url=by_url, keys=self.keys, opts=self.opts,
+            controller=make, watchdog=self.watchdog,
+        )  # fmt: skip
+        headers = pools.headers
+        if self.opts.model is None:
+            pools.check_models(self.scan.models)
+        endpoints = list(by_url.values())
+        self.endpoints = endpoints
+        ticker = asyncio.ensure_future(self._tick())
+        syncer = asyncio.ensure_future(self.recorder.sync_every())
+        tuners: list[asyncio.Task[None]] = []
+        try:
+            self.preflight = asyncio.ensure_future(
+                preflight(pools, self.opts.model, self.scan.models, self.progress.note)
+            )
+            try:
+                self.model_override = await self.preflight
+            except asyncio.CancelledError:
+                if not self.signals:
+                    raise
+            if not self.stopping.is_set():
+                self.recorder.prepare()  # servers are fine: only now touch the output
+                self.recorder.write_early(self.early)
+                self.summary.started_at = time.time()
+                self.progress.start()
+                before = await scrape_all(session, endpoints, headers)
+                for ep, found in zip(endpoints, before, strict=True):
+                    ep.priority_sign = sign_of(found.kind if found is not None else None)
+                    if self.opts.priority is not None and not ep.priority_sign:
+                        self.progress.note(f"--priority: {ep.name} shows no vLLM or SGLang "
+                                           "/metrics; no priority is sent to it")  # fmt: skip
+                if make is None:  # -c auto, or the default for launched and vLLM/SGLang servers
+                    tuners = adaptive.start(self.opts.concurrency, AUTO_MAX_CONCURRENCY,
+                                            endpoints, before, session, headers)  # fmt: skip
+                self.n_workers = AUTO_MAX_CONCURRENCY if tuners else self.opts.fixed_concurrency
+                self.sender = Sender(
+                    opts=self.opts, session=session, pools=pools, meter=self.meter,
+                    stopping=self.stopping, summary=self.summary, bus=self.bus,
+                    check=self.job.checks,
+                )  # fmt: skip
+                await self._send_all()
+                if not self.signals and self.abort is None:
+                    after = await scrape_all(session, endpoints, headers)
+                    self.summary.servers = compare(endpoints, before, after)
+                    if not keep_servers(self.job.output, self.summary):
+                        self.progress.note("cannot keep the servers' metrics")
+        finally:
+            for task in (ticker, syncer, *tuners):
+                task.cancel()
+            await asyncio.gather(ticker, syncer, *tuners, return_exceptions=True)
+            await pools.close()
+
+    async def _send_all(self) -> None:
+        store = self.store
+        if store is not None and not store.counts_copies:
+            self.repeats = occurrences(self.job.source)  # identical requests told apart
+        if store is not None and self.early is not None:
+            self._store_notes()  # every pending line was looked up in the scan (EarlyAnswers)
+        elif store is not None:
+            await self._answer(store)
+            if self.stopping.is_set() or not self.pending:
+                return
+        for offsets, n_workers in self._parts():
+            queue: asyncio.Queue[Request | None] = asyncio.Queue(maxsize=2 * n_workers)
+            self.queues.append((queue, n_workers))
+            self.readers.append(asyncio.ensure_future(self._read(queue, n_workers, offsets)))
+            self.workers += [asyncio.ensure_future(self._work(queue)) for _ in range(n_workers)]
+        tasks = [*self.readers, *self.workers]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                if not task.cancelled() and task.exception() is not None:
+                    raise task.exception()  # type: ignore[misc]
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _parts(self) -> list[tuple[Sequence[int], int]]:
+        """The pending lines and workers of each pool (`model_routing.split_pending`)."""
+        if self.pools is None or len(self.pools.pools) < 2:
+            return [(self.pending, min(self.n_workers, len(self.pending)))]
+        return split_pending(
+            self.pools, self.job.source, self.pending, self.model_override, self.n_workers
+        )
+
+    def _check_source(self) -> None:
+        stat = stat_input(self.job.source)
+        if (stat.st_size, stat.st_mtime_ns) != (self.scan.size, self.scan.mtime_ns):
+            raise InputError(
+                f"{self.job.requests} changed after it was checked; run the command again"
+            )
+
+    def _request(self, raw: bytes) -> Request:
+        """A pending line as the request to send (after `--model`), with its fingerprint."""
+        obj = orjson.loads(raw)
+        url, body = obj["url"], obj["body"]
+        mark = fingerprint(raw, url, body)  # of the request as the file asks it
+        if self.model_override is not None:
+            body["model"] = self.model_override
+        return Request(obj["custom_id"], url, body, fingerprint=mark, priority=obj.get("priority"))
+
+    async def _answer(self, store: StoreBase) -> None:
+        """Before anything is sent: write what the store answers (`store_hook.answer_stored`) and
+        keep only the rest pending."""
+        self._check_source()
+        self._store_notes()
+        assert self.vetter is not None
+        self.pending = await answer_stored(
+            store, self.vetter, self.job.source, self.pending, self.repeats, self._request,
+            self._record, self.stopping,
+        )  # fmt: skip
+
+    async def _read(
+        self, queue: asyncio.Queue[Request | None], n_workers: int, offsets: Sequence[int]
+    ) -> None:
+        self._check_source()
+        route = self.opts.route_options()
+        for raw in ordered_lines(self.job.source, offsets, route):
+            await queue.put(self._request(raw))
+            if self.stopping.is_set():
+                break
+        for _ in range(n_workers):
+            await queue.put(None)
+
+    async def _work(self, queue: asyncio.Queue[Request | None]) -> None:
+        sender, store, repeats = self.sender, self.store, self.repeats
+        assert sender is not None
+        while True:
+            request = await queue.get()
+            if request is None or self.stopping.is_set():
+                return
+            try:
+                result = await sender.send(request)
+                if store is not None:  # looked up before sending began (`_answer`)
+                    store.store(request, repeats.get(request.custom_id, 0), result)
+            except BudgetReached:
+                self._stop_for_budget()
+                return
+            except Stop:
+                return
+            except (ServerUnavailableError, LaunchError) as exc:
+                if self.pools is None or len(self.pools.pools) < 2:
+                    self._stop(exc)
+                    return
+                result = unavailable(request, exc)  # one model down: the others go on
+            except JsonlbatchError as exc:
+                self._stop(exc)
+                return
+            self._record(request, result)
+
+    def _record(self, request: Request, result: Result) -> None:
+        # which run wrote the line: report tells the runs of a resumed file apart
+        result.metrics["run"] = self.run_id
+        # last in metrics, where a resume reads it without decoding the line
+        result.metrics["fingerprint"] = request.fingerprint
+        self.recorder.emit(result)
+
+    def _store_notes(self) -> None:
+        for note in self.store.notes() if self.store is not None else ():
+            self.progress.note(note)
+
+    def _close_store(self) -> None:
+        if self.store is None:
+            return
+        self.summary.cache = self.store.describe()
+        self.store.finish(self.job.output)  # the cache keeps this run's counts (`cache stats`)
+
+    # -- progress ------------------------------------------------------------------------------
+
+    def _snapshot(self, final: bool = False) -> None:
+        if not self.bus.wants(Snapshot):
+            return
+        status = self.pools.status if self.pools is not None else ""
+        retrying = self.sender.retrying if self.sender is not None and not final else 0
+        extra = " ".join(p for p in (adaptive.shown(self.endpoints), self.meter.status()) if p)
+        if self.store is not None:  # e.g. the cache's hits, savings
+            extra = f"{extra} {self.store.progress()}".strip()
+        self.bus.emit(Snapshot(self.summary, retrying, status, extra, final))
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(0.5)
+            self._snapshot()
+
+    # -- stopping ------------------------------------------------------------------------------
+
+    def _stop_for_budget(self) -> None:
+        """--max-cost: send nothing more; requests in flight finish (however long they take)."""
+        if self.summary.budget_stopped or self.stopping.is_set():
+            return
+        self.summary.budget_stopped = True
+        budget = self.meter.budget
+        assert budget is not None
+        self.progress.note(
+            f"budget: ${budget.spent:,.4f} spent, nothing in flight, and the next request (up to "
+            f"${budget.next_worst:,.4f}) could pass --max-cost ${budget.max_cost:,.2f}: sending "
+            "nothing more"
+        )
+        self._stop(cancel=False)
+
+    def _stop(self, abort: JsonlbatchError | None = None, cancel: bool = True) -> None:
+        """Send nothing more; let requests in flight finish within the grace period (or
+        without a limit, `cancel=False`)."""
+        if abort is not None and self.abort is None:
+            self.abort = abort
+        if self.stopping.is_set():
+            if cancel and not self._cancel_scheduled:  # Ctrl-C after a budget stop
+                self._cancel_scheduled = True
+                asyncio.get_running_loop().call_later(self.opts.grace, self._cancel_workers)
+            return
+        self.stopping.set()
+        if self.preflight is not None and not self.preflight.done():
+            self.preflight.cancel()
+        for reader in self.readers:
+            reader.cancel()
+        for queue, n_workers in self.queues:  # wake idle workers: queued requests stay pending
+            while not queue.empty():
+                queue.get_nowait()
+            for _ in range(n_workers):
+                queue.put_nowait(None)
+        if cancel or abort is not None:
+            self._cancel_scheduled = True
+            delay = 0.0 if abort is not None else self.opts.grace
+            asyncio.get_running_loop().call_later(delay, self._cancel_workers)
+
+    def _cancel_workers(self) -> None:
+        for task in self.workers:
+            task.cancel()
+
+    def request_stop(self) -> None:
+        """A stop asked by the caller (`Job.stop`): as the first Ctrl-C."""
+        if not self.signals:
+            self._on_signal()
+
+    def _on_signal(self) -> None:
+        self.signals += 1
+        if self.signals == 1:
+            self.progress.note(
+                f"stopping: no new requests; waiting up to {self.opts.grace:g}s for those in "
+                "flight (Ctrl-C again to stop now)"
+            )
+            self._stop()
+        elif self.signals == 2:
+            self._cancel_workers()
+        else:  # the loop is wedged: leave now; only whole lines were ever written
+            self.recorder.flush()
+            os._exit(130)
