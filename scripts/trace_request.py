@@ -24,7 +24,7 @@ _PROBE = r'''
 import sys, os, tempfile, json
 from collections import Counter
 import jsonlbatch
-from jsonlbatch.exec.front_door import execute
+from jsonlbatch.exec import execute  # in every version of the tree
 from jsonlbatch.mock import BackgroundMock, MockConfig
 
 ROOTS = {"_work", "flush"}
