@@ -209,8 +209,13 @@ class EndpointPool:
 
     async def _probe(self, endpoint: Endpoint) -> None:
         # an endpoint set aside again and again (its probe answers, its requests fail) is
-        # probed ever later: 0.25 s the first time, then twice as long each time
-        delay = min(0.25 * 2 ** max(0, endpoint.set_asides - 1), PROBE_DELAY_MAX)
+        # probed ever later while another endpoint serves: 0.25 s the first time, then twice
+        # as long each time. Alone, it is the only way to an answer or to the request's own
+        # failure line: probed as soon as ever (a lone server failing every request ends its
+        # requests' retries in seconds, not in minutes of waits)
+        elsewhere = any(ep is not endpoint and ep.up for ep in self.endpoints)
+        times = endpoint.set_asides - 1 if elsewhere else 0
+        delay = min(0.25 * 2 ** max(0, times), PROBE_DELAY_MAX)
         while not endpoint.up:
             await asyncio.sleep(delay)
             delay = min(delay * 2, max(5.0, delay))
