@@ -1,8 +1,6 @@
-"""`exec --view` and `exec --metrics-port`: a run watched from a browser or a Prometheus server.
-
-Both are subscribers of the run's event stream (`Seams.subscribers`), started before the run
-and stopped after it, on threads of their own so the run's loop only sends.
-"""
+"""`exec --view` and `exec --metrics-port`: the options of a run watched from a browser or a
+Prometheus server (`view/watch.py`'s `Watch` starts and stops what they ask for, as a watcher of
+the run's `RunSpec`)."""
 
 from __future__ import annotations
 
@@ -13,8 +11,6 @@ import click
 
 from jsonlbatch.cli.params import NonEmpty
 from jsonlbatch.cli.sections import Deprecated
-
-Subscription = tuple[Callable[[Any], None], tuple[type, ...]]
 
 
 class ViewAddress(click.ParamType):

@@ -16,7 +16,7 @@ import threading
 import urllib.parse
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import aiohttp
@@ -28,7 +28,8 @@ from jsonlbatch.exec.route.server_metrics import ServerCounters, scrape
 from jsonlbatch.extras import load
 from jsonlbatch.view.hosts import allowed_hosts
 
-Subscription = tuple[Callable[[Any], None], tuple[type, ...]]
+if TYPE_CHECKING:  # the alias only: viewing a file must not load the run loop
+    from jsonlbatch.exec.front_door import Subscription
 
 #: Latency buckets (seconds) for LLM requests: from a cached prefix's first token to a long
 #: reasoning answer.
