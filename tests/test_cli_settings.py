@@ -10,8 +10,7 @@ import re
 
 import click
 import pytest
-from batchutil import ENV, exec_cli, read_results, write_requests
-from click.testing import CliRunner
+from batchutil import ENV, click_runner, exec_cli, read_results, write_requests
 
 from jsonlbatch.cli import main
 from jsonlbatch.cli.exec import exec_
@@ -22,7 +21,7 @@ _ROW = re.compile(r"^  (-\w, )?--[\w-]+", re.MULTILINE)
 
 
 def _help(*args: str) -> str:
-    result = CliRunner().invoke(main, ["exec", *args], env={"JSONLBATCH_CONFIG": None})
+    result = click_runner().invoke(main, ["exec", *args], env={"JSONLBATCH_CONFIG": None})
     assert result.exit_code == 0, result.output
     return result.output
 
@@ -74,7 +73,7 @@ def test_every_default_is_the_one_execoptions_has():
 def _invoke(requests, output, *args: str, env: dict | None = None) -> click.testing.Result:
     """exec in this process: the checks of options and settings, which come before any run."""
     argv = ["exec", str(requests), "-o", str(output), *args]
-    return CliRunner().invoke(main, argv, env={"JSONLBATCH_CONFIG": None, **(env or {})})
+    return click_runner().invoke(main, argv, env={"JSONLBATCH_CONFIG": None, **(env or {})})
 
 
 def _requests(tmp_path, count=3):
@@ -273,9 +272,9 @@ def test_serve_help_is_brief_too_and_serve_reads_its_own_section(tmp_path):
 
     from batchutil import start_cli
 
-    result = CliRunner().invoke(main, ["serve", "--help"], env={"JSONLBATCH_CONFIG": None})
+    result = click_runner().invoke(main, ["serve", "--help"], env={"JSONLBATCH_CONFIG": None})
     assert len(_ROW.findall(result.output)) <= 30 and "--server-log-dir" not in result.output
-    every = CliRunner().invoke(main, ["serve", "--help-all"], env={"JSONLBATCH_CONFIG": None})
+    every = click_runner().invoke(main, ["serve", "--help-all"], env={"JSONLBATCH_CONFIG": None})
     assert "--server-log-dir" in every.output and "--ray-address" in every.output
 
     settings = tmp_path / "conf" / "settings.yaml"

@@ -98,7 +98,8 @@ class CacheDir(click.Path):
             return value
         return super().convert(value, param, ctx)
 
-    def get_metavar(self, param: click.Parameter, ctx: click.Context) -> str:
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        # click 8.1 (the floor) calls get_metavar(param); 8.2 and later pass ctx too.
         return "DIR|off"
 
 

@@ -21,7 +21,7 @@ from aiohttp import web
 
 from jsonlbatch.batchapi.formats.batch_objects import TERMINAL, new_id, now, rfc3339
 from jsonlbatch.batchapi.server.batch_intake import ProviderFront, request_line
-from jsonlbatch.batchapi.server.json_api import ApiError, json_body, json_response
+from jsonlbatch.batchapi.server.json_api import ApiError, json_body, json_response, origin
 from jsonlbatch.jsonl import iter_lines
 from jsonlbatch.records import MESSAGES_URL, json_object
 
@@ -173,7 +173,7 @@ class AnthropicBatches(ProviderFront):
             "ended_at": rfc3339(ended_at) if ended else None,
             "cancel_initiated_at": rfc3339(batch.get("cancelling_at")),
             "archived_at": None,
-            "results_url": f"{request.url.origin()}/v1/messages/batches/{batch['id']}/results" if ended else None,
+            "results_url": f"{origin(request)}/v1/messages/batches/{batch['id']}/results" if ended else None,
         }  # fmt: skip
 
     def _count(self, batch: dict[str, Any]) -> dict[str, int]:

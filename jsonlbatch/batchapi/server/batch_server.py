@@ -121,7 +121,9 @@ class _Api:
                                 size += len(chunk)
                             f.flush()
                             os.fsync(f.fileno())
-            except (ValueError, RuntimeError, LookupError) as exc:  # aiohttp's multipart parser
+            # aiohttp's multipart parser; in 3.10 and 3.11 a body that ends early fails one of its
+            # asserts ("Reading after EOF"), in newer ones it is a ValueError.
+            except (ValueError, RuntimeError, LookupError, AssertionError) as exc:
                 raise _Error(400, f"the multipart body is malformed: {str(exc)[:200]}") from None
             if tmp is None:
                 raise _Error(400, "missing the 'file' part", "file")

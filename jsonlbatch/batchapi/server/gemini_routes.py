@@ -24,7 +24,7 @@ from jsonlbatch.batchapi.formats.gemini_format import (
     gemini_to_chat,
 )
 from jsonlbatch.batchapi.server.batch_intake import ProviderFront, request_line, store_file
-from jsonlbatch.batchapi.server.json_api import ApiError, json_body, json_response
+from jsonlbatch.batchapi.server.json_api import ApiError, json_body, json_response, origin
 from jsonlbatch.jsonl import iter_lines
 from jsonlbatch.records import CHAT_URL, json_object
 
@@ -293,7 +293,7 @@ class GeminiBatches(ProviderFront):
             upload_id = new_id("")
             self._part(upload_id).write_bytes(b"")
             (self._part(upload_id).with_suffix(".name")).write_text(str(display))
-            url = f"{request.url.origin()}/upload/{request.match_info['version']}/files?upload_id={upload_id}"
+            url = f"{origin(request)}/upload/{request.match_info['version']}/files?upload_id={upload_id}"
             return json_response(
                 {}, headers={"x-goog-upload-url": url, "x-goog-upload-status": "active"}
             )
@@ -329,7 +329,7 @@ class GeminiBatches(ProviderFront):
             "createTime": rfc3339(obj["created_at"]),
             "updateTime": rfc3339(obj["created_at"]),
             "expirationTime": rfc3339(obj["created_at"] + 48 * 3600),
-            "uri": f"{request.url.origin()}/{version}/files/{obj['id']}",
+            "uri": f"{origin(request)}/{version}/files/{obj['id']}",
             "state": "ACTIVE",
             "source": "GENERATED" if obj["purpose"] == "batch_output" else "UPLOADED",
         }

@@ -58,3 +58,10 @@ async def json_body(request: web.Request) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise ApiError(400, "the body must be a JSON object")
     return body
+
+
+def origin(request: web.Request) -> str:
+    """`scheme://host[:port]` as the client asked it, for the URLs an answer points back to.
+    Not `request.url.origin()`: aiohttp 3.10.0 (the floor) builds that URL with the port inside
+    the host, which newer yarl refuses, so every such answer was a 500."""
+    return f"{request.scheme}://{request.host}"
