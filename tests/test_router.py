@@ -15,6 +15,7 @@ from jsonlbatch.exec.route.router import (
     Router,
     grouped,
     ordered_lines,
+    prefix_group,
     prefix_key,
 )
 
@@ -53,6 +54,35 @@ def test_prefix_keys_share_exactly_the_shared_part():
     assert prefix_key(body(LONG, "m")).depths[0] != prefix_key(body(LONG, "other")).depths[0]
     assert prefix_key(body("hi")).depths == ()  # too short to share a cache block
     assert len(prefix_key(body("x" * 10**6)).depths) < 40  # logarithmic in the length
+
+
+@pytest.mark.parametrize("share", [0.01, 0.3, 0.5, 1.0])
+def test_prefix_group_tells_apart_what_the_key_s_group_does(share):
+    """The look-ahead window's one-hash group must partition requests as `prefix_key(...).group`
+    does: the same prompts together, the same ones alone (None: too short to share a block)."""
+    rng = random.Random(7)
+    words = ["alpha", "beta", "gamma", "delta", "x" * 50]
+    bodies = [
+        {"model": rng.choice("ab"), "messages": [
+            {"role": "system", "content": " ".join(rng.choice(words[:2]) for _ in range(rng.randint(0, 40)))},
+            {"role": "user", "content": " ".join(rng.choice(words) for _ in range(rng.randint(0, 300)))},
+        ]}
+        for _ in range(1500)
+    ]  # fmt: skip
+    bodies += [{"model": "a", "prompt": "y" * k} for k in range(0, 700, 7)]
+    bodies += [{"model": "a"}, {"model": "a", "input": [1, 2, 3]}, body(LONG), body(LONG, "o")]
+
+    def partition(groups: list) -> tuple[list[bool], list[list[int]]]:
+        together: dict = {}
+        for i, g in enumerate(groups):
+            if g is not None:
+                together.setdefault(g, []).append(i)
+        return [g is None for g in groups], sorted(together.values())
+
+    by_key = partition([prefix_key(b).group(share) for b in bodies])
+    assert partition([prefix_group(b, share) for b in bodies]) == by_key
+    assert len(by_key[1]) > 10  # a real partition, with shared prefixes below the whole prompt
+    assert share == 1.0 or any(len(g) > 1 for g in by_key[1])
 
 
 def test_same_prompt_sticks_to_one_endpoint_and_new_prompts_spread():

@@ -96,6 +96,25 @@ def prefix_key(body: dict[str, Any], block: int = BLOCK_BYTES) -> PrefixKey:
     return PrefixKey(len(text), tuple(out))
 
 
+def prefix_group(body: dict[str, Any], share: float, block: int = BLOCK_BYTES) -> int | None:
+    """What `prefix_key(body).group(share)` tells apart, in one hash: requests with equal
+    groups share the model and the shortest kept prefix covering `share` of the prompt. The
+    look-ahead window asks this of every line, and needs no other depth (a third of the cost)."""
+    text = prompt_bytes(body)
+    blocks = len(text) // block
+    need = share * len(text)
+    for depth in _LADDER:
+        depth = min(depth, blocks)
+        if depth <= 0:
+            return None
+        end = depth * block
+        if end >= need:
+            return hash((body.get("model"), text[:end]))
+        if depth == blocks:
+            return None
+    return None
+
+
 #: The automatic load guard's largest gap (sglang-router's default absolute threshold).
 AUTO_ABS_CAP = 16
 
@@ -276,7 +295,7 @@ def ordered_lines(path: str, offsets: Sequence[int], route: RouteOptions) -> Ite
         return read_lines_at(path, offsets)
 
     def group(raw: bytes) -> int | None:
-        return prefix_key(orjson.loads(raw)["body"]).group(route.min_match)
+        return prefix_group(orjson.loads(raw)["body"], route.min_match)
 
     keyed = zip(offsets, map(group, read_lines_at(path, offsets)), strict=True)
     return read_lines_at(path, grouped(keyed, route.order_window))

@@ -93,6 +93,8 @@ class Transport:
                         limit=self.limit,
                         stall=self.stall,
                     )
+                elif _plain_within(resp, self.limit):
+                    raw = await resp.read()  # its length is known and not encoded: one read
                 else:
                     raw = await read_body(resp.content.iter_any(), self.limit, resp.content_length)
                 said = resp.headers
@@ -114,6 +116,14 @@ class Transport:
             return Broken(exc.code, str(exc), status)
         except (aiohttp.ClientError, OSError) as exc:
             return Broken("connection_error", describe_exception(exc), status)
+
+
+def _plain_within(resp: aiohttp.ClientResponse, limit: int) -> bool:
+    """The body is `Content-Length` bytes as they are, at most `limit`: aiohttp reads no more
+    than that, so the whole body can be read at once. A compressed body can inflate past its
+    Content-Length, and one without it can be any size: those are read chunk by chunk."""
+    length = resp.content_length
+    return length is not None and length <= limit and "Content-Encoding" not in resp.headers
 
 
 class Next(enum.Enum):
