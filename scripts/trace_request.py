@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 
-_PROBE = r'''
+_PROBE = r"""
 import sys, os, tempfile, json
 from collections import Counter
 import jsonlbatch
@@ -69,7 +69,7 @@ crossings = sum(1 for m, _, c in calls if c is not None and c != m)
 modules = sorted({m for m, _ in functions})
 print(json.dumps({"functions": len(functions), "calls": len(calls), "crossings": crossings,
                   "modules": len(modules), "names": [f"{m}:{q}" for m, q in functions]}))
-'''
+"""
 
 
 def main() -> None:

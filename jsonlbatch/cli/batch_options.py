@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from jsonlbatch.batchapi.formats.batch_objects import DEFAULT_POLL_S, DEFAULT_WINDOW
 from jsonlbatch.cli.params import SECONDS
 from jsonlbatch.errors import UsageError
 
@@ -33,7 +34,7 @@ _OPTIONS = [
     ),
     click.option(
         "--completion-window",
-        default="24h",
+        default=DEFAULT_WINDOW,
         callback=lambda ctx, param, value: _window(value),
         show_default=True,
         help="--batch-api: the batches' completion window (OpenAI takes only 24h).",
@@ -65,7 +66,7 @@ _OPTIONS = [
     click.option(
         "--poll-interval",
         type=SECONDS,
-        default=10.0,
+        default=DEFAULT_POLL_S,
         show_default=True,
         metavar="SECONDS",
         help="--batch-api: first wait between status checks; grows while nothing changes.",

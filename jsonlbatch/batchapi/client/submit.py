@@ -53,7 +53,13 @@ from jsonlbatch.batchapi.client.result_merge import (
 )
 from jsonlbatch.batchapi.client.safe_names import safe_name
 from jsonlbatch.batchapi.client.submit_state import Part, State
-from jsonlbatch.batchapi.formats.batch_objects import TERMINAL, failure_line, new_id
+from jsonlbatch.batchapi.formats.batch_objects import (
+    DEFAULT_POLL_S,
+    DEFAULT_WINDOW,
+    TERMINAL,
+    failure_line,
+    new_id,
+)
 from jsonlbatch.cost import Price
 from jsonlbatch.errors import Interrupted, UsageError
 from jsonlbatch.exec.job import ExecOptions, Job
@@ -82,12 +88,13 @@ class SubmitOptions:
     api_key: str | None = field(default=None, repr=False)
     headers: Mapping[str, str] = field(default_factory=dict, repr=False)
     model: str | None = None  # override every body's model (Azure: the deployment name)
-    completion_window: str = "24h"
+    completion_window: str = DEFAULT_WINDOW
     metadata: Mapping[str, str] = field(default_factory=dict)
     max_requests: int | None = None  # None: the provider's limit
     max_bytes: int | None = None
     provider: str | None = None  # openai, anthropic, gemini; None: from the URL and the lines
-    poll_interval: float = 10.0  # first wait between looks; grows 1.5x while nothing changes
+    #: first wait between looks; grows 1.5x while nothing changes
+    poll_interval: float = DEFAULT_POLL_S
     poll_max: float = 120.0
     retry_failed: bool = False
     max_retries: int = 8

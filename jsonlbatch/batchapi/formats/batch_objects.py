@@ -36,6 +36,10 @@ _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 #: The longest completion window taken: a deadline must fit the API's 64-bit timestamps (a
 #: window of 10^20 days overflowed them), and a year is beyond any batch's use.
 MAX_WINDOW = 366 * 86400
+#: A batch's completion window unless asked (the only one OpenAI takes), and the first wait
+#: between status checks: written once, here, for `SubmitOptions` and the CLI's options.
+DEFAULT_WINDOW = "24h"
+DEFAULT_POLL_S = 10.0
 
 
 def window_seconds(window: object) -> float:

@@ -53,7 +53,6 @@ class Seams:
                 raise ValueError("Seams.pools, when given, needs at least one PoolSpec")
             check_specs(self.pools)
 
-
     @property
     def the_check(self) -> Check | None:
         """The caller's check, completed (see the class doc)."""
