@@ -104,12 +104,15 @@ def test_ctrl_c_stops_watching_not_the_batch(tmp_path, mock_server):
 def test_expired_batch_gives_failure_lines_and_retry_failed_resubmits_only_them(
     tmp_path, mock_server
 ):
+    # 16 answers one at a time, 0.5 s each, take 8 s; a 4 s window ends the batch part-way with
+    # room for a slow start under load (a 1 s window at 0.15 s each expired before the first
+    # answer once, with the whole suite running on two cores).
     server = BatchServer(
-        tmp_path / "state", mock_server(latency=0.15), "--batch-concurrency", "1"
+        tmp_path / "state", mock_server(latency=0.5), "--batch-concurrency", "1"
     ).start()
     requests, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     lines = write_requests(requests, 16)
-    first = exec_cli(requests, out, "--url", server.url, *FAST, "--completion-window", "1s")
+    first = exec_cli(requests, out, "--url", server.url, *FAST, "--completion-window", "4s")
     assert first.returncode == 3, first.stderr
     results = read_results(out)
     assert len(results) == 16
