@@ -102,17 +102,11 @@ def prefix_group(body: dict[str, Any], share: float, block: int = BLOCK_BYTES) -
     look-ahead window asks this of every line and needs no other depth: 3.0 us a line instead
     of 4.8 for bench_exec.py's chat requests."""
     text = prompt_bytes(body)
-    blocks = len(text) // block
     need = share * len(text)
-    for depth in _LADDER:
-        depth = min(depth, blocks)
-        if depth <= 0:
-            return None
+    for depth in _depths(len(text) // block):
         end = depth * block
         if end >= need:
             return hash((body.get("model"), text[:end]))
-        if depth == blocks:
-            return None
     return None
 
 
