@@ -154,3 +154,34 @@ def test_parse_tool_calls_refuses_an_unknown_format(tmp_path):
     proc = exec_cli(requests, tmp_path / "o.jsonl", "--url", "http://127.0.0.1:9/v1",
                     "--parse-tool-calls", "llama")  # fmt: skip
     assert proc.returncode == 2 and "llama" in proc.stderr
+
+
+# -- 2: gen --continue keeps the calls and the tools -------------------------------------------
+
+
+def test_gen_continue_keeps_tool_calls_and_carries_the_tools(tmp_path, mock_server):
+    url = mock_server()
+    requests, out, turn2 = tmp_path / "in.jsonl", tmp_path / "out.jsonl", tmp_path / "t2.jsonl"
+    lines = tool_requests(requests, 2, parallel_tool_calls=False)
+    assert exec_cli(requests, out, "--url", url, "-q").returncode == 0
+    answers = read_results(out)
+    proc = cli("gen", "--responses", str(out), "--requests", str(requests), "--continue",
+               "--prompt", "and the refund?", "--model", "mock", "-o", str(turn2))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    for line in (orjson.loads(x) for x in turn2.read_bytes().splitlines()):
+        cid, body = line["custom_id"], line["body"]
+        sent = answers[cid]["response"]["body"]["choices"][0]["message"]
+        assistant = body["messages"][-2]
+        assert assistant == {"role": "assistant", "content": None,
+                             "tool_calls": sent["tool_calls"]}  # fmt: skip
+        assert body["messages"][-1] == {"role": "user", "content": "and the refund?"}
+        assert body["tools"] == [ORDER_TOOL] and body["tool_choice"] == "required"
+        assert body["parallel_tool_calls"] is False
+    # the writer's own setting wins over the carried one
+    again = tmp_path / "t3.jsonl"
+    proc = cli("gen", "--responses", str(out), "--requests", str(requests), "--continue",
+               "--prompt", "done?", "--model", "mock", "--param", "tool_choice=none",
+               "-o", str(again))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    first = orjson.loads(again.read_bytes().splitlines()[0])
+    assert first["body"]["tool_choice"] == "none" and first["body"]["tools"] == [ORDER_TOOL]
