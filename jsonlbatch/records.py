@@ -98,6 +98,31 @@ def check_messages(messages: Any, field_name: str = "body.messages") -> list[tup
                     out.append((f"{where}.content[{j}]", "must be an object with a 'type'"))
         elif not isinstance(content, str):
             out.append((f"{where}.content", f"must be a string or a list, got {_kind(content)}"))
+    if any(type(m) is dict and m.get("role") == "tool" for m in messages):
+        out += _unanswered_tool_turns(messages, field_name)
+    return out
+
+
+def _unanswered_tool_turns(messages: list[Any], field_name: str) -> list[tuple[str, str]]:
+    """A `role: "tool"` message must answer a call: its `tool_call_id` is the id of a call in
+    an earlier assistant turn's `tool_calls` (servers refuse the request otherwise)."""
+    out: list[tuple[str, str]] = []
+    calls: set[str] = set()
+    for i, msg in enumerate(messages):
+        if type(msg) is not dict:
+            continue
+        if msg.get("role") == "assistant" and isinstance(msg.get("tool_calls"), list):
+            calls.update(
+                c["id"] for c in msg["tool_calls"] if isinstance(c, dict) and type(c.get("id")) is str
+            )
+        elif msg.get("role") == "tool":
+            answered = msg.get("tool_call_id")
+            where = f"{field_name}[{i}].tool_call_id"
+            if type(answered) is not str:
+                out.append((where, "missing: a tool message names the call it answers"))
+            elif answered not in calls:
+                out.append((where, f"{answered!r} answers no call: no earlier assistant turn's "
+                                   "tool_calls has that id"))  # fmt: skip
     return out
 
 

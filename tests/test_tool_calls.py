@@ -185,3 +185,35 @@ def test_gen_continue_keeps_tool_calls_and_carries_the_tools(tmp_path, mock_serv
     assert proc.returncode == 0, proc.stderr
     first = orjson.loads(again.read_bytes().splitlines()[0])
     assert first["body"]["tool_choice"] == "none" and first["body"]["tools"] == [ORDER_TOOL]
+
+
+# -- 3: a tool message that answers no call ------------------------------------------------------
+
+
+def test_validate_and_exec_refuse_a_tool_message_that_answers_no_call(tmp_path, mock_server):
+    call = {"id": "call_1", "type": "function",
+            "function": {"name": "get_order", "arguments": "{}"}}  # fmt: skip
+    good = [{"role": "user", "content": "hi"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "shipped"}]  # fmt: skip
+    orphan = [*good, {"role": "tool", "tool_call_id": "call_9", "content": "x"}]
+    unnamed = [good[0], {"role": "tool", "content": "x"}]
+    lines = [
+        {"custom_id": cid, "method": "POST", "url": CHAT_URL,
+         "body": {"model": "mock", "messages": m, "tools": [ORDER_TOOL]}}
+        for cid, m in (("ok", good), ("orphan", orphan), ("unnamed", unnamed))
+    ]  # fmt: skip
+    requests = tmp_path / "in.jsonl"
+    write_lines(requests, lines)
+    proc = cli("validate", str(requests))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    said = proc.stdout + proc.stderr
+    assert f"{requests}:2: body.messages[3].tool_call_id" in said and "'call_9'" in said
+    assert f"{requests}:3: body.messages[1].tool_call_id" in said
+    assert ":1:" not in said
+    out = tmp_path / "out.jsonl"
+    proc = exec_cli(requests, out, "--url", mock_server(), "-q")
+    assert proc.returncode == 1 and "body.messages[3].tool_call_id" in proc.stderr
+    assert not out.exists() or out.read_bytes() == b""
+    write_lines(requests, lines[:1])
+    assert cli("validate", str(requests)).returncode == 0
