@@ -217,3 +217,28 @@ def test_validate_and_exec_refuse_a_tool_message_that_answers_no_call(tmp_path, 
     assert not out.exists() or out.read_bytes() == b""
     write_lines(requests, lines[:1])
     assert cli("validate", str(requests)).returncode == 0
+
+
+# -- 4: export's tool-calls column ----------------------------------------------------------------
+
+
+def test_export_has_a_tool_calls_column(tmp_path, mock_server):
+    requests, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    tool_requests(requests, 2)
+    write_lines(tmp_path / "plain.jsonl", [{
+        "custom_id": "text", "method": "POST", "url": CHAT_URL,
+        "body": {"model": "mock", "messages": [{"role": "user", "content": "hi"}]}}])  # fmt: skip
+    with requests.open("ab") as f:
+        f.write((tmp_path / "plain.jsonl").read_bytes())
+    assert exec_cli(requests, out, "--url", mock_server(), "-q").returncode == 0
+    answers = read_results(out)
+    table = tmp_path / "t.jsonl"
+    proc = cli("export", str(out), "--column", "custom_id", "--column", "calls=tool_calls",
+               "-o", str(table))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    rows = {r["custom_id"]: r for r in map(orjson.loads, table.read_bytes().splitlines())}
+    assert set(rows["c0"]) == {"custom_id", "calls"} and rows["text"]["calls"] is None
+    for cid in ("c0", "c1"):
+        call = answers[cid]["response"]["body"]["choices"][0]["message"]["tool_calls"][0]
+        expected = {"name": "get_order", "arguments": json.loads(call["function"]["arguments"])}
+        assert json.loads(rows[cid]["calls"]) == [expected]
