@@ -242,3 +242,32 @@ def test_export_has_a_tool_calls_column(tmp_path, mock_server):
         call = answers[cid]["response"]["body"]["choices"][0]["message"]["tool_calls"][0]
         expected = {"name": "get_order", "arguments": json.loads(call["function"]["arguments"])}
         assert json.loads(rows[cid]["calls"]) == [expected]
+
+
+# -- 5: post votes on a call ---------------------------------------------------------------------
+
+
+def test_post_votes_vote_on_the_tool_call(tmp_path, mock_server):
+    requests, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    tool_requests(requests, 2, n=3)
+    assert exec_cli(requests, out, "--url", mock_server(), "-q").returncode == 0
+    answers = read_results(out)
+    votes = tmp_path / "votes.jsonl"
+    proc = cli("post", "votes", str(out), "--extract", "tool:name", "-o", str(votes))
+    assert proc.returncode == 0, proc.stderr
+    lines = {x["id"]: x for x in map(orjson.loads, votes.read_bytes().splitlines())}
+    assert {i: (x["answer"], x["votes"], x["total"]) for i, x in lines.items()} == {
+        "c0": ("get_order", 3, 3), "c1": ("get_order", 3, 3)}  # fmt: skip
+    proc = cli("post", "votes", str(out), "--extract", "tool:arguments.order_id",
+               "--normalize", "none", "-o", str(votes))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    lines = {x["id"]: x for x in map(orjson.loads, votes.read_bytes().splitlines())}
+    for cid, line in lines.items():
+        said = [json.loads(c["message"]["tool_calls"][0]["function"]["arguments"])["order_id"]
+                for c in answers[cid]["response"]["body"]["choices"]]  # fmt: skip
+        assert "[invalid]" not in line["tally"]
+        assert sorted(line["tally"].items()) == sorted(
+            {a: said.count(a) for a in said}.items()
+        )
+    assert cli("post", "votes", str(out), "--extract", "tool:order_id", "-o",
+               str(votes)).returncode == 2  # fmt: skip
