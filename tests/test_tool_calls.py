@@ -271,3 +271,128 @@ def test_post_votes_vote_on_the_tool_call(tmp_path, mock_server):
         )
     assert cli("post", "votes", str(out), "--extract", "tool:order_id", "-o",
                str(votes)).returncode == 2  # fmt: skip
+
+
+# -- 6: the contract holds a call to its tool's schema ------------------------------------------
+
+ANSWER_SCHEMA = {"type": "object", "properties": {"status": {"type": "string"}},
+                 "required": ["status"], "additionalProperties": False}  # fmt: skip
+
+
+def contract_server(first_arguments: dict):
+    """A server that calls get_order with `first_arguments`, with {"order_id": "A17"} once a
+    tool message answered a call, and with the final JSON answer after a tool's real result;
+    the bodies it got are kept."""
+    from aiohttp import web
+
+    bodies: list[dict] = []
+
+    async def answer(request: web.Request) -> web.Response:
+        body = await request.json()
+        bodies.append(body)
+        last = body["messages"][-1]
+        if last["role"] == "tool" and last["content"].startswith("shipped"):
+            message = {"role": "assistant", "content": '{"status": "shipped"}'}
+            finish = "stop"
+        else:
+            arguments = {"order_id": "A17"} if last["role"] == "tool" else first_arguments
+            call = {"id": f"call_{len(bodies)}", "type": "function",
+                    "function": {"name": "get_order", "arguments": json.dumps(arguments)}}
+            message, finish = {"role": "assistant", "content": None, "tool_calls": [call]}, \
+                "tool_calls"  # fmt: skip
+        return web.json_response({
+            "id": f"chatcmpl-{len(bodies)}", "object": "chat.completion", "model": "mock",
+            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+            "usage": {"prompt_tokens": 5, "completion_tokens": 5, "total_tokens": 10}})  # fmt: skip
+
+    url, stop = odd_server(answer)
+    return url, stop, bodies
+
+
+def contract_requests(path: Path, messages: list[dict] | None = None) -> None:
+    from jsonlbatch.contract import with_schema
+
+    body = {"model": "mock", "tools": [ORDER_TOOL],
+            "messages": messages or [{"role": "user", "content": "where is A17?"}]}  # fmt: skip
+    line = {"custom_id": "c0", "method": "POST", "url": CHAT_URL,
+            "body": with_schema(CHAT_URL, body, ANSWER_SCHEMA)}  # fmt: skip
+    write_lines(path, [line])
+
+
+def test_a_valid_call_is_checked_against_its_tool_not_the_answer_schema(tmp_path):
+    url, stop, bodies = contract_server({"order_id": "A17", "count": 2})
+    requests, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    contract_requests(requests)
+    try:
+        proc = exec_cli(requests, out, "--url", url, "-q", "--reask", "2")
+    finally:
+        stop()
+    assert proc.returncode == 0, proc.stderr
+    record = read_results(out)["c0"]["metrics"]["contract"]
+    assert record["valid"] is True and record["asks"] == 1 and len(bodies) == 1
+
+
+def test_a_call_that_breaks_its_tool_is_re_asked_with_a_tool_message(tmp_path):
+    url, stop, bodies = contract_server({"order_id": 17})  # an integer: the tool wants a string
+    requests, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    contract_requests(requests)
+    try:
+        proc = exec_cli(requests, out, "--url", url, "-q", "--reask", "1", "--reask-feedback")
+    finally:
+        stop()
+    assert proc.returncode == 0, proc.stderr
+    line = read_results(out)["c0"]
+    record = line["metrics"]["contract"]
+    assert record["valid"] is True and record["asks"] == 2 and len(bodies) == 2
+    feedback = bodies[1]["messages"]
+    assert feedback[1]["tool_calls"][0]["id"] == "call_1"
+    assert feedback[2]["role"] == "tool" and feedback[2]["tool_call_id"] == "call_1"
+    assert "call 1 to get_order" in feedback[2]["content"] and "order_id" in feedback[2]["content"]
+    assert bodies[1]["tools"] == [ORDER_TOOL]
+    call = line["response"]["body"]["choices"][0]["message"]["tool_calls"][0]
+    assert json.loads(call["function"]["arguments"]) == {"order_id": "A17"}
+
+
+def test_without_re_asks_a_broken_call_fails_naming_the_tool(tmp_path):
+    url, stop, _ = contract_server({"count": 1})  # order_id is required
+    requests, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    contract_requests(requests)
+    try:
+        proc = exec_cli(requests, out, "--url", url, "-q")
+    finally:
+        stop()
+    assert proc.returncode == 3, proc.stderr
+    line = read_results(out)["c0"]
+    assert line["error"]["code"] == "schema_invalid"
+    assert "call 1 to get_order" in line["error"]["message"] and "order_id" in line["error"]["message"]
+
+
+def test_the_final_answer_still_holds_the_answer_schema(tmp_path):
+    url, stop, _ = contract_server({"order_id": "A17"})
+    call = {"id": "call_0", "type": "function",
+            "function": {"name": "get_order", "arguments": '{"order_id": "A17"}'}}  # fmt: skip
+    messages = [{"role": "user", "content": "where is A17?"},
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "call_0", "content": "shipped on Monday"}]  # fmt: skip
+    requests, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    contract_requests(requests, messages)
+    try:
+        proc = exec_cli(requests, out, "--url", url, "-q")
+    finally:
+        stop()
+    assert proc.returncode == 0, proc.stderr
+    record = read_results(out)["c0"]["metrics"]["contract"]
+    assert record["valid"] is True and record["choices"][0]["value"] == {"status": "shipped"}
+
+
+def test_a_tools_unusable_schema_stops_the_run_before_sending(tmp_path):
+    from jsonlbatch.contract import with_schema
+
+    bad = {"type": "function", "function": {"name": "f", "parameters": {"type": "nonsense"}}}
+    body = {"model": "mock", "tools": [ORDER_TOOL, bad],
+            "messages": [{"role": "user", "content": "x"}]}  # fmt: skip
+    requests = tmp_path / "in.jsonl"
+    write_lines(requests, [{"custom_id": "c0", "method": "POST", "url": CHAT_URL,
+                            "body": with_schema(CHAT_URL, body, ANSWER_SCHEMA)}])  # fmt: skip
+    proc = cli("validate", str(requests))
+    assert proc.returncode == 1 and "body.tools[1].function.parameters" in proc.stdout + proc.stderr
