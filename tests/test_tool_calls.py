@@ -396,3 +396,50 @@ def test_a_tools_unusable_schema_stops_the_run_before_sending(tmp_path):
                             "body": with_schema(CHAT_URL, body, ANSWER_SCHEMA)}])  # fmt: skip
     proc = cli("validate", str(requests))
     assert proc.returncode == 1 and "body.tools[1].function.parameters" in proc.stdout + proc.stderr
+
+
+# -- 7: report counts calls per tool and turns per conversation -----------------------------------
+
+
+def test_report_counts_calls_per_tool_and_turns_per_conversation(tmp_path, mock_server):
+    lookup = {"type": "function", "function": {"name": "lookup", "parameters": {
+        "type": "object", "properties": {"q": {"type": "string"}}}}}  # fmt: skip
+    turns = {"a": 1, "b": 3, "c": 3, "d": 2}  # conversation -> its turns
+    lines = []
+    for conv, count in turns.items():
+        for t in range(1, count + 1):
+            last = t == count  # the last turn answers in text; the others call a tool
+            tool = ORDER_TOOL if t % 2 else lookup
+            body = {"model": "mock", "messages": [{"role": "user", "content": f"{conv} {t}"}]}
+            if not last:
+                body |= {"tools": [tool], "tool_choice": "required"}
+            lines.append({"custom_id": f"{conv}#t{t}", "method": "POST", "url": CHAT_URL,
+                          "body": body})  # fmt: skip
+    lines.append({"custom_id": "b#t2.ask1", "method": "POST", "url": CHAT_URL,
+                  "body": {"model": "mock", "messages": [{"role": "user", "content": "?"}]}})  # fmt: skip
+    requests, calls = tmp_path / "in.jsonl", tmp_path / "conv.calls.jsonl"
+    write_lines(requests, lines)
+    assert exec_cli(requests, calls, "--url", mock_server(), "-q").returncode == 0
+    proc = cli("report", str(calls), "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    run = orjson.loads(proc.stdout)["runs"][0]
+    # calls: b t1 get_order, b t2 lookup, c t1 get_order, c t2 lookup, d t1 get_order
+    assert run["tool_calls"] == {"get_order": 3, "lookup": 2}
+    assert run["turns"] == {"1": 1, "2": 1, "3": 2} and run["conversations"] == 4
+    assert run["asks"] == 1
+    text = cli("report", str(calls))
+    assert text.returncode == 0, text.stderr
+    assert "Tool calls (by tool name)" in text.stdout and "get_order" in text.stdout
+    assert "conversations of 3 turns" in text.stdout
+    assert "turns per conversation, max" in text.stdout
+
+
+def test_turns_per_conversation_from_turn_counts():
+    from collections import Counter
+
+    from jsonlbatch.report.conversations import turn_figures, turns_per_conversation
+
+    # four conversations of 1, 2, 3 and 3 turns, numbered from 0
+    histogram = turns_per_conversation(Counter({0: 4, 1: 3, 2: 2}))
+    assert histogram == {1: 1, 2: 1, 3: 2}
+    assert turn_figures(histogram) == {"mean": 2.25, "p50": 2, "p90": 3, "max": 3}
