@@ -443,3 +443,48 @@ def test_turns_per_conversation_from_turn_counts():
     histogram = turns_per_conversation(Counter({0: 4, 1: 3, 2: 2}))
     assert histogram == {1: 1, 2: 1, 3: 2}
     assert turn_figures(histogram) == {"mean": 2.25, "p50": 2, "p90": 3, "max": 3}
+
+
+# -- 8: the viewer shows a conversation as a thread -------------------------------------------------
+
+
+def thread_files(tmp_path: Path, url: str) -> tuple[Path, Path]:
+    """A two-call conversation (a call, its result, a second turn that calls again) sent to the
+    mock: its request and response files."""
+    call = {"id": "call_abc", "type": "function",
+            "function": {"name": "get_order", "arguments": '{"order_id": "A17"}'}}  # fmt: skip
+    messages = [{"role": "user", "content": "where is A17?"},
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "call_abc", "content": "shipped Monday"}]  # fmt: skip
+    requests, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write_lines(requests, [{"custom_id": "conv#t2", "method": "POST", "url": CHAT_URL,
+                            "body": {"model": "mock", "messages": messages, "tools": [ORDER_TOOL],
+                                     "tool_choice": "required"}}])  # fmt: skip
+    assert exec_cli(requests, out, "--url", url, "-q").returncode == 0
+    return requests, out
+
+
+def test_the_viewer_shows_calls_and_results_with_their_ids(tmp_path, mock_server):
+    import urllib.request
+
+    from viewutil import ViewProcess
+
+    requests, out = thread_files(tmp_path, mock_server())
+    answer = read_results(out)["conv#t2"]["response"]["body"]["choices"][0]["message"]
+    proc = ViewProcess(str(out), "--requests", str(requests))
+    try:
+        with urllib.request.urlopen(proc.url + "api/line?row=0", timeout=30) as response:
+            line = json.loads(response.read())
+    finally:
+        proc.close()
+    user, assistant, tool = line["prompt"]
+    assert [user["role"], assistant["role"], tool["role"]] == ["user", "assistant", "tool"]
+    assert assistant["calls"] == [{"id": "call_abc", "name": "get_order",
+                                   "arguments": '{\n  "order_id": "A17"\n}'}]  # fmt: skip
+    assert tool["tool_call_id"] == "call_abc" and tool["name"] == "get_order"
+    assert tool["text"] == "shipped Monday"
+    made = line["choices"][0]["calls"]
+    assert [(c["id"], c["name"]) for c in made] == [(answer["tool_calls"][0]["id"], "get_order")]
+    assert json.loads(made[0]["arguments"]) == json.loads(
+        answer["tool_calls"][0]["function"]["arguments"]
+    )

@@ -123,3 +123,34 @@ def test_a_live_run_grows_on_the_page(tmp_path: Path, page: Any) -> None:
         run.kill()
         run.wait()
         proc.close()
+
+
+def test_a_conversation_shows_as_a_thread_of_calls_and_results(tmp_path: Path, page: Any) -> None:
+    import orjson
+
+    call = {"id": "call_abc", "type": "function",
+            "function": {"name": "get_order", "arguments": '{"order_id": "A17"}'}}  # fmt: skip
+    messages = [{"role": "user", "content": "where is A17?"},
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "call_abc", "content": "shipped Monday"}]  # fmt: skip
+    requests, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    requests.write_bytes(orjson.dumps({"custom_id": "conv#t2", "method": "POST",
+                                       "url": "/v1/chat/completions",
+                                       "body": {"model": "m", "messages": messages}}) + b"\n")  # fmt: skip
+    answer = {"role": "assistant", "content": None, "tool_calls": [{"id": "call_def",
+              "type": "function", "function": {"name": "refund", "arguments": '{"amount": 5}'}}]}  # fmt: skip
+    body = {"id": "x", "object": "chat.completion", "model": "m",
+            "choices": [{"index": 0, "message": answer, "finish_reason": "tool_calls"}]}  # fmt: skip
+    out.write_bytes(orjson.dumps({"id": "b", "custom_id": "conv#t2", "error": None, "response": {
+        "status_code": 200, "request_id": "r", "body": body}}) + b"\n")  # fmt: skip
+    proc = ViewProcess(str(out), "--requests", str(requests))
+    try:
+        page.goto(proc.url + "?open=0")
+        page.wait_for_selector("#detail:not([hidden]) .turn.tool")
+        tool = page.locator("#detail .turn.tool").inner_text()
+        assert "result of get_order" in tool and "call_abc" in tool and "shipped Monday" in tool
+        called = page.locator("#detail .turn.assistant").all_inner_texts()
+        assert "get_order" in called[0] and '"order_id": "A17"' in called[0]
+        assert "refund" in called[-1] and "call_def" in called[-1] and '"amount": 5' in called[-1]
+    finally:
+        proc.close()

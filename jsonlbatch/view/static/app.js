@@ -304,6 +304,25 @@ function turn(role, content, cls = "") {
   return el("div", { class: `turn ${role} ${cls}` }, el("div", { class: "role", text: role }), content);
 }
 
+// a tool call: its name, its id, its arguments (indented JSON, as text)
+function callBlock(call) {
+  const head = el("div", { class: "meta" }, el("strong", { text: `\u2192 ${call.name || "(no name)"}` }));
+  if (call.id) head.append(el("span", { text: call.id }));
+  return el("div", { class: "call" }, head, el("pre", { class: "wrap" }, el("code", { text: call.arguments })));
+}
+
+// one prompt turn of the thread: its text, the calls it makes, or the call it answers
+function promptTurn(t) {
+  const parts = [];
+  if (t.tool_call_id) {
+    const what = t.name ? `result of ${t.name}` : "result";
+    parts.push(el("div", { class: "meta" }, el("span", { text: what }), el("span", { text: t.tool_call_id })));
+  }
+  if (t.text) parts.push(markdown(t.text));
+  for (const call of t.calls || []) parts.push(callBlock(call));
+  return turn(t.role, el("div", {}, ...parts));
+}
+
 function answerBlock(choice) {
   const parts = [];
   const meta = [`choice ${choice.index}`];
@@ -314,7 +333,7 @@ function answerBlock(choice) {
   }
   if (choice.json) parts.push(el("pre", { class: "json" }, el("code", { text: choice.json })));
   else parts.push(markdown(choice.text));
-  for (const call of choice.tool_calls) parts.push(el("pre", { class: "wrap" }, el("code", { text: JSON.stringify(call, null, 2) })));
+  for (const call of choice.calls || []) parts.push(callBlock(call));
   return turn("assistant", el("div", {}, ...parts));
 }
 
@@ -322,7 +341,7 @@ function requestView(data, { compact = false } = {}) {
   const parts = [];
   if (data.problem) parts.push(turn("error", el("p", { text: data.problem }), "error"));
   if (!compact) {
-    for (const t of data.prompt || []) parts.push(turn(t.role, markdown(t.text)));
+    for (const t of data.prompt || []) parts.push(promptTurn(t));
     if (!data.request_known) parts.push(el("p", { class: "muted", text: "Prompt not shown: start the viewer with --requests REQUESTS.jsonl to see it." }));
   }
   if (data.error) parts.push(turn("error", el("pre", { class: "wrap" }, el("code", { text: data.error })), "error"));
