@@ -113,7 +113,9 @@ def _unanswered_tool_turns(messages: list[Any], field_name: str) -> list[tuple[s
             continue
         if msg.get("role") == "assistant" and isinstance(msg.get("tool_calls"), list):
             calls.update(
-                c["id"] for c in msg["tool_calls"] if isinstance(c, dict) and type(c.get("id")) is str
+                c["id"]
+                for c in msg["tool_calls"]
+                if isinstance(c, dict) and type(c.get("id")) is str
             )
         elif msg.get("role") == "tool":
             answered = msg.get("tool_call_id")

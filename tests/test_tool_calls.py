@@ -57,8 +57,10 @@ def tool_requests(path: Path, count: int, **extra) -> list[dict]:
 
 
 def test_parse_hermes_reads_calls_as_vllm_does():
-    text = 'Let me check.\n<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n</tool_call>\n' \
+    text = (
+        'Let me check.\n<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n</tool_call>\n'
         '<tool_call>{"name": "b"}</tool_call>'
+    )
     content, calls = parse_hermes(text, "seed")
     assert content == "Let me check."
     assert [c["function"]["name"] for c in calls] == ["a", "b"]
@@ -92,7 +94,7 @@ def test_exec_parses_the_mocks_hermes_text_into_tool_calls(tmp_path, mock_server
     assert proc.returncode == 0, proc.stderr
     results = read_results(parsed)
     ids = set()
-    for cid, line in results.items():
+    for line in results.values():
         choice = line["response"]["body"]["choices"][0]
         calls = choice["message"]["tool_calls"]
         assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
@@ -102,6 +104,21 @@ def test_exec_parses_the_mocks_hermes_text_into_tool_calls(tmp_path, mock_server
         assert line["metrics"]["tool_parser"] == {"parser": "hermes", "calls": 1}
         ids.add(calls[0]["id"])
     assert len(ids) == 3
+
+
+def test_the_library_takes_the_option_and_sees_the_calls(tmp_path, mock_server):
+    import jsonlbatch
+
+    requests, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    tool_requests(requests, 2)
+    summary = jsonlbatch.execute(str(requests), str(out), urls=[mock_server(tool_call_format="hermes")],
+                                 quiet=True, parse_tool_calls="hermes")  # fmt: skip
+    for cid in ("c0", "c1"):
+        message = summary.results[cid].body["choices"][0]["message"]
+        assert message["tool_calls"][0]["function"]["name"] == "get_order"
+    with pytest.raises(jsonlbatch.UsageError, match="parse-tool-calls"):
+        jsonlbatch.execute(str(requests), str(tmp_path / "o2.jsonl"), urls=["http://127.0.0.1:9/v1"],
+                           parse_tool_calls="mistral")  # fmt: skip
 
 
 def test_the_cache_answers_parsed_too(tmp_path, mock_server):
@@ -162,7 +179,7 @@ def test_parse_tool_calls_refuses_an_unknown_format(tmp_path):
 def test_gen_continue_keeps_tool_calls_and_carries_the_tools(tmp_path, mock_server):
     url = mock_server()
     requests, out, turn2 = tmp_path / "in.jsonl", tmp_path / "out.jsonl", tmp_path / "t2.jsonl"
-    lines = tool_requests(requests, 2, parallel_tool_calls=False)
+    tool_requests(requests, 2, parallel_tool_calls=False)
     assert exec_cli(requests, out, "--url", url, "-q").returncode == 0
     answers = read_results(out)
     proc = cli("gen", "--responses", str(out), "--requests", str(requests), "--continue",
@@ -266,9 +283,7 @@ def test_post_votes_vote_on_the_tool_call(tmp_path, mock_server):
         said = [json.loads(c["message"]["tool_calls"][0]["function"]["arguments"])["order_id"]
                 for c in answers[cid]["response"]["body"]["choices"]]  # fmt: skip
         assert "[invalid]" not in line["tally"]
-        assert sorted(line["tally"].items()) == sorted(
-            {a: said.count(a) for a in said}.items()
-        )
+        assert sorted(line["tally"].items()) == sorted({a: said.count(a) for a in said}.items())
     assert cli("post", "votes", str(out), "--extract", "tool:order_id", "-o",
                str(votes)).returncode == 2  # fmt: skip
 
@@ -296,8 +311,11 @@ def contract_server(first_arguments: dict):
             finish = "stop"
         else:
             arguments = {"order_id": "A17"} if last["role"] == "tool" else first_arguments
-            call = {"id": f"call_{len(bodies)}", "type": "function",
-                    "function": {"name": "get_order", "arguments": json.dumps(arguments)}}
+            call = {
+                "id": f"call_{len(bodies)}",
+                "type": "function",
+                "function": {"name": "get_order", "arguments": json.dumps(arguments)},
+            }
             message, finish = {"role": "assistant", "content": None, "tool_calls": [call]}, \
                 "tool_calls"  # fmt: skip
         return web.json_response({
@@ -364,7 +382,9 @@ def test_without_re_asks_a_broken_call_fails_naming_the_tool(tmp_path):
     assert proc.returncode == 3, proc.stderr
     line = read_results(out)["c0"]
     assert line["error"]["code"] == "schema_invalid"
-    assert "call 1 to get_order" in line["error"]["message"] and "order_id" in line["error"]["message"]
+    assert (
+        "call 1 to get_order" in line["error"]["message"] and "order_id" in line["error"]["message"]
+    )
 
 
 def test_the_final_answer_still_holds_the_answer_schema(tmp_path):
