@@ -11,6 +11,7 @@ from pathlib import Path
 import orjson
 import pytest
 from batchutil import cli, exec_cli, odd_server, read_results
+from toolutil import answered_call
 
 from jsonlbatch.exec.hooks.tool_call_parser import Malformed, parse_hermes
 from jsonlbatch.records import CHAT_URL
@@ -208,11 +209,7 @@ def test_gen_continue_keeps_tool_calls_and_carries_the_tools(tmp_path, mock_serv
 
 
 def test_validate_and_exec_refuse_a_tool_message_that_answers_no_call(tmp_path, mock_server):
-    call = {"id": "call_1", "type": "function",
-            "function": {"name": "get_order", "arguments": "{}"}}  # fmt: skip
-    good = [{"role": "user", "content": "hi"},
-            {"role": "assistant", "content": None, "tool_calls": [call]},
-            {"role": "tool", "tool_call_id": "call_1", "content": "shipped"}]  # fmt: skip
+    good = answered_call("call_1")
     orphan = [*good, {"role": "tool", "tool_call_id": "call_9", "content": "x"}]
     unnamed = [good[0], {"role": "tool", "content": "x"}]
     lines = [
@@ -389,11 +386,7 @@ def test_without_re_asks_a_broken_call_fails_naming_the_tool(tmp_path):
 
 def test_the_final_answer_still_holds_the_answer_schema(tmp_path):
     url, stop, _ = contract_server({"order_id": "A17"})
-    call = {"id": "call_0", "type": "function",
-            "function": {"name": "get_order", "arguments": '{"order_id": "A17"}'}}  # fmt: skip
-    messages = [{"role": "user", "content": "where is A17?"},
-                {"role": "assistant", "content": None, "tool_calls": [call]},
-                {"role": "tool", "tool_call_id": "call_0", "content": "shipped on Monday"}]  # fmt: skip
+    messages = answered_call("call_0", "shipped on Monday")
     requests, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     contract_requests(requests, messages)
     try:
@@ -471,11 +464,7 @@ def test_turns_per_conversation_from_turn_counts():
 def thread_files(tmp_path: Path, url: str) -> tuple[Path, Path]:
     """A two-call conversation (a call, its result, a second turn that calls again) sent to the
     mock: its request and response files."""
-    call = {"id": "call_abc", "type": "function",
-            "function": {"name": "get_order", "arguments": '{"order_id": "A17"}'}}  # fmt: skip
-    messages = [{"role": "user", "content": "where is A17?"},
-                {"role": "assistant", "content": None, "tool_calls": [call]},
-                {"role": "tool", "tool_call_id": "call_abc", "content": "shipped Monday"}]  # fmt: skip
+    messages = answered_call()
     requests, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     write_lines(requests, [{"custom_id": "conv#t2", "method": "POST", "url": CHAT_URL,
                             "body": {"model": "mock", "messages": messages, "tools": [ORDER_TOOL],

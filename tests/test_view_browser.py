@@ -127,12 +127,9 @@ def test_a_live_run_grows_on_the_page(tmp_path: Path, page: Any) -> None:
 
 def test_a_conversation_shows_as_a_thread_of_calls_and_results(tmp_path: Path, page: Any) -> None:
     import orjson
+    from toolutil import answered_call
 
-    call = {"id": "call_abc", "type": "function",
-            "function": {"name": "get_order", "arguments": '{"order_id": "A17"}'}}  # fmt: skip
-    messages = [{"role": "user", "content": "where is A17?"},
-                {"role": "assistant", "content": None, "tool_calls": [call]},
-                {"role": "tool", "tool_call_id": "call_abc", "content": "shipped Monday"}]  # fmt: skip
+    messages = answered_call()
     requests, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     requests.write_bytes(orjson.dumps({"custom_id": "conv#t2", "method": "POST",
                                        "url": "/v1/chat/completions",
