@@ -497,3 +497,44 @@ def test_the_viewer_shows_calls_and_results_with_their_ids(tmp_path, mock_server
     assert json.loads(made[0]["arguments"]) == json.loads(
         answer["tool_calls"][0]["function"]["arguments"]
     )
+
+
+def test_hermes_calls_are_parsed_before_the_contract_checks_them(tmp_path, mock_server):
+    """The parser runs first: the contract sees the call (held to its tool's schema), not the
+    text (which would break the answer schema)."""
+    url = mock_server(tool_call_format="hermes")
+    requests, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    contract_requests(requests)
+    line = orjson.loads(requests.read_bytes())
+    line["body"]["tool_choice"] = "required"
+    write_lines(requests, [line])
+    proc = exec_cli(requests, out, "--url", url, "-q", "--parse-tool-calls", "hermes")
+    assert proc.returncode == 0, proc.stderr
+    result = read_results(out)["c0"]
+    assert result["metrics"]["contract"]["valid"] is True
+    assert result["metrics"]["tool_parser"]["calls"] == 1
+    # without the parser the same text is an answer, and breaks the answer schema
+    proc = exec_cli(requests, tmp_path / "raw.jsonl", "--url", url, "-q")
+    assert proc.returncode == 3
+    assert read_results(tmp_path / "raw.jsonl")["c0"]["error"]["code"] == "schema_invalid"
+
+
+def test_a_tool_feedback_re_ask_resumes_from_the_journal(tmp_path):
+    """A run killed after journaling a re-ask of a broken call goes on with the same feedback
+    turns: the journal keeps the turn's calls, not only its text."""
+    from jsonlbatch.exec.hooks.contract_check import AnswerChecker, journal_path
+    from jsonlbatch.records import Request
+
+    contract_requests(tmp_path / "in.jsonl")
+    line = orjson.loads((tmp_path / "in.jsonl").read_bytes())
+    out = tmp_path / "out.jsonl"
+    turn = answered_call("call_x")[1]
+    entry = {"custom_id": "c0", "fingerprint": "f", "asks": 1, "attempts": 1, "answer": turn,
+             "error": "call 1 to get_order: at $.order_id: 17 is not of type 'string'"}  # fmt: skip
+    Path(journal_path(str(out))).write_bytes(orjson.dumps(entry) + b"\n")
+    checker = AnswerChecker(str(out), reask=2, feedback=True)
+    sent = checker.begin(Request("c0", CHAT_URL, line["body"], 1, fingerprint="f"))
+    *_, assistant, tool = sent.body["messages"]
+    assert assistant["tool_calls"] == turn["tool_calls"]
+    assert tool["role"] == "tool" and tool["tool_call_id"] == "call_x"
+    assert "17 is not of type 'string'" in tool["content"]
