@@ -6,6 +6,8 @@ the real CLI, real files."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import orjson
@@ -105,6 +107,20 @@ def test_exec_parses_the_mocks_hermes_text_into_tool_calls(tmp_path, mock_server
         assert line["metrics"]["tool_parser"] == {"parser": "hermes", "calls": 1}
         ids.add(calls[0]["id"])
     assert len(ids) == 3
+
+
+def test_the_mock_process_takes_the_format_flag(tmp_path, mock_process):
+    server = mock_process("--tool-call-format", "hermes")
+    requests, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    tool_requests(requests, 1)
+    proc = exec_cli(requests, out, "--url", server.url, "-q", "--parse-tool-calls", "hermes")
+    assert proc.returncode == 0, proc.stderr
+    assert read_results(out)["c0"]["metrics"]["tool_parser"]["calls"] == 1
+    bad = subprocess.run([sys.executable, "-m", "jsonlbatch.mock", "--port", "0",
+                          "--tool-call-format", "mistral"], capture_output=True, text=True,
+                         timeout=60)  # fmt: skip
+    assert bad.returncode != 0 and "--tool-call-format must be one of" in bad.stderr
+    assert "Traceback" not in bad.stderr
 
 
 def test_the_library_takes_the_option_and_sees_the_calls(tmp_path, mock_server):

@@ -15,11 +15,13 @@ when it runs without `--tool-call-parser`. exec's `--parse-tool-calls hermes` re
 from __future__ import annotations
 
 import json
+import re
 
-from jsonlbatch.mock.content import _PIECE, Reply
+from jsonlbatch.mock.content import Reply
 
 #: How the mock writes a tool call: as `tool_calls` (a server with a parser) or as text.
 TOOL_CALL_FORMATS = ("structured", "hermes")
+_TOKEN = re.compile(r"\S+\s*")  # a word and its spacing: one token, as the mock counts them
 
 
 def as_text(reply: Reply) -> Reply:
@@ -29,4 +31,4 @@ def as_text(reply: Reply) -> Reply:
         return reply
     payload = {"name": call.name, "arguments": json.loads(call.arguments)}
     text = f"<tool_call>\n{json.dumps(payload)}\n</tool_call>"
-    return Reply(reply.reasoning, [*reply.content, *_PIECE.findall(text)], None, "stop")
+    return Reply(reply.reasoning, [*reply.content, *_TOKEN.findall(text)], None, "stop")
