@@ -554,3 +554,35 @@ def test_a_tool_feedback_re_ask_resumes_from_the_journal(tmp_path):
     assert assistant["tool_calls"] == turn["tool_calls"]
     assert tool["role"] == "tool" and tool["tool_call_id"] == "call_x"
     assert "17 is not of type 'string'" in tool["content"]
+
+
+def test_odd_tool_calls_in_a_response_file_break_no_reader(tmp_path):
+    """A response file from elsewhere with tool calls of every wrong shape: export, votes,
+    report and the viewer read it without a traceback."""
+    from viewutil import ViewProcess
+
+    odd = [1, {"function": 5}, {"id": 3, "function": {"name": 7, "arguments": {"a": 1}}},
+           {"function": {"name": "f", "arguments": "{not json"}}]  # fmt: skip
+    message = {"role": "assistant", "content": None, "tool_calls": odd}
+    body = {"id": "x", "object": "chat.completion", "model": "m",
+            "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}]}  # fmt: skip
+    out = tmp_path / "out.jsonl"
+    write_lines(out, [{"id": "b", "custom_id": "q#t1", "error": None,
+                       "response": {"status_code": 200, "request_id": "r", "body": body}}])  # fmt: skip
+    for args in (("export", str(out), "-o", str(tmp_path / "t.jsonl")),
+                 ("post", "votes", str(out), "--extract", "tool:arguments.a",
+                  "-o", str(tmp_path / "v.jsonl")),
+                 ("report", str(out))):  # fmt: skip
+        proc = cli(*args)
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, (args, proc.stderr)
+    row = orjson.loads((tmp_path / "t.jsonl").read_bytes())
+    assert json.loads(row["tool_calls"])[-1] == {"name": "f", "arguments": "{not json"}
+    proc = ViewProcess(str(out))
+    try:
+        import urllib.request
+
+        with urllib.request.urlopen(proc.url + "api/line?row=0", timeout=30) as response:
+            line = json.loads(response.read())
+    finally:
+        proc.close()
+    assert [c["name"] for c in line["choices"][0]["calls"]] == [None, None, "f"]
