@@ -188,6 +188,9 @@ def test_parse_tool_calls_refuses_an_unknown_format(tmp_path):
     proc = exec_cli(requests, tmp_path / "o.jsonl", "--url", "http://127.0.0.1:9/v1",
                     "--parse-tool-calls", "llama")  # fmt: skip
     assert proc.returncode == 2 and "llama" in proc.stderr
+    proc = exec_cli(requests, tmp_path / "o.jsonl", "--url", "http://127.0.0.1:9/v1",
+                    "--batch-api", "--parse-tool-calls", "hermes")  # fmt: skip
+    assert proc.returncode == 2 and "--parse-tool-calls does not go with --batch-api" in proc.stderr
 
 
 # -- 2: gen --continue keeps the calls and the tools -------------------------------------------
