@@ -511,6 +511,8 @@ def test_the_viewer_shows_calls_and_results_with_their_ids(tmp_path, mock_server
                                    "arguments": '{\n  "order_id": "A17"\n}'}]  # fmt: skip
     assert tool["tool_call_id"] == "call_abc" and tool["name"] == "get_order"
     assert tool["text"] == "shipped Monday"
+    assert [(c["custom_id"], c["turn"]) for c in line["conversation"]] == [("conv#t2", 2)]
+    assert line["conversation"][0]["summary"] == "calls get_order"
     made = line["choices"][0]["calls"]
     assert [(c["id"], c["name"]) for c in made] == [(answer["tool_calls"][0]["id"], "get_order")]
     assert json.loads(made[0]["arguments"]) == json.loads(
@@ -589,3 +591,23 @@ def test_odd_tool_calls_in_a_response_file_break_no_reader(tmp_path):
     finally:
         proc.close()
     assert [c["name"] for c in line["choices"][0]["calls"]] == [None, None, "f"]
+
+
+def test_a_conversation_listing_is_bounded():
+    from jsonlbatch.view.thread import MAX_LINES, conversation_lines
+
+    class Index:  # every turn and ask exists: the listing still ends
+        lookups = 0
+
+        def find(self, custom_id: str) -> list[int]:
+            Index.lookups += 1
+            return [0]
+
+        def read(self, row: int) -> bytes:
+            return b"{}"
+
+    assert len(conversation_lines(Index(), "c#t5")) == MAX_LINES
+    Index.lookups = 0
+    assert conversation_lines(Index(), "c#t999999")[0]["turn"] == 999999 - MAX_LINES
+    assert Index.lookups <= MAX_LINES + 1
+    assert conversation_lines(Index(), "plain-id") == []

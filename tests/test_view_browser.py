@@ -151,3 +151,36 @@ def test_a_conversation_shows_as_a_thread_of_calls_and_results(tmp_path: Path, p
         assert "refund" in called[-1] and "call_def" in called[-1] and '"amount": 5' in called[-1]
     finally:
         proc.close()
+
+
+def test_a_calls_files_line_lists_its_conversation(tmp_path: Path, page: Any) -> None:
+    import orjson
+
+    def line(cid: str, message: dict) -> bytes:
+        body = {"id": "x", "object": "chat.completion", "model": "m",
+                "choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}  # fmt: skip
+        return orjson.dumps({"id": "b", "custom_id": cid, "error": None, "response": {
+            "status_code": 200, "request_id": "r", "body": body}}) + b"\n"  # fmt: skip
+
+    call = {"id": "c1", "type": "function", "function": {"name": "get_order", "arguments": "{}"}}
+    out = tmp_path / "conv.calls.jsonl"
+    out.write_bytes(
+        line("other#t1", {"role": "assistant", "content": "unrelated"})
+        + line("conv#t2", {"role": "assistant", "content": "It shipped on Monday."})
+        + line("conv#t1", {"role": "assistant", "content": None, "tool_calls": [call]})
+        + line("conv#t1.ask1", {"role": "assistant", "content": "ask the expert"})
+    )
+    proc = ViewProcess(str(out))
+    try:
+        page.goto(proc.url + "?open=1")
+        page.wait_for_selector("#detail:not([hidden]) .conversation li")
+        items = page.locator("#detail .conversation li").all_inner_texts()
+        assert len(items) == 3
+        assert "turn 1" in items[0] and "calls get_order" in items[0]
+        assert "ask 1" in items[1] and "turn 2" in items[2] and "shipped" in items[2]
+        assert page.locator("#detail .conversation li.open").inner_text() == items[2]
+        page.locator("#detail .conversation li").first.click()
+        page.wait_for_function("document.querySelector('#detail h2').textContent === 'conv#t1'")
+        assert "open=2" in page.url
+    finally:
+        proc.close()

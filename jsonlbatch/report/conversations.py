@@ -29,6 +29,18 @@ def turn_of(custom_id: str) -> tuple[int, bool] | None:
     return int(found[1]), found[2] is not None
 
 
+def conversation_of(custom_id: str) -> str | None:
+    """The conversation id of a calls file's line (`conv#t3.ask1` -> `conv`); None for any
+    other custom_id."""
+    found = _TURN.search(custom_id)
+    return None if found is None else custom_id[: found.start()]
+
+
+def turn_id(conversation: str, turn: int, ask: int | None = None) -> str:
+    """The custom_id of a turn (or of its `ask`-th ask) in a calls file."""
+    return f"{conversation}#t{turn}" + ("" if ask is None else f".ask{ask}")
+
+
 def tool_names(choices: Any) -> list[str]:
     """The function name of every tool call in an answer's choices (chat's `tool_calls`; a
     hosted answer's choices as `samples.hosted_choices` makes them)."""

@@ -337,8 +337,19 @@ function answerBlock(choice) {
   return turn("assistant", el("div", {}, ...parts));
 }
 
+// a calls file's line: every line of its conversation in order, the open one marked
+function conversationStrip(data) {
+  const items = (data.conversation || []).map((c) => {
+    const label = `turn ${c.turn}` + (c.ask ? ` · ask ${c.ask}` : "");
+    const attrs = { class: c.row === data.row ? "open" : "", "data-open-row": String(c.row) };
+    return el("li", attrs, el("strong", { text: label }), el("span", { text: ` ${c.summary}` }));
+  });
+  return el("details", { class: "conversation", open: true }, el("summary", { text: `conversation (${items.length} lines)` }), el("ol", {}, ...items));
+}
+
 function requestView(data, { compact = false } = {}) {
   const parts = [];
+  if (!compact && (data.conversation || []).length > 1) parts.push(conversationStrip(data));
   if (data.problem) parts.push(turn("error", el("p", { text: data.problem }), "error"));
   if (!compact) {
     for (const t of data.prompt || []) parts.push(promptTurn(t));
@@ -501,6 +512,8 @@ function wire() {
   });
   $("#detail").addEventListener("click", (e) => {
     if (e.target.closest("[data-close]")) go({ open: "" });
+    const other = e.target.closest("[data-open-row]");
+    if (other) go({ open: other.dataset.openRow });
     const cmp = e.target.closest("[data-compare]");
     if (cmp) go({ view: "compare", id: cmp.dataset.compare });
   });
