@@ -292,13 +292,20 @@ def _conversations(runs: list[RunStats]) -> Table:
         ("asks", "count", lambda r: r.asks),
     ]
     for name in ("mean", "p50", "p90", "max"):
-        rows.append((f"turns per conversation, {name}", "number",
-                     lambda r, name=name: turn_figures(r.turns).get(name)))  # fmt: skip
+        rows.append((f"turns per conversation, {name}", "number", _turn_figure(name)))
     for k in sorted({k for run in runs for k in run.turns}):
         label = f"conversations of {k} turn{'s' if k > 1 else ''}"
-        rows.append((label, "count", lambda r, k=k: r.turns.get(k, 0)))
+        rows.append((label, "count", _conversations_of(k)))
     notes = ["From a calls file's ids (<conversation>#t<N>, asks #t<N>.ask<K>)."]
     return Table("Conversations", _header(runs), _by_run(runs, rows), notes)
+
+
+def _turn_figure(name: str) -> Callable[[RunStats], Any]:
+    return lambda r: turn_figures(r.turns).get(name)
+
+
+def _conversations_of(turns: int) -> Callable[[RunStats], int]:
+    return lambda r: r.turns.get(turns, 0)
 
 
 def _tokens(runs: list[RunStats]) -> Table:

@@ -89,7 +89,8 @@ def calls_of(tool_calls: Any) -> list[dict[str, Any]]:
     for call in tool_calls if isinstance(tool_calls, list) else ():
         if not isinstance(call, dict):
             continue
-        function = call.get("function") if isinstance(call.get("function"), dict) else {}
+        function = call.get("function")
+        function = function if isinstance(function, dict) else {}
         arguments = function.get("arguments")
         if isinstance(arguments, str):
             arguments = pretty_json(arguments) or arguments

@@ -102,7 +102,10 @@ class ToolCallParser(Check):
         new_choices, calls, errors = [], 0, []
         for i, choice in enumerate(choices):
             message = choice.get("message") if isinstance(choice, dict) else None
-            text = message.get("content") if isinstance(message, dict) else None
+            if not isinstance(message, dict):
+                new_choices.append(choice)
+                continue
+            text = message.get("content")
             if not isinstance(text, str) or message.get("tool_calls"):
                 new_choices.append(choice)
                 continue
