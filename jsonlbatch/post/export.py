@@ -14,6 +14,7 @@ memory (they are per group, or what the dataset needs).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from collections.abc import Iterator, Sequence
@@ -332,10 +333,8 @@ def tool_calls_text(calls: Sequence[dict[str, Any]]) -> str | None:
         function = function if isinstance(function, dict) else {}
         arguments = function.get("arguments")
         if isinstance(arguments, str):
-            try:
+            with contextlib.suppress(orjson.JSONDecodeError):  # else kept as the model wrote it
                 arguments = orjson.loads(arguments)
-            except orjson.JSONDecodeError:
-                pass  # kept as the model wrote it
         out.append({"name": function.get("name"), "arguments": arguments})
     return orjson.dumps(out).decode()
 
