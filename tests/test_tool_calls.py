@@ -8,11 +8,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import orjson
 import pytest
-from batchutil import cli, exec_cli, odd_server, read_results
+from batchutil import cli, exec_cli, odd_server, read_results, start_exec
 from toolutil import answered_call
 
 from jsonlbatch.exec.hooks.tool_call_parser import Malformed, parse_hermes
@@ -310,10 +312,13 @@ ANSWER_SCHEMA = {"type": "object", "properties": {"status": {"type": "string"}},
                  "required": ["status"], "additionalProperties": False}  # fmt: skip
 
 
-def contract_server(first_arguments: dict):
+def contract_server(first_arguments: dict, hold: threading.Event | None = None):
     """A server that calls get_order with `first_arguments`, with {"order_id": "A17"} once a
     tool message answered a call, and with the final JSON answer after a tool's real result;
-    the bodies it got are kept."""
+    the bodies it got are kept. With `hold` set, a feedback ask is held unanswered (for a
+    kill -9 while it is in flight)."""
+    import asyncio
+
     from aiohttp import web
 
     bodies: list[dict] = []
@@ -322,6 +327,8 @@ def contract_server(first_arguments: dict):
         body = await request.json()
         bodies.append(body)
         last = body["messages"][-1]
+        while hold is not None and hold.is_set() and last["role"] == "tool":
+            await asyncio.sleep(0.05)
         if last["role"] == "tool" and last["content"].startswith("shipped"):
             message = {"role": "assistant", "content": '{"status": "shipped"}'}
             finish = "stop"
@@ -538,6 +545,37 @@ def test_hermes_calls_are_parsed_before_the_contract_checks_them(tmp_path, mock_
     proc = exec_cli(requests, tmp_path / "raw.jsonl", "--url", url, "-q")
     assert proc.returncode == 3
     assert read_results(tmp_path / "raw.jsonl")["c0"]["error"]["code"] == "schema_invalid"
+
+
+@pytest.mark.slow
+def test_kill_9_during_a_tool_feedback_re_ask_resumes_at_that_ask(tmp_path):
+    """exec killed while the re-ask of a broken call is in flight: the same command sends that
+    re-ask (the call and its tool message) again, never the first ask, and ends with one line."""
+    hold = threading.Event()
+    hold.set()
+    url, stop, bodies = contract_server({"order_id": 17}, hold)
+    requests, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    contract_requests(requests)
+    args = ("--url", url, "-q", "--reask", "2", "--reask-feedback")
+    try:
+        proc = start_exec(requests, out, *args)
+        deadline = time.monotonic() + 60
+        while len(bodies) < 2 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert len(bodies) == 2, proc.stderr.read() if proc.poll() is not None else bodies
+        proc.kill()
+        proc.wait(10)
+        hold.clear()
+        done = exec_cli(requests, out, *args)
+    finally:
+        hold.clear()
+        stop()
+    assert done.returncode == 0, done.stderr
+    assert len(bodies) == 3  # the first ask once; the re-ask twice (in flight at the kill)
+    assert bodies[2]["messages"] == bodies[1]["messages"]
+    assert bodies[2]["messages"][-1]["role"] == "tool"
+    line = read_results(out)["c0"]
+    assert line["metrics"]["contract"]["valid"] is True and line["metrics"]["contract"]["asks"] == 2
 
 
 def test_a_tool_feedback_re_ask_resumes_from_the_journal(tmp_path):
