@@ -54,6 +54,9 @@ KNOWN_URLS = frozenset(
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 _POSITIVE = ("n", "max_tokens", "max_completion_tokens")
 _ROLE_STRS = tuple(_ROLES)  # `in` on a tuple compares, so an unhashable role cannot raise
+#: The roles of the fast path in `check_messages`: a tool message takes the slow one, which
+#: notes it, so a conversation without one pays nothing for the check of its calls.
+_PLAIN_ROLE_STRS = tuple(r for r in _ROLE_STRS if r != "tool")
 
 
 @dataclass(slots=True)
@@ -76,14 +79,20 @@ def check_messages(messages: Any, field_name: str = "body.messages") -> list[tup
     if not messages:
         return [(field_name, "must not be empty")]
     out: list[tuple[str, str]] = []
+    tool_turns = False
     for i, msg in enumerate(messages):
-        if type(msg) is dict and type(msg.get("content")) is str and msg.get("role") in _ROLE_STRS:
+        if (
+            type(msg) is dict
+            and type(msg.get("content")) is str
+            and msg.get("role") in _PLAIN_ROLE_STRS
+        ):
             continue  # the common case, checked first: most files are millions of these
         where = f"{field_name}[{i}]"
         if not isinstance(msg, dict):
             out.append((where, f"must be an object, got {_kind(msg)}"))
             continue
         role = msg.get("role")
+        tool_turns = tool_turns or role == "tool"
         if not isinstance(role, str):
             out.append((f"{where}.role", "missing or not a string"))
         elif role not in _ROLES:
@@ -98,6 +107,33 @@ def check_messages(messages: Any, field_name: str = "body.messages") -> list[tup
                     out.append((f"{where}.content[{j}]", "must be an object with a 'type'"))
         elif not isinstance(content, str):
             out.append((f"{where}.content", f"must be a string or a list, got {_kind(content)}"))
+    if tool_turns:
+        out += _unanswered_tool_turns(messages, field_name)
+    return out
+
+
+def _unanswered_tool_turns(messages: list[Any], field_name: str) -> list[tuple[str, str]]:
+    """A `role: "tool"` message must answer a call: its `tool_call_id` is the id of a call in
+    an earlier assistant turn's `tool_calls` (servers refuse the request otherwise)."""
+    out: list[tuple[str, str]] = []
+    calls: set[str] = set()
+    for i, msg in enumerate(messages):
+        if type(msg) is not dict:
+            continue
+        if msg.get("role") == "assistant" and isinstance(msg.get("tool_calls"), list):
+            calls.update(
+                c["id"]
+                for c in msg["tool_calls"]
+                if isinstance(c, dict) and type(c.get("id")) is str
+            )
+        elif msg.get("role") == "tool":
+            answered = msg.get("tool_call_id")
+            where = f"{field_name}[{i}].tool_call_id"
+            if type(answered) is not str:
+                out.append((where, "missing: a tool message names the call it answers"))
+            elif answered not in calls:
+                out.append((where, f"{answered!r} answers no call: no earlier assistant turn's "
+                                   "tool_calls has that id"))  # fmt: skip
     return out
 
 

@@ -123,3 +123,64 @@ def test_a_live_run_grows_on_the_page(tmp_path: Path, page: Any) -> None:
         run.kill()
         run.wait()
         proc.close()
+
+
+def test_a_conversation_shows_as_a_thread_of_calls_and_results(tmp_path: Path, page: Any) -> None:
+    import orjson
+    from toolutil import answered_call
+
+    messages = answered_call()
+    requests, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    requests.write_bytes(orjson.dumps({"custom_id": "conv#t2", "method": "POST",
+                                       "url": "/v1/chat/completions",
+                                       "body": {"model": "m", "messages": messages}}) + b"\n")  # fmt: skip
+    answer = {"role": "assistant", "content": None, "tool_calls": [{"id": "call_def",
+              "type": "function", "function": {"name": "refund", "arguments": '{"amount": 5}'}}]}  # fmt: skip
+    body = {"id": "x", "object": "chat.completion", "model": "m",
+            "choices": [{"index": 0, "message": answer, "finish_reason": "tool_calls"}]}  # fmt: skip
+    out.write_bytes(orjson.dumps({"id": "b", "custom_id": "conv#t2", "error": None, "response": {
+        "status_code": 200, "request_id": "r", "body": body}}) + b"\n")  # fmt: skip
+    proc = ViewProcess(str(out), "--requests", str(requests))
+    try:
+        page.goto(proc.url + "?open=0")
+        page.wait_for_selector("#detail:not([hidden]) .turn.tool")
+        tool = page.locator("#detail .turn.tool").inner_text()
+        assert "result of get_order" in tool and "call_abc" in tool and "shipped Monday" in tool
+        called = page.locator("#detail .turn.assistant").all_inner_texts()
+        assert "get_order" in called[0] and '"order_id": "A17"' in called[0]
+        assert "refund" in called[-1] and "call_def" in called[-1] and '"amount": 5' in called[-1]
+    finally:
+        proc.close()
+
+
+def test_a_calls_files_line_lists_its_conversation(tmp_path: Path, page: Any) -> None:
+    import orjson
+
+    def line(cid: str, message: dict) -> bytes:
+        body = {"id": "x", "object": "chat.completion", "model": "m",
+                "choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}  # fmt: skip
+        return orjson.dumps({"id": "b", "custom_id": cid, "error": None, "response": {
+            "status_code": 200, "request_id": "r", "body": body}}) + b"\n"  # fmt: skip
+
+    call = {"id": "c1", "type": "function", "function": {"name": "get_order", "arguments": "{}"}}
+    out = tmp_path / "conv.calls.jsonl"
+    out.write_bytes(
+        line("other#t1", {"role": "assistant", "content": "unrelated"})
+        + line("conv#t2", {"role": "assistant", "content": "It shipped on Monday."})
+        + line("conv#t1", {"role": "assistant", "content": None, "tool_calls": [call]})
+        + line("conv#t1.ask1", {"role": "assistant", "content": "ask the expert"})
+    )
+    proc = ViewProcess(str(out))
+    try:
+        page.goto(proc.url + "?open=1")
+        page.wait_for_selector("#detail:not([hidden]) .conversation li")
+        items = page.locator("#detail .conversation li").all_inner_texts()
+        assert len(items) == 3
+        assert "turn 1" in items[0] and "calls get_order" in items[0]
+        assert "ask 1" in items[1] and "turn 2" in items[2] and "shipped" in items[2]
+        assert page.locator("#detail .conversation li.open").inner_text() == items[2]
+        page.locator("#detail .conversation li").first.click()
+        page.wait_for_function("document.querySelector('#detail h2').textContent === 'conv#t1'")
+        assert "open=2" in page.url
+    finally:
+        proc.close()

@@ -103,6 +103,7 @@ LIVE_ONLY = _LIVE_ONLY = {
     "changed": ("--changed", "refuse"),
     "reask": ("--reask", 0),
     "reask_feedback": ("--reask-feedback", False),
+    "parse_tool_calls": ("--parse-tool-calls", None),
     "priority": ("--priority", None),
     "fleet": ("--fleet", None),
     "endpoint_files": ("--endpoints", ()),

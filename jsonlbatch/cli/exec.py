@@ -43,6 +43,7 @@ from jsonlbatch.exec.exec_options import ExecOptions
 from jsonlbatch.exec.front_door import EndpointsFiles, RunSpec, Target, Urls, Watcher, start
 from jsonlbatch.exec.hooks.answer_cache import cache_dir_from
 from jsonlbatch.exec.hooks.seams import Seams
+from jsonlbatch.exec.hooks.tool_call_parser import PARSERS as TOOL_CALL_PARSERS
 from jsonlbatch.exec.output.run_summary import RunSummary
 from jsonlbatch.exec.prepare.input_scan import CHANGED_POLICIES
 from jsonlbatch.exec.prepare.shard import parse_shard
@@ -74,7 +75,7 @@ _SECTIONS: list[Section] = [
     ("Input and output", ("output", "retry_failed", "changed", "shard", "dry_run", "quiet")),
     ("Sending", ("urls", "model", "api_key", "headers", "concurrency", "priority", "timeout", "stream",
                  "max_response_bytes", "stream_stall_timeout", "fit_context", "reask",
-                 "reask_feedback", "schema_check")),
+                 "reask_feedback", "schema_check", "parse_tool_calls")),
     ("Retries and limits", ("max_retries", "ready_timeout", "backoff_base", "rpm", "tpm",
                             "rate_limits", "price", "max_cost")),
     ("Routing (several --url)", ("route", "order_window", "balance_abs_threshold",
@@ -335,6 +336,13 @@ _EXAMPLES = (
     default=ExecOptions.schema_check,
     show_default=True,
     help="Check answers against their requests' JSON schemas (off: send and store as is).",
+)
+@click.option(
+    "--parse-tool-calls",
+    type=click.Choice(TOOL_CALL_PARSERS),
+    metavar="FORMAT",
+    help="Read tool calls the model wrote as text into tool_calls before any check: hermes "
+    "(<tool_call>{...}</tool_call>, Hermes and Qwen templates), as vLLM's parser does.",
 )
 @click.option(
     "--fit-context",

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from jsonlbatch.cache.store import MODES as CACHE_MODES
 from jsonlbatch.cost import Price
 from jsonlbatch.errors import UsageError
+from jsonlbatch.exec.hooks.tool_call_parser import PARSERS as TOOL_CALL_PARSERS
 from jsonlbatch.exec.prepare.input_scan import CHANGED_POLICIES
 from jsonlbatch.exec.route.router import RouteOptions
 from jsonlbatch.exec.send.body_caps import MAX_RESPONSE_BYTES, STREAM_STALL_S
@@ -64,6 +65,9 @@ class ExecOptions:
     reask_feedback: bool = False  # re-ask as a follow-up turn quoting the validator's message
     fit_context: bool = False  # a context-overflow refusal: once more with max_tokens cut to fit
     schema_check: bool = True  # check answers against their requests' schemas
+    #: Read tool calls written as text into `tool_calls` (exec/hooks/tool_call_parser.py):
+    #: "hermes" (<tool_call>{...}</tool_call>), or None: answers kept as sent.
+    parse_tool_calls: str | None = None
 
     def __post_init__(self) -> None:
         self.route_options()  # checks the routing options
@@ -96,6 +100,8 @@ class ExecOptions:
             )
         if self.reask_feedback and not self.reask:
             raise UsageError("--reask-feedback says how to re-ask: give --reask N too")
+        if self.parse_tool_calls is not None and self.parse_tool_calls not in TOOL_CALL_PARSERS:
+            raise UsageError(f"--parse-tool-calls must be one of: {', '.join(TOOL_CALL_PARSERS)}")
         if self.max_cost is not None:
             if self.max_cost < 0:
                 raise UsageError("--max-cost must not be negative")

@@ -34,6 +34,7 @@ from jsonlbatch.exec.hooks.check_hook import Check, chain
 from jsonlbatch.exec.hooks.contract_check import AnswerChecker
 from jsonlbatch.exec.hooks.seams import NO_SEAMS, Seams
 from jsonlbatch.exec.hooks.store_hook import EarlyAnswers, Vetter
+from jsonlbatch.exec.hooks.tool_call_parser import ToolCallParser
 from jsonlbatch.exec.output.run_summary import RunSummary
 from jsonlbatch.exec.prepare.input_scan import InputScan, OutputScan, scan_input, scan_output
 from jsonlbatch.exec.route.endpoints import parse_endpoint
@@ -183,7 +184,9 @@ class Job:
     def checks(self, *, schemas: bool) -> Check | None:
         """Every check an answer passes, in order: the answer contract (when a request may
         declare a schema), then the caller's. Sent and stored answers alike."""
-        return chain(self.contract if schemas else None, self.seams.the_check)
+        parse = self.options.parse_tool_calls
+        parser = ToolCallParser(parse) if parse is not None else None  # first: the others see calls
+        return chain(parser, self.contract if schemas else None, self.seams.the_check)
 
     def _open_cache(self) -> None:
         """`--cache DIR`: the answer cache (jsonlbatch/cache/) as the run's before-send lookup

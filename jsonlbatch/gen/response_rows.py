@@ -15,7 +15,7 @@ template reads like any data field:
 | `json`, `valid` | answers under a schema: the JSON value exec read and validated (null unless valid), and whether it held (null without a schema) |
 | `failed`, `error` | whether the request failed (or its 2xx body holds no usable answer, by `answers`' rules), and why |
 | `messages`, `prompt`, `body` | with `requests=`: the request's messages (chat) or prompt, and its whole body |
-| `conversation` | with `requests=` (chat): the messages plus the assistant's answer, ready to continue |
+| `conversation` | with `requests=` (chat): the messages plus the assistant's answer (its `tool_calls` kept), ready to continue |
 | `data` + its fields | with `join=` and `on=`: the original data row whose `on` field equals the group |
 
 A joined row's fields are also offered at the top level where they do not clash with the fields
@@ -196,10 +196,7 @@ def _rows(
             else:
                 fields["answers"] = [x.text for x in samples]
             if "messages" in base and isinstance(base["messages"], list) and not s.failed:
-                fields["conversation"] = [
-                    *base["messages"],
-                    {"role": "assistant", "content": s.text},
-                ]
+                fields["conversation"] = [*base["messages"], _assistant_turn(s)]
             yield Row(path, count, lineno, fields, key=fields["custom_id"])
             count += 1
 
@@ -222,6 +219,15 @@ def _samples(
             return [unusable], dict.fromkeys(TOKEN_FIELDS)
     tokens = usage_metrics(url, body)
     return samples, {k: tokens.get(k) for k in TOKEN_FIELDS}
+
+
+def _assistant_turn(s: Sample) -> dict[str, Any]:
+    """The answer as the next request's assistant message: its text, and its tool calls as
+    they came (ids, names, arguments), so their `role: tool` results can answer them; the
+    content of a turn that only calls tools is null, as the API writes it."""
+    if not s.tool_calls:
+        return {"role": "assistant", "content": s.text}
+    return {"role": "assistant", "content": s.text or None, "tool_calls": s.tool_calls}
 
 
 def _sample_fields(s: Sample) -> dict[str, Any]:

@@ -134,6 +134,11 @@ def compile_condition(expression: str) -> Callable[[Row], bool]:
     return condition
 
 
+#: Body fields a continued conversation carries into its next request (`Prompt.carried`): the
+#: next turn offers the same tools, so the calls in the conversation stay answerable.
+CARRIED = ("tools", "tool_choice", "parallel_tool_calls")
+
+
 @dataclass
 class Prompt:
     """What one row asks: either `user` text (optionally after a `system` text), giving a
@@ -184,6 +189,14 @@ class Prompt:
             {"role": "system", "content": self.system.render(row)},
             {"role": "user", "content": text},
         ]
+
+    def carried(self, row: Row) -> dict[str, Any]:
+        """What a continued conversation keeps of its request's body besides the messages:
+        the tools it offers and how it may call them (`CARRIED`); nothing for a new prompt."""
+        body = row.data.get("body") if self.continues else None
+        if not isinstance(body, dict):
+            return {}
+        return {key: body[key] for key in CARRIED if key in body}
 
     def _messages(self, row: Row) -> list[dict[str, Any]]:
         template = self.messages

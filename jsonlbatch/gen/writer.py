@@ -226,6 +226,11 @@ class RequestWriter:
         self._file: IO[bytes] | None
         self._file, self._tmp = self._open_temp()
 
+    @property
+    def defaults(self) -> dict[str, Any]:
+        """The body fields every request gets (model, --param, ...), before a prompt's own."""
+        return self._base
+
     # -- writing ---------------------------------------------------------------------------
 
     def add(
@@ -414,7 +419,8 @@ def write_requests(
                     [row.problem(schema_field, f"has no field {schema_field!r} (--schema-field)")],
                 )
             schema = row.data[schema_field] if row.data[schema_field] not in ("", None) else None
-        per_row = {}
+        # the tools of a continued conversation, unless the writer sets its own (--param)
+        per_row = {k: v for k, v in prompt.carried(row).items() if k not in writer.defaults}
         if model is not None:
             name = model.render(row).strip()
             if not name:

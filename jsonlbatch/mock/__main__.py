@@ -60,6 +60,9 @@ _OPTIONS: tuple[tuple[str, str, Callable[[str], Any], str, str], ...] = (
      "the --rpm/--tpm buckets hold S seconds of their rate"),
     ("--rate-limit-headers", "rate_limit_headers", str, "STYLE",
      "header family sent with --rpm/--tpm: openai (also Azure) or anthropic"),
+    ("--tool-call-format", "tool_call_format", str, "FORMAT",
+     "how tool calls are written: structured (tool_calls) or hermes (<tool_call> text in "
+     "the content, as a model served without a tool parser)"),
 )  # fmt: skip
 _SWITCHES = (
     ("--accept-any-model", "accept_any_model", "answer whatever model a request names"),

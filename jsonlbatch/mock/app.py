@@ -22,7 +22,7 @@ import orjson
 from aiohttp import web
 
 from jsonlbatch.errors import UsageError
-from jsonlbatch.mock import content, hosted
+from jsonlbatch.mock import content, hermes_calls, hosted
 from jsonlbatch.mock.gpu import GpuEngine, GpuModel
 from jsonlbatch.mock.limits import MockLimits, add_headers
 from jsonlbatch.records import check_messages
@@ -73,6 +73,7 @@ class MockConfig:
     rate_limit_burst: float = 1.0  # seconds of rate a limit's bucket holds
     rate_limit_headers: str = "openai"  # or "anthropic"
     record_bodies: int = 0  # keep the last N request bodies received (GET /mock/bodies)
+    tool_call_format: str = "structured"  # or "hermes": calls as <tool_call> text (hermes_calls.py)
 
     def __post_init__(self) -> None:
         if isinstance(self.served_models, str):
@@ -101,6 +102,9 @@ class MockConfig:
             raise UsageError(
                 f"default_max_tokens must be at least 1, got {self.default_max_tokens}"
             )
+        if self.tool_call_format not in hermes_calls.TOOL_CALL_FORMATS:
+            raise UsageError(f"tool_call_format must be one of: "
+                             f"{', '.join(hermes_calls.TOOL_CALL_FORMATS)}")  # fmt: skip
         if self.max_model_len is not None and self.max_model_len < 1:
             raise UsageError(f"max_model_len must be at least 1, got {self.max_model_len}")
 
@@ -403,6 +407,8 @@ class _Mock:
             )
             for i in range(count)
         ]
+        if self.config.tool_call_format == "hermes":
+            replies = [hermes_calls.as_text(r) for r in replies]
         if body.get("stream"):
             events = [kind.events(r) for r in replies]
             return await self.stream(request, body, model, kind, replies, events, prompt)

@@ -14,6 +14,7 @@ memory (they are per group, or what the dataset needs).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from collections.abc import Iterator, Sequence
@@ -47,6 +48,7 @@ COLUMNS: dict[str, type] = {
     "answer": str,
     "reasoning": str,
     "finish_reason": str,
+    "tool_calls": str,
     "prompt_tokens": int,
     "completion_tokens": int,
     "latency_s": float,
@@ -310,6 +312,7 @@ def _row(samples: list[Sample], key: KeyFunc, per: str) -> dict[str, Any]:
         else first.text,
         "reasoning": first.reasoning or None,
         "finish_reason": first.finish_reason,
+        "tool_calls": tool_calls_text(first.tool_calls),
         "prompt_tokens": _number(usage.get("prompt_tokens"), int),
         "completion_tokens": _number(usage.get("completion_tokens"), int),
         "latency_s": _number(metrics.get("latency_s"), float),
@@ -317,6 +320,23 @@ def _row(samples: list[Sample], key: KeyFunc, per: str) -> dict[str, Any]:
         **details,
     }
     return row
+
+
+def tool_calls_text(calls: Sequence[dict[str, Any]]) -> str | None:
+    """The calls an answer made as one JSON text, `[{"name", "arguments"}]` in order, the
+    arguments decoded where they are JSON (as a tool would get them); None for no call."""
+    if not calls:
+        return None
+    out = []
+    for call in calls:
+        function = call.get("function")
+        function = function if isinstance(function, dict) else {}
+        arguments = function.get("arguments")
+        if isinstance(arguments, str):
+            with contextlib.suppress(orjson.JSONDecodeError):  # else kept as the model wrote it
+                arguments = orjson.loads(arguments)
+        out.append({"name": function.get("name"), "arguments": arguments})
+    return orjson.dumps(out).decode()
 
 
 def _number(value: Any, kind: type) -> Any:

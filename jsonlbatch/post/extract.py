@@ -145,6 +145,38 @@ def _json_candidates(text: str) -> list[Any]:
     return []
 
 
+class ToolExtractor:
+    """`tool:PATH`: the answer is the first tool call the sample made, not its text: `tool:name`
+    its function's name, `tool:arguments` its arguments (JSON, keys sorted),
+    `tool:arguments.order_id` a dotted path into the arguments (decoded from their JSON
+    string). An answer that called no tool (or lacks the path) has none by this extractor;
+    called on text alone it finds nothing."""
+
+    def __init__(self, path: str) -> None:
+        head = path.split(".", 1)[0]
+        if head not in ("name", "arguments"):
+            raise UsageError(f"tool:{path}: the path starts with name or arguments "
+                             "(tool:name, tool:arguments.order_id)")  # fmt: skip
+        self.path = path
+
+    def __call__(self, text: str) -> str | None:
+        return None
+
+    def from_calls(self, calls: Sequence[Any]) -> str | None:
+        """The answer read from the sample's `tool_calls`, or None."""
+        first = calls[0] if calls else None
+        function = first.get("function") if isinstance(first, dict) else None
+        if not isinstance(function, dict):
+            return None
+        arguments = function.get("arguments")
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except ValueError:
+                arguments = None  # no field of broken arguments is read
+        return json_field({"name": function.get("name"), "arguments": arguments}, self.path)
+
+
 _EXTRACTORS: dict[str, Extractor] = {
     "boxed": boxed,
     "answer-is": answer_is,
@@ -162,20 +194,32 @@ def get_extractor(spec: str | Extractor) -> Extractor:
         return regex_extractor(spec[len("regex:") :])
     if spec.startswith("json:"):
         return json_extractor(spec[len("json:") :])
+    if spec.startswith("tool:"):
+        return ToolExtractor(spec[len("tool:") :])
     try:
         return _EXTRACTORS[spec]
     except KeyError:
-        known = ", ".join([*_EXTRACTORS, "regex:PATTERN", "json:PATH"])
+        known = ", ".join([*_EXTRACTORS, "regex:PATTERN", "json:PATH", "tool:PATH"])
         raise UsageError(f"unknown extractor {spec!r} (known: {known})") from None
 
 
 def extract_answer(
-    text: str, extractors: Sequence[str | Extractor] = DEFAULT_EXTRACTORS, *, value: Any = None
+    text: str,
+    extractors: Sequence[str | Extractor] = DEFAULT_EXTRACTORS,
+    *,
+    value: Any = None,
+    calls: Sequence[Any] = (),
 ) -> str | None:
     """The answer of the first extractor that finds one; None when none does. `value` is the
-    answer's JSON as exec read and validated it under a schema, for `json:` extractors."""
+    answer's JSON as exec read and validated it under a schema, for `json:` extractors;
+    `calls` the answer's `tool_calls`, for `tool:` extractors."""
     for spec in extractors:
         extractor = get_extractor(spec)
+        if isinstance(extractor, ToolExtractor):
+            found = extractor.from_calls(calls)
+            if found is not None and found.strip():
+                return found.strip()
+            continue
         path = getattr(extractor, "json_path", None)
         found = json_field(value, path) if path is not None and value is not None else None
         if found is None:

@@ -204,7 +204,8 @@ def sample_answer(
         found: str | None = sample.answer
     else:
         valid, value = recorded_value(sample.metrics, sample.index)
-        found = extract_answer(sample.text, extractors, value=value if valid else None)
+        found = extract_answer(sample.text, extractors, value=value if valid else None,
+                               calls=sample.tool_calls)  # fmt: skip
     if found is None:
         return INVALID, NOTHING_EXTRACTED
     answer = normalize(found)

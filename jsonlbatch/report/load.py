@@ -25,6 +25,7 @@ from jsonlbatch.errors import InputError, Problem, UsageError
 from jsonlbatch.jsonl import ends_with_newline, iter_lines
 from jsonlbatch.prices import Tokens, tokens_of
 from jsonlbatch.records import check_response, is_failure, json_object, reasoning_tokens
+from jsonlbatch.report.conversations import tool_names, turn_of
 from jsonlbatch.samples import chat_usage, hosted_choices
 
 #: Per-request columns, each an `array('d')` aligned with the successful requests.
@@ -65,6 +66,8 @@ class _Line:
     model: str | None = None  # the answer's model, which prices it
     billed: Tokens = _NO_TOKENS  # its usage as billed (cached input apart)
     batch: bool = False  # a batch API's result (`metrics.batch_id`): billed at the batch share
+    tool_names: list[str] = field(default_factory=list)  # the calls the answer made, by name
+    turn: tuple[int, bool] | None = None  # a calls file's line: (turn, an ask?) (conversations.py)
 
 
 @dataclass
@@ -107,9 +110,18 @@ class RunData:
     token_ends: array = field(default_factory=lambda: array("d"))
     token_counts: array = field(default_factory=lambda: array("d"))
     groups: dict[str, dict[str, RunData]] = field(default_factory=dict)
+    tool_calls: Counter[str] = field(default_factory=Counter)  # calls per tool name
+    turn_lines: Counter[int] = field(default_factory=Counter)  # a calls file: lines per turn
+    asks: int = 0  # a calls file: asks made during turns (`#t<N>.ask<K>`)
 
     def add(self, line: _Line) -> None:
         self.lines += 1
+        if line.turn is not None:
+            turn, ask = line.turn
+            if ask:
+                self.asks += 1
+            else:
+                self.turn_lines[turn] += 1
         self.status_codes[line.status] += 1
         if line.attempts is not None:
             self.retries += max(0, line.attempts - 1)
@@ -156,6 +168,7 @@ class RunData:
             key = (line.model, line.batch)
             self.billing[key] = self.billing.get(key, Tokens()) + line.billed
         self.finish_reasons.update(line.finish_reasons)
+        self.tool_calls.update(line.tool_names)
         if line.chunks > 1 and not isnan(line.itl):
             self.itl_gap_sum += line.itl * (line.chunks - 1)
             self.itl_gaps += line.chunks - 1
@@ -323,6 +336,7 @@ def _parse(obj: Any, path: str, number: int, problems: list[Problem]) -> _Line |
     status = response.get("status_code")
     error = obj.get("error")
     reasons = []
+    names: list[str] = []
     if ok:
         choices = body.get("choices")
         if choices is None:
@@ -330,6 +344,8 @@ def _parse(obj: Any, path: str, number: int, problems: list[Problem]) -> _Line |
         for choice in choices if isinstance(choices, list) else ():
             if isinstance(choice, dict):
                 reasons.append(str(choice.get("finish_reason") or "(none)"))
+        names = tool_names(choices)
+    cid = obj.get("custom_id")
     model = body.get("model")
     return _Line(
         model=model if isinstance(model, str) else None,
@@ -356,6 +372,8 @@ def _parse(obj: Any, path: str, number: int, problems: list[Problem]) -> _Line |
         run=str(metrics["run"]) if isinstance(metrics.get("run"), str) else None,
         cached=ok and metrics.get("cache") == "hit",
         contract=_contract(metrics),
+        tool_names=names,
+        turn=turn_of(cid) if isinstance(cid, str) else None,
     )
 
 

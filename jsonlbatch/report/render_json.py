@@ -53,6 +53,8 @@ def render_json(report: Report) -> str:
 def _run(run: RunStats) -> dict[str, Any]:
     out = dataclasses.asdict(dataclasses.replace(run, breakdown={}))  # rebuilt below
     out["truncated_share"] = run.truncated_share
+    out["turns"] = {str(k): n for k, n in run.turns.items()}  # JSON keys are text
+    out["conversations"] = run.conversations
     out["breakdown"] = {
         key: {value: _run(group) for value, group in groups.items()}
         for key, groups in run.breakdown.items()

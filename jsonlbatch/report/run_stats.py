@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from jsonlbatch.prices import PriceBook, Tokens, bill
+from jsonlbatch.report.conversations import turns_per_conversation
 from jsonlbatch.report.load import RunData
 from jsonlbatch.report.options import Price, Sla
 from jsonlbatch.stats import percentile
@@ -122,6 +123,14 @@ class RunStats:
     cache_hits: int  # lines answered from exec's answer cache (`exec --cache`)
     torn_tail: bool
     breakdown: dict[str, dict[str, RunStats]] = field(default_factory=dict)
+    tool_calls: dict[str, int] = field(default_factory=dict)  # calls per tool name, most first
+    #: a calls file (conversations.py): conversations by their number of turns, and the asks
+    turns: dict[int, int] = field(default_factory=dict)
+    asks: int = 0
+
+    @property
+    def conversations(self) -> int:
+        return sum(self.turns.values())
 
     @property
     def truncated_share(self) -> float | None:
@@ -206,6 +215,9 @@ def summarize(
         untimed=data.untimed,
         cache_hits=data.cache_hits,
         torn_tail=data.torn_tail,
+        tool_calls=dict(data.tool_calls.most_common()),
+        turns=turns_per_conversation(data.turn_lines),
+        asks=data.asks,
     )
     for key, groups in data.groups.items():
         stats.breakdown[key] = {

@@ -13,6 +13,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from jsonlbatch.prices import PriceBook
+from jsonlbatch.report.conversations import turn_figures
 from jsonlbatch.report.model import Report
 from jsonlbatch.report.options import Price, format_duration
 from jsonlbatch.report.run_stats import LATENCIES, PERCENTILES, TOKENS, Distribution, RunStats
@@ -145,6 +146,8 @@ def build_tables(report: Report) -> list[Table]:
     tables = [
         _outcomes(runs),
         _finish_reasons(runs),
+        _tool_calls(runs),
+        _conversations(runs),
         _tokens(runs),
         _throughput(runs),
         _distributions("Latency", runs, LATENCIES, LATENCY_NAMES, "seconds", _latency_notes(runs)),
@@ -267,6 +270,42 @@ def _finish_reasons(runs: list[RunStats]) -> Table:
         if run.aborted:
             notes.append(f"{run.label}: {run.aborted} choices aborted by the server (abort)")
     return Table("Finish reasons (choices)", _header(runs), _by_run(runs, rows), notes)
+
+
+def _tool_calls(runs: list[RunStats]) -> Table:
+    rows: list[tuple[str, str, Callable[[RunStats], Any]]] = [
+        (name, "count", _count_of("tool_calls", name))
+        for name in _union(runs, lambda r: r.tool_calls)
+    ]
+    if rows:
+        rows.append(("all calls", "count", lambda r: sum(r.tool_calls.values())))
+    return Table("Tool calls (by tool name)", _header(runs), _by_run(runs, rows))
+
+
+def _conversations(runs: list[RunStats]) -> Table:
+    """A calls file's conversations (report/conversations.py): how many turns each took."""
+    if not any(run.turns for run in runs):
+        return Table("Conversations", _header(runs), [])
+    rows: list[tuple[str, str, Callable[[RunStats], Any]]] = [
+        ("conversations", "count", lambda r: r.conversations),
+        ("turns", "count", lambda r: sum(k * n for k, n in r.turns.items())),
+        ("asks", "count", lambda r: r.asks),
+    ]
+    for name in ("mean", "p50", "p90", "max"):
+        rows.append((f"turns per conversation, {name}", "number", _turn_figure(name)))
+    for k in sorted({k for run in runs for k in run.turns}):
+        label = f"conversations of {k} turn{'s' if k > 1 else ''}"
+        rows.append((label, "count", _conversations_of(k)))
+    notes = ["From a calls file's ids (<conversation>#t<N>, asks #t<N>.ask<K>)."]
+    return Table("Conversations", _header(runs), _by_run(runs, rows), notes)
+
+
+def _turn_figure(name: str) -> Callable[[RunStats], Any]:
+    return lambda r: turn_figures(r.turns).get(name)
+
+
+def _conversations_of(turns: int) -> Callable[[RunStats], int]:
+    return lambda r: r.turns.get(turns, 0)
 
 
 def _tokens(runs: list[RunStats]) -> Table:

@@ -32,12 +32,14 @@ def _text(value: Any) -> str:
     return "" if value is None else orjson.dumps(value).decode()
 
 
-def prompt_turns(body: Any) -> list[dict[str, str]]:
-    """The request's prompt as a list of {role, text}: chat messages, a Responses `input`, a
-    Messages `system`, a completion's `prompt`, an embedding's `input`."""
+def prompt_turns(body: Any) -> list[dict[str, Any]]:
+    """The request's prompt as a thread of turns, each {role, text}: chat messages, a Responses
+    `input`, a Messages `system`, a completion's `prompt`, an embedding's `input`. A turn that
+    calls tools has `calls` (`calls_of`); a tool's result has the `tool_call_id` it answers and,
+    where an earlier turn made that call, the tool's `name`."""
     if not isinstance(body, dict):
         return []
-    turns: list[dict[str, str]] = []
+    turns: list[dict[str, Any]] = []
     if isinstance(body.get("system"), (str, list)):
         turns.append({"role": "system", "text": _text(body["system"])})
     if isinstance(body.get("instructions"), str):
@@ -45,20 +47,60 @@ def prompt_turns(body: Any) -> list[dict[str, str]]:
     messages = body.get("messages")
     if not isinstance(messages, list):
         messages = body.get("input") if isinstance(body.get("input"), list) else None
+    names: dict[str, str] = {}  # call id -> tool name, for the results that answer them
     for message in messages or ():
         if isinstance(message, dict):
-            text = _text(message.get("content"))
-            if message.get("tool_calls"):
-                text += (
-                    "\n" + orjson.dumps(message["tool_calls"], option=orjson.OPT_INDENT_2).decode()
-                )
-            turns.append({"role": str(message.get("role", "user")), "text": text})
+            turns.append(_turn(message, names))
         elif isinstance(message, str):
             turns.append({"role": "user", "text": message})
     for key in ("prompt", "input"):
         if isinstance(body.get(key), str):
             turns.append({"role": "user", "text": body[key]})
-    return [{k: redact(v) for k, v in turn.items()} for turn in turns]
+    return [redact_json(turn) for turn in turns]
+
+
+def _turn(message: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
+    """One message as a turn; `names` learns the calls it makes."""
+    kind = message.get("type")
+    if kind == "function_call":  # a Responses input item: a call the model made
+        message = {"role": "assistant", "tool_calls": [{"id": message.get("call_id"), "function": {
+            "name": message.get("name"), "arguments": message.get("arguments")}}]}  # fmt: skip
+    elif kind == "function_call_output":  # ... and its result
+        message = {"role": "tool", "tool_call_id": message.get("call_id"),
+                   "content": message.get("output")}  # fmt: skip
+    turn: dict[str, Any] = {"role": str(message.get("role", "user")),
+                            "text": _text(message.get("content"))}  # fmt: skip
+    calls = calls_of(message.get("tool_calls"))
+    if calls:
+        turn["calls"] = calls
+        names.update((c["id"], c["name"]) for c in calls if c["id"] and c["name"])
+    answered = message.get("tool_call_id")
+    if isinstance(answered, str):
+        turn["tool_call_id"] = answered
+        name = message.get("name") if isinstance(message.get("name"), str) else None
+        turn["name"] = name or names.get(answered)
+    return turn
+
+
+def calls_of(tool_calls: Any) -> list[dict[str, Any]]:
+    """Tool calls as the page shows them: {id, name, arguments}, the arguments indented when
+    they are JSON (else as the model wrote them)."""
+    out = []
+    for call in tool_calls if isinstance(tool_calls, list) else ():
+        if not isinstance(call, dict):
+            continue
+        function = call.get("function")
+        function = function if isinstance(function, dict) else {}
+        arguments = function.get("arguments")
+        if isinstance(arguments, str):
+            arguments = pretty_json(arguments) or arguments
+        elif arguments is not None:
+            arguments = orjson.dumps(arguments, option=orjson.OPT_INDENT_2).decode()
+        call_id, name = call.get("id"), function.get("name")
+        out.append({"id": call_id if isinstance(call_id, str) else None,
+                    "name": name if isinstance(name, str) else None,
+                    "arguments": arguments or ""})  # fmt: skip
+    return out
 
 
 def pretty_json(text: str) -> str | None:
@@ -83,6 +125,7 @@ def _choice(sample: Sample) -> dict[str, Any]:
         "reasoning": redact(sample.reasoning),
         "finish_reason": sample.finish_reason,
         "tool_calls": [redact_json(c) for c in sample.tool_calls],
+        "calls": redact_json(calls_of(sample.tool_calls)),
         "json": pretty_json(text),
     }
 

@@ -31,6 +31,7 @@ from jsonlbatch.redact import redact
 from jsonlbatch.view.detail import describe
 from jsonlbatch.view.index import OVERSIZED, LineIndex, open_regular
 from jsonlbatch.view.query import Query, Searcher
+from jsonlbatch.view.thread import conversation_lines
 
 #: Seconds between looks at a file that is fully indexed (a live run appends to it).
 FOLLOW_EVERY = 0.5
@@ -250,6 +251,8 @@ class Viewer:
             raise UsageError(f"row: a number from 0 to {len(vf.index) - 1}")
         row = int(text)
         out = self._describe(vf.index.read(row), row)
+        cid = out.get("custom_id")
+        out["conversation"] = conversation_lines(vf.index, cid) if isinstance(cid, str) else []
         if vf.index.flags[row] & OVERSIZED:
             out["problem"] = (
                 f"a line of {vf.index.lengths[row]:,} bytes, longer than any response "

@@ -32,8 +32,9 @@ from typing import Any
 
 import orjson
 
-from jsonlbatch.contract import answer_texts, compile_schema, declared_schema, judge_body
+from jsonlbatch.contract import declared_schema
 from jsonlbatch.exec.hooks.check_hook import ACCEPT, Answer, AskAgain, Check, CheckVerdict, Reject
+from jsonlbatch.exec.hooks.tool_contract import broken_turn, judge_answer, tool_feedback
 from jsonlbatch.idset import IdSet
 from jsonlbatch.jsonl import AppendWriter, iter_lines, rewrite_atomically
 from jsonlbatch.records import CHAT_URL, COMPLETIONS_URL, MESSAGES_URL, RESPONSES_URL, Request
@@ -132,7 +133,7 @@ class AnswerChecker(Check):
         declared = declared_schema(req.url, state.original) if self.enabled else None
         if declared is None:
             return ACCEPT
-        verdicts = judge_body(compile_schema(declared.schema), answer.body(), declared.tool)
+        verdicts = judge_answer(req.url, state.original, declared, answer.body())
         bad = next((v for v in verdicts if not v.valid), None)
         metrics = answer.result.metrics
         record: dict[str, Any] = {
@@ -157,8 +158,7 @@ class AnswerChecker(Check):
                         keep=True)  # fmt: skip
         if state.asks > self.reask or answer.stored:  # a stored answer is not re-asked: sent
             return failed
-        texts = answer_texts(answer.body(), declared.tool)
-        said = next((t for t, v in zip(texts, verdicts, strict=False) if not v.valid), "")
+        said = broken_turn(answer.body(), declared.tool, verdicts)
         self._journal_write(req.custom_id, state, said, bad.error, metrics.get("attempts", 1))
         body = self._next_body(req.custom_id, req.url, state, req.body, said, bad.error or "")
         state.asks += 1
@@ -259,6 +259,8 @@ def _load_journal(path: str, done: tuple[IdSet, ...]) -> dict[str, dict[str, Any
 
 def _with_feedback(url: str, body: dict[str, Any], answer: Any, error: str) -> dict[str, Any]:
     """`body` as a follow-up turn: the broken answer, then the validator's message."""
+    if url == CHAT_URL and isinstance(answer, dict) and isinstance(body.get("messages"), list):
+        return {**body, "messages": [*body["messages"], *tool_feedback(answer, error)]}
     said = answer if isinstance(answer, str) else orjson.dumps(answer).decode()
     note = FEEDBACK.format(error=error)
     turns = [{"role": "assistant", "content": said}, {"role": "user", "content": note}]

@@ -20,6 +20,7 @@ import orjson
 
 from jsonlbatch.contract import SCHEMA_KEYS, check_declared
 from jsonlbatch.errors import MAX_PROBLEMS, InputError, Problem, problems_text
+from jsonlbatch.exec.hooks.tool_contract import check_tool_schemas
 
 # the output pass, re-exported: callers ask `scan` for both passes
 from jsonlbatch.exec.prepare.resume_scan import (  # the output pass: callers ask `scan` for both passes
@@ -170,6 +171,7 @@ def scan_input(
             found = check_request(obj, require_model=require_model)
             if not found and not SCHEMA_KEYS.isdisjoint(obj["body"]):  # it may declare one
                 found = check_declared(obj["url"], obj["body"])
+                found = found or check_tool_schemas(obj["url"], obj["body"])
                 scan.schemas += 1
             if found:
                 problems += [Problem(scan.path, number, f, m) for f, m in found]

@@ -304,6 +304,25 @@ function turn(role, content, cls = "") {
   return el("div", { class: `turn ${role} ${cls}` }, el("div", { class: "role", text: role }), content);
 }
 
+// a tool call: its name, its id, its arguments (indented JSON, as text)
+function callBlock(call) {
+  const head = el("div", { class: "meta" }, el("strong", { text: `\u2192 ${call.name || "(no name)"}` }));
+  if (call.id) head.append(el("span", { text: call.id }));
+  return el("div", { class: "call" }, head, el("pre", { class: "wrap" }, el("code", { text: call.arguments })));
+}
+
+// one prompt turn of the thread: its text, the calls it makes, or the call it answers
+function promptTurn(t) {
+  const parts = [];
+  if (t.tool_call_id) {
+    const what = t.name ? `result of ${t.name}` : "result";
+    parts.push(el("div", { class: "meta" }, el("span", { text: what }), el("span", { text: t.tool_call_id })));
+  }
+  if (t.text) parts.push(markdown(t.text));
+  for (const call of t.calls || []) parts.push(callBlock(call));
+  return turn(t.role, el("div", {}, ...parts));
+}
+
 function answerBlock(choice) {
   const parts = [];
   const meta = [`choice ${choice.index}`];
@@ -314,15 +333,26 @@ function answerBlock(choice) {
   }
   if (choice.json) parts.push(el("pre", { class: "json" }, el("code", { text: choice.json })));
   else parts.push(markdown(choice.text));
-  for (const call of choice.tool_calls) parts.push(el("pre", { class: "wrap" }, el("code", { text: JSON.stringify(call, null, 2) })));
+  for (const call of choice.calls || []) parts.push(callBlock(call));
   return turn("assistant", el("div", {}, ...parts));
+}
+
+// a calls file's line: every line of its conversation in order, the open one marked
+function conversationStrip(data) {
+  const items = (data.conversation || []).map((c) => {
+    const label = `turn ${c.turn}` + (c.ask ? ` · ask ${c.ask}` : "");
+    const attrs = { class: c.row === data.row ? "open" : "", "data-open-row": String(c.row) };
+    return el("li", attrs, el("strong", { text: label }), el("span", { text: ` ${c.summary}` }));
+  });
+  return el("details", { class: "conversation", open: true }, el("summary", { text: `conversation (${items.length} lines)` }), el("ol", {}, ...items));
 }
 
 function requestView(data, { compact = false } = {}) {
   const parts = [];
+  if (!compact && (data.conversation || []).length > 1) parts.push(conversationStrip(data));
   if (data.problem) parts.push(turn("error", el("p", { text: data.problem }), "error"));
   if (!compact) {
-    for (const t of data.prompt || []) parts.push(turn(t.role, markdown(t.text)));
+    for (const t of data.prompt || []) parts.push(promptTurn(t));
     if (!data.request_known) parts.push(el("p", { class: "muted", text: "Prompt not shown: start the viewer with --requests REQUESTS.jsonl to see it." }));
   }
   if (data.error) parts.push(turn("error", el("pre", { class: "wrap" }, el("code", { text: data.error })), "error"));
@@ -482,6 +512,8 @@ function wire() {
   });
   $("#detail").addEventListener("click", (e) => {
     if (e.target.closest("[data-close]")) go({ open: "" });
+    const other = e.target.closest("[data-open-row]");
+    if (other) go({ open: other.dataset.openRow });
     const cmp = e.target.closest("[data-compare]");
     if (cmp) go({ view: "compare", id: cmp.dataset.compare });
   });

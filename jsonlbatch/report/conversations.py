@@ -1,0 +1,87 @@
+"""What `report` reads of tool calls and conversations: calls per tool name, and, on a calls file
+(a rollout's model calls, one response line each), turns per conversation.
+
+A calls file names its lines `<conversation id>#t<N>` for turn N of a conversation and
+`<conversation id>#t<N>.ask<K>` for the K-th ask (an expert or a user simulator) made during
+that turn; those are the names the rollout writes, fixed so readers need no other file.
+Turns per conversation are counted without holding an id per conversation: every turn of a
+conversation has its line (a failed call too), so the conversations with at least k turns are
+the lines of turn k, and those with exactly k the difference between turn k's and turn k+1's
+(memory: one counter per turn number, whatever the file's size).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from typing import Any
+
+_TURN = re.compile(r"#t(\d{1,6})(\.ask\d{1,9})?\Z")
+
+
+def turn_of(custom_id: str) -> tuple[int, bool] | None:
+    """(turn number, whether the line is an ask) of a calls file's line; None for any other
+    custom_id."""
+    found = _TURN.search(custom_id)
+    if found is None:
+        return None
+    return int(found[1]), found[2] is not None
+
+
+def conversation_of(custom_id: str) -> str | None:
+    """The conversation id of a calls file's line (`conv#t3.ask1` -> `conv`); None for any
+    other custom_id."""
+    found = _TURN.search(custom_id)
+    return None if found is None else custom_id[: found.start()]
+
+
+def turn_id(conversation: str, turn: int, ask: int | None = None) -> str:
+    """The custom_id of a turn (or of its `ask`-th ask) in a calls file."""
+    return f"{conversation}#t{turn}" + ("" if ask is None else f".ask{ask}")
+
+
+def tool_names(choices: Any) -> list[str]:
+    """The function name of every tool call in an answer's choices (chat's `tool_calls`; a
+    hosted answer's choices as `samples.hosted_choices` makes them)."""
+    names = []
+    for choice in choices if isinstance(choices, list) else ():
+        message = choice.get("message") if isinstance(choice, dict) else None
+        calls = message.get("tool_calls") if isinstance(message, dict) else None
+        for call in calls if isinstance(calls, list) else ():
+            function = call.get("function") if isinstance(call, dict) else None
+            name = function.get("name") if isinstance(function, dict) else None
+            names.append(name if isinstance(name, str) and name else "(no name)")
+    return names
+
+
+def turns_per_conversation(turn_lines: Counter[int]) -> dict[int, int]:
+    """`turns -> conversations` with that many turns, from the number of lines of each turn
+    number (the first turn number in the file is each conversation's first)."""
+    if not turn_lines:
+        return {}
+    first, last = min(turn_lines), max(turn_lines)
+    out = {}
+    for turn in range(first, last + 1):
+        exactly = turn_lines.get(turn, 0) - turn_lines.get(turn + 1, 0)
+        if exactly > 0:
+            out[turn - first + 1] = exactly
+    return out
+
+
+def turn_figures(turns: dict[int, int]) -> dict[str, float]:
+    """Mean, p50, p90 and max of turns per conversation, from `turns -> conversations`
+    (percentiles by nearest rank: a number of turns some conversation had)."""
+    total = sum(turns.values())
+    if not total:
+        return {}
+    out: dict[str, float] = {"mean": sum(k * n for k, n in turns.items()) / total}
+    for name, share in (("p50", 0.5), ("p90", 0.9)):
+        rank, seen = max(1, math.ceil(share * total)), 0
+        for k in sorted(turns):
+            seen += turns[k]
+            if seen >= rank:
+                out[name] = k
+                break
+    out["max"] = max(turns)
+    return out
