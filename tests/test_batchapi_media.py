@@ -1,0 +1,232 @@
+"""Images and files in provider batches: `exec --batch-api` translates OpenAI `image_url` and
+`file` parts to Anthropic's image/document blocks and Gemini's `inlineData`, `serve --batch-api`
+translates Gemini's back to chat for its upstream, every provider's limits are checked before
+anything is uploaded, and what a provider cannot take is refused naming the line."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from batchapiutil import BatchServer
+from batchutil import exec_cli, read_results
+from PIL import Image
+
+FAST = ("--batch-api", "--poll-interval", "0.1")
+CLAUDE, GEMINI = "claude-haiku-4-5", "gemini-2.5-flash"
+
+
+def picture(seed: int, fmt: str = "PNG", size: int = 16) -> bytes:
+    """A small valid image, different for each seed (noise, so it compresses little)."""
+    noise = random.Random(seed).randbytes(size * size * 3)
+    out = io.BytesIO()
+    Image.frombytes("RGB", (size, size), noise).save(out, fmt)
+    return out.getvalue()
+
+
+def data_url(data: bytes, mime: str = "image/png") -> str:
+    return f"data:{mime};base64,{base64.b64encode(data).decode()}"
+
+
+PDF = b"%PDF-1.4\n1 0 obj<<>>endobj\ntrailer<<>>\n%%EOF\n"
+
+
+def image_line(i: int, *parts: dict[str, Any], model: str = CLAUDE) -> dict[str, Any]:
+    content = [{"type": "text", "text": f"What is in picture {i}?"}, *parts]
+    return {
+        "custom_id": f"img-{i}",
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {
+            "model": model,
+            "max_tokens": 16,
+            "messages": [{"role": "user", "content": content}],
+        },
+    }
+
+
+def image_part(url: str, detail: str | None = None) -> dict[str, Any]:
+    inner = {"url": url, **({"detail": detail} if detail else {})}
+    return {"type": "image_url", "image_url": inner}
+
+
+def write(path: Path, lines: list[dict[str, Any]]) -> None:
+    path.write_bytes(b"".join(orjson.dumps(x) + b"\n" for x in lines))
+
+
+def stored_lines(server: BatchServer) -> list[dict[str, Any]]:
+    """Every request line the front stored for its runner (what it sends upstream)."""
+    out = []
+    for path in sorted((server.directory / "files").iterdir()):
+        for raw in path.read_bytes().splitlines():
+            obj = json.loads(raw)
+            if "body" in obj and "url" in obj and "response" not in obj:
+                out.append(obj)
+    return out
+
+
+def _get(url: str) -> Any:
+    import urllib.request
+
+    request = urllib.request.Request(url, headers={"x-api-key": "k", "x-goog-api-key": "k"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read())
+
+
+@pytest.fixture
+def front(tmp_path: Path, mock_server: Any) -> BatchServer:
+    server = BatchServer(tmp_path / "state", mock_server(served_models=(CLAUDE, GEMINI))).start()
+    yield server
+    server.kill()
+
+
+def test_anthropic_batches_carry_images_and_pdfs(tmp_path: Path, front: BatchServer) -> None:
+    png, jpeg = picture(1), picture(2, "JPEG")
+    pdf = {
+        "type": "file",
+        "file": {"filename": "a.pdf", "file_data": data_url(PDF, "application/pdf")},
+    }
+    lines = [
+        image_line(0, image_part(data_url(png), "low")),
+        image_line(1, image_part(data_url(jpeg, "image/jpeg")), pdf),
+        image_line(2, image_part("https://example.org/cat.png")),
+    ]
+    requests, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write(requests, lines)
+    done = exec_cli(requests, out, "--url", front.url, *FAST, "--batch-provider", "anthropic")
+    assert done.returncode == 0, done.stderr
+    results = read_results(out)
+    assert set(results) == {"img-0", "img-1", "img-2"}
+    for line in results.values():
+        assert line["response"]["status_code"] == 200
+        assert line["response"]["body"]["type"] == "message"
+    sent = {x["custom_id"]: x["body"]["messages"][0]["content"] for x in stored_lines(front)}
+    assert sent["img-0"][1] == {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                                            "data": base64.b64encode(png).decode()}}  # fmt: skip
+    assert sent["img-1"][1]["source"]["media_type"] == "image/jpeg"
+    assert base64.b64decode(sent["img-1"][1]["source"]["data"]) == jpeg  # the same bytes
+    assert sent["img-1"][2] == {"type": "document", "source": {"type": "base64",
+                                "media_type": "application/pdf", "data": base64.b64encode(PDF).decode()}}  # fmt: skip
+    assert sent["img-2"][1] == {
+        "type": "image",
+        "source": {"type": "url", "url": "https://example.org/cat.png"},
+    }
+    assert sent["img-0"][0] == {"type": "text", "text": "What is in picture 0?"}
+
+
+def test_gemini_batches_carry_inline_images_there_and_back(
+    tmp_path: Path, front: BatchServer
+) -> None:
+    lines = [image_line(i, image_part(data_url(picture(i))), model=GEMINI) for i in range(3)]
+    pdf = {
+        "type": "file",
+        "file": {"filename": "a.pdf", "file_data": data_url(PDF, "application/pdf")},
+    }
+    lines.append(image_line(3, pdf, model=GEMINI))
+    requests, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write(requests, lines)
+    url = front.url.removesuffix("/v1") + "/v1beta"
+    done = exec_cli(requests, out, "--url", url, *FAST, "--batch-provider", "gemini")
+    assert done.returncode == 0, done.stderr
+    results = read_results(out)
+    assert set(results) == {f"img-{i}" for i in range(4)}
+    for line in results.values():
+        assert line["response"]["body"]["object"] == "chat.completion"
+    # the front translated Gemini's inlineData back to chat parts for its upstream: the same
+    # data: URL the file holds, byte for byte
+    sent = {x["custom_id"]: x["body"]["messages"] for x in stored_lines(front)}
+    assert len(sent) == 4
+    by_text = {m[-1]["content"][0]["text"]: m[-1]["content"] for m in sent.values()}
+    for line in lines:
+        wanted = line["body"]["messages"][0]["content"]
+        got = by_text[wanted[0]["text"]]
+        if wanted[1]["type"] == "image_url":
+            assert got[1] == {
+                "type": "image_url",
+                "image_url": {"url": wanted[1]["image_url"]["url"]},
+            }
+        else:
+            assert got[1]["type"] == "file"
+            assert got[1]["file"]["file_data"] == wanted[1]["file"]["file_data"]
+
+
+def test_an_https_image_to_gemini_is_refused_naming_the_line(
+    tmp_path: Path, front: BatchServer
+) -> None:
+    lines = [
+        image_line(0, image_part(data_url(picture(0))), model=GEMINI),
+        image_line(1, image_part("https://example.org/cat.png"), model=GEMINI),
+    ]
+    requests, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write(requests, lines)
+    done = exec_cli(requests, out, "--url", front.url, *FAST, "--batch-provider", "gemini")
+    assert done.returncode == 1, done.stderr
+    assert "in.jsonl:2: body.messages.0.content.1" in done.stderr
+    assert "data: URL" in done.stderr and "nothing was submitted" in done.stderr
+    assert "Traceback" not in done.stderr and not out.exists()
+    assert _get(front.url.removesuffix("/v1") + "/v1beta/batches")["operations"] == []
+
+
+@pytest.mark.parametrize("provider", ["anthropic", "gemini"])
+def test_broken_base64_is_refused_before_submitting(
+    tmp_path: Path, front: BatchServer, provider: str
+) -> None:
+    model = CLAUDE if provider == "anthropic" else GEMINI
+    good = data_url(picture(0))
+    lines = [
+        image_line(0, image_part(good), model=model),
+        image_line(1, image_part(good[:-6] + "!!" + good[-4:]), model=model),
+    ]
+    requests, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write(requests, lines)
+    done = exec_cli(requests, out, "--url", front.url, *FAST, "--batch-provider", provider)
+    assert done.returncode == 1, done.stderr
+    assert "in.jsonl:2: body.messages.0.content.1.image_url.url" in done.stderr
+    assert "base64 does not decode" in done.stderr and "Traceback" not in done.stderr
+    assert stored_lines(front) == []
+
+
+def test_a_request_over_anthropics_cap_is_refused_naming_it(
+    tmp_path: Path, front: BatchServer
+) -> None:
+    # 33 MB of base64 in one request: over Anthropic's 32 MB a request
+    big = "data:image/png;base64," + base64.b64encode(b"\0" * (25 * 1000 * 1000)).decode()
+    lines = [image_line(0, image_part(data_url(picture(0)))), image_line(1, image_part(big))]
+    requests, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write(requests, lines)
+    done = exec_cli(requests, out, "--url", front.url, *FAST, "--batch-provider", "anthropic")
+    assert done.returncode == 1, done.stderr
+    assert "in.jsonl:2: a request of 33,333," in done.stderr
+    assert "anthropic API's limit on a request (32,000,000 bytes)" in done.stderr
+    assert "in.jsonl:1" not in done.stderr and stored_lines(front) == []
+
+
+def test_a_request_larger_than_a_part_is_refused_not_sent_alone(
+    tmp_path: Path, front: BatchServer
+) -> None:
+    lines = [image_line(i, image_part(data_url(picture(i, size=48)))) for i in range(3)]
+    requests, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write(requests, lines)
+    done = exec_cli(requests, out, "--url", front.url, *FAST, "--batch-max-bytes", "1000")
+    assert done.returncode == 1, done.stderr
+    assert "in.jsonl:1: a request of" in done.stderr and "--batch-max-bytes" in done.stderr
+    assert stored_lines(front) == []
+
+
+def test_image_batches_are_split_by_bytes(tmp_path: Path, front: BatchServer) -> None:
+    lines = [image_line(i, image_part(data_url(picture(i, size=48)))) for i in range(6)]
+    requests, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write(requests, lines)
+    size = max(len(orjson.dumps(x)) for x in lines)
+    done = exec_cli(requests, out, "--url", front.url, *FAST, "--batch-provider", "anthropic",
+                    "--batch-max-bytes", str(int(size * 2.5)))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert set(read_results(out)) == {x["custom_id"] for x in lines}
+    batches = _get(front.url + "/messages/batches?limit=100")["data"]
+    assert sorted(b["request_counts"]["succeeded"] for b in batches) == [2, 2, 2]
