@@ -230,3 +230,103 @@ def test_image_batches_are_split_by_bytes(tmp_path: Path, front: BatchServer) ->
     assert set(read_results(out)) == {x["custom_id"] for x in lines}
     batches = _get(front.url + "/messages/batches?limit=100")["data"]
     assert sorted(b["request_counts"]["succeeded"] for b in batches) == [2, 2, 2]
+
+
+def _wait_for(check: Any, timeout: float = 60) -> Any:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = check()
+        if found is not None:
+            return found
+        time.sleep(0.1)
+    raise AssertionError("the batch did not end")
+
+
+def test_the_anthropic_sdk_sends_an_image_batch(front: BatchServer) -> None:
+    anthropic = pytest.importorskip("anthropic", reason="pip install anthropic (the test extra)")
+    client = anthropic.Anthropic(base_url=front.url.removesuffix("/v1"), api_key="k", max_retries=0)
+    png = base64.b64encode(picture(5)).decode()
+    content = [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": png}},
+        {"type": "text", "text": "Describe it."},
+    ]
+    params = {"model": CLAUDE, "max_tokens": 16, "messages": [{"role": "user", "content": content}]}
+    batch = client.messages.batches.create(requests=[{"custom_id": "pic", "params": params}])
+    _wait_for(
+        lambda: client.messages.batches.retrieve(batch.id).processing_status == "ended" or None
+    )
+    (result,) = list(client.messages.batches.results(batch.id))
+    assert result.result.type == "succeeded" and result.result.message.content[0].text
+    (line,) = stored_lines(front)
+    assert line["body"]["messages"][0]["content"] == content  # to the upstream as sent
+
+
+def test_the_genai_sdk_sends_inline_images_the_front_passes_them_on(front: BatchServer) -> None:
+    genai = pytest.importorskip("google.genai", reason="pip install google-genai (the test extra)")
+    from google.genai import types
+
+    options = types.HttpOptions(base_url=front.url.removesuffix("/v1"), api_version="v1")
+    client = genai.Client(api_key="g-key", http_options=options)
+    pictures = [picture(10 + i) for i in range(2)]
+    src = [
+        {"contents": [{"role": "user", "parts": [
+            {"text": f"Describe picture {i}."},
+            {"inline_data": {"mime_type": "image/png", "data": data}}]}],
+         "config": {"max_output_tokens": 16}}
+        for i, data in enumerate(pictures)
+    ]  # fmt: skip
+    job = client.batches.create(model=GEMINI, src=src)
+    done = _wait_for(
+        lambda: (lambda j: j if j.state.name.endswith(("SUCCEEDED", "FAILED")) else None)(
+            client.batches.get(name=job.name)
+        )
+    )
+    assert done.state.name == "JOB_STATE_SUCCEEDED"
+    assert all(r.error is None and r.response.text for r in done.dest.inlined_responses)
+    sent = sorted(stored_lines(front), key=lambda x: x["custom_id"])
+    for line, data in zip(sent, pictures, strict=True):
+        parts = line["body"]["messages"][-1]["content"]
+        assert parts[1] == {"type": "image_url", "image_url": {"url": data_url(data)}}
+
+
+def test_the_cache_key_of_an_image_request_does_not_depend_on_its_route(
+    tmp_path: Path, front: BatchServer
+) -> None:
+    from jsonlbatch.cache.keys import body_key
+
+    lines = [image_line(i, image_part(data_url(picture(20 + i)))) for i in range(3)]
+    for line in lines:
+        line["body"]["temperature"] = 0  # one draw: every route asks the same question
+    requests, cache = tmp_path / "in.jsonl", tmp_path / "cache"
+    write(requests, lines)
+    live = exec_cli(
+        requests, tmp_path / "live.jsonl", "--url", front.upstream, "--cache", str(cache)
+    )
+    assert live.returncode == 0, live.stderr
+    keyed = read_results(tmp_path / "live.jsonl")
+    for line in lines:  # keyed on the request as the file holds it (its data: URL)
+        key = keyed[line["custom_id"]]["metrics"]["cache_key"]
+        assert key.split(".")[0] == body_key(line["url"], line["body"])
+    # the same bytes through Anthropic's batch (translated to base64 blocks there and back):
+    # marked with exec's own fingerprint, so a later exec run resumes over them
+    batch = exec_cli(requests, tmp_path / "batch.jsonl", "--url", front.url, *FAST,
+                     "--batch-provider", "anthropic")  # fmt: skip
+    assert batch.returncode == 0, batch.stderr
+    merged = read_results(tmp_path / "batch.jsonl")
+    for cid, line in merged.items():
+        assert line["metrics"]["fingerprint"] == keyed[cid]["metrics"]["fingerprint"]
+    # the same file written by another tool (spaces, '/' escaped in the base64): the same keys
+    other = tmp_path / "other.jsonl"
+    other.write_text("".join(json.dumps(x, separators=(", ", ": ")).replace("/", "\\/") + "\n"
+                             for x in reversed(lines)))  # fmt: skip
+    again = exec_cli(
+        other, tmp_path / "again.jsonl", "--url", front.upstream, "--cache", str(cache)
+    )
+    assert again.returncode == 0, again.stderr
+    hits = read_results(tmp_path / "again.jsonl")
+    assert {c: x["metrics"]["cache"] for c, x in hits.items()} == {c: "hit" for c in keyed}
+    assert {c: x["metrics"]["cache_key"] for c, x in hits.items()} == {
+        c: x["metrics"]["cache_key"] for c, x in keyed.items()
+    }

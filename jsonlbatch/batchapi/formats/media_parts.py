@@ -152,12 +152,22 @@ def gemini_part(media: Media, problems: Problems) -> dict[str, Any] | None:
     return None
 
 
+_URL_SAFE = str.maketrans("-_", "+/")
+
+
+def standard_base64(text: str) -> str:
+    """Base64 in the standard alphabet, padded: protobuf's JSON (and so google-genai, which
+    sends bytes URL-safe) takes either alphabet and no padding; a `data:` URL wants these."""
+    text = text.translate(_URL_SAFE)
+    return text + "=" * (-len(text) % 4)
+
+
 def gemini_to_part(part: dict[str, Any]) -> dict[str, Any] | None:
     """A Gemini `inlineData` / `fileData` part as an OpenAI chat part (None: not one)."""
     inline = part.get("inlineData") or part.get("inline_data")
     if isinstance(inline, dict):
         mime = str(inline.get("mimeType") or inline.get("mime_type") or "")
-        url = f"data:{mime};base64,{inline.get('data') or ''}"
+        url = f"data:{mime};base64,{standard_base64(str(inline.get('data') or ''))}"
         if mime.startswith("image/"):
             return {"type": "image_url", "image_url": {"url": url}}
         return {"type": "file", "file": {"filename": "file", "file_data": url}}
