@@ -7,12 +7,17 @@ inserts a server string as HTML), and every string passes through `redact` first
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 
 from jsonlbatch.redact import redact, redact_json
 from jsonlbatch.samples import Sample, samples_of
+from jsonlbatch.view.media import describe_source, part_source
+
+#: Where the page gets the bytes of image part (message, part) of the request shown.
+MediaLink = Callable[[int, int], str]
 
 #: Longest raw line sent to the page whole; longer ones are cut (the file keeps them whole).
 RAW_LIMIT = 2_000_000
@@ -26,18 +31,36 @@ def _text(value: Any) -> str:
         for part in value:
             if isinstance(part, dict) and isinstance(part.get("text"), str):
                 parts.append(part["text"])
+            elif part_source(part) is not None:
+                continue  # shown as media beside the text, never as base64
             elif isinstance(part, dict):
                 parts.append(f"[{part.get('type', 'part')}]")
         return "\n".join(parts)
     return "" if value is None else orjson.dumps(value).decode()
 
 
-def prompt_turns(body: Any) -> list[dict[str, str]]:
-    """The request's prompt as a list of {role, text}: chat messages, a Responses `input`, a
-    Messages `system`, a completion's `prompt`, an embedding's `input`."""
+def _media(content: Any, message: int, link: MediaLink | None) -> list[dict[str, Any]]:
+    """The images and files of a message's content: kind, type, size, and where the page
+    gets an image's bytes (`src`), or a remote URL as text."""
+    out = []
+    for number, part in enumerate(content if isinstance(content, list) else ()):
+        source = part_source(part)
+        if source is None:
+            continue
+        item = describe_source(source)
+        if source.data is not None and source.kind == "image" and link is not None:
+            item["src"] = link(message, number)
+        out.append(redact_json(item))
+    return out
+
+
+def prompt_turns(body: Any, link: MediaLink | None = None) -> list[dict[str, Any]]:
+    """The request's prompt as a list of {role, text, media}: chat messages, a Responses
+    `input`, a Messages `system`, a completion's `prompt`, an embedding's `input`. Images
+    and files are listed under `media` (`link` says where the page reads an image)."""
     if not isinstance(body, dict):
         return []
-    turns: list[dict[str, str]] = []
+    turns: list[dict[str, Any]] = []
     if isinstance(body.get("system"), (str, list)):
         turns.append({"role": "system", "text": _text(body["system"])})
     if isinstance(body.get("instructions"), str):
@@ -45,20 +68,24 @@ def prompt_turns(body: Any) -> list[dict[str, str]]:
     messages = body.get("messages")
     if not isinstance(messages, list):
         messages = body.get("input") if isinstance(body.get("input"), list) else None
-    for message in messages or ():
+    for number, message in enumerate(messages or ()):
         if isinstance(message, dict):
             text = _text(message.get("content"))
             if message.get("tool_calls"):
                 text += (
                     "\n" + orjson.dumps(message["tool_calls"], option=orjson.OPT_INDENT_2).decode()
                 )
-            turns.append({"role": str(message.get("role", "user")), "text": text})
+            turn: dict[str, Any] = {"role": str(message.get("role", "user")), "text": text}
+            media = _media(message.get("content"), number, link)
+            if media:
+                turn["media"] = media
+            turns.append(turn)
         elif isinstance(message, str):
             turns.append({"role": "user", "text": message})
     for key in ("prompt", "input"):
         if isinstance(body.get(key), str):
             turns.append({"role": "user", "text": body[key]})
-    return [{k: redact(v) for k, v in turn.items()} for turn in turns]
+    return [{k: redact(v) if isinstance(v, str) else v for k, v in t.items()} for t in turns]
 
 
 def pretty_json(text: str) -> str | None:
@@ -87,8 +114,11 @@ def _choice(sample: Sample) -> dict[str, Any]:
     }
 
 
-def describe(raw: bytes, request_raw: bytes | None = None, *, line: int = 0) -> dict[str, Any]:
-    """The detail pane's data for one saved response line (and its request line, if known)."""
+def describe(
+    raw: bytes, request_raw: bytes | None = None, *, line: int = 0, link: MediaLink | None = None
+) -> dict[str, Any]:
+    """The detail pane's data for one saved response line (and its request line, if known;
+    `link` makes the URL of one of its images)."""
     raw_text = raw.decode("utf-8", "replace")
     out: dict[str, Any] = {
         "line": line,
@@ -113,7 +143,7 @@ def describe(raw: bytes, request_raw: bytes | None = None, *, line: int = 0) -> 
             request_body = request.get("body") if isinstance(request, dict) else None
         except orjson.JSONDecodeError:
             request_body = None
-    out["prompt"] = prompt_turns(request_body)
+    out["prompt"] = prompt_turns(request_body, link)
     out["request_known"] = request_raw is not None
     try:
         samples = samples_of(obj)

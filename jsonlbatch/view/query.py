@@ -8,6 +8,7 @@ a view can be bookmarked; `Query.from_params` is the one place that reads it.
 from __future__ import annotations
 
 import math
+import re
 from array import array
 from bisect import bisect_right
 from collections import Counter
@@ -230,11 +231,59 @@ class Searcher:
 
 
 _CHUNK = 4 << 20
+#: A base64 payload in a saved line (lowercased, as the scan reads it): a `data:` URL's after
+#: `;base64,`, or a base64 source's `"data":"` value (Anthropic's blocks, Gemini's inlineData).
+#: JSON may escape its '/' as '\\/'.
+_PAYLOAD = re.compile(rb'(?:;base64,|"data": ?")([a-z0-9+/=\\]{16,})')
+_BASE64_RUN = re.compile(rb"[a-z0-9+/=\\]*")
+#: Bytes read past a chunk's end: a payload's marker and first characters cut by the border
+#: are seen whole, so the next chunk knows where in it that payload goes on.
+_OVERLAP = 64
+
+
+@dataclass(slots=True)
+class _Payloads:
+    """The base64 payloads of one lowercased chunk: `starts` (of their markers, for bisect),
+    `bodies` (where the base64 begins) and `ends`, in order."""
+
+    starts: list[int]
+    bodies: list[int]
+    ends: list[int]
+
+    @classmethod
+    def find(cls, chunk: bytes, carry: int | None) -> _Payloads:
+        """`carry`: where in this chunk a payload begun in the previous one goes on."""
+        found = cls([], [], [])
+        if carry is not None:
+            run = _BASE64_RUN.match(chunk, carry)
+            found.add(0, carry, run.end() if run else carry)
+        if b";base64," in chunk or b'"data":' in chunk:
+            for match in _PAYLOAD.finditer(chunk, found.ends[-1] if found.ends else 0):
+                found.add(match.start(), match.start(1), match.end())
+        return found
+
+    def add(self, start: int, body: int, end: int) -> None:
+        self.starts.append(start)
+        self.bodies.append(body)
+        self.ends.append(end)
+
+    def holds(self, at: int) -> bool:
+        """Whether offset `at` is inside a payload's base64."""
+        k = bisect_right(self.starts, at) - 1
+        return k >= 0 and self.bodies[k] <= at < self.ends[k]
+
+    def carry(self, border: int) -> int | None:
+        """Where the next chunk (starting at `border`) is inside a payload begun before it."""
+        k = bisect_right(self.starts, border - 1) - 1
+        if k < 0 or self.ends[k] <= border:
+            return None
+        return max(self.bodies[k] - border, 0)
 
 
 def _scan(index: LineIndex, needles: tuple[bytes, ...]) -> set[int]:
     """Rows of `index` whose line holds a needle (case-insensitive), by reading the file in
-    large chunks and mapping each hit's offset to its row: no per-line work."""
+    large chunks and mapping each hit's offset to its row: no per-line work. A hit inside a
+    base64 payload (an image in a `data:` URL) is no match: "dog" is in most pictures."""
     found: set[int] = set()
     offsets = index.offsets
     end = index.size  # only what is indexed
@@ -242,15 +291,19 @@ def _scan(index: LineIndex, needles: tuple[bytes, ...]) -> set[int]:
     fh = open_regular(index.path)  # not a FIFO put in its place since: that open would block
     if fh is None:
         return found
+    carry: int | None = None
     with fh:
         pos = 0
         while pos < end:
             fh.seek(pos)
-            chunk = fh.read(min(_CHUNK + longest, end - pos)).lower()
+            chunk = fh.read(min(_CHUNK + longest + _OVERLAP, end - pos)).lower()
+            payloads = _Payloads.find(chunk, carry)
             for needle in needles:
                 at = chunk.find(needle)
                 while 0 <= at < _CHUNK:
-                    found.add(bisect_right(offsets, pos + at) - 1)
+                    if not payloads.holds(at):
+                        found.add(bisect_right(offsets, pos + at) - 1)
                     at = chunk.find(needle, at + 1)
+            carry = payloads.carry(_CHUNK)
             pos += _CHUNK
     return found

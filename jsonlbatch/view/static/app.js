@@ -318,11 +318,26 @@ function answerBlock(choice) {
   return turn("assistant", el("div", {}, ...parts));
 }
 
+function mediaBlock(m) {
+  const label = [m.kind, m.mime, m.bytes ? `${fmt(m.bytes)} bytes` : "", m.filename].filter(Boolean).join(" · ");
+  if (m.src) {
+    return el("a", { href: m.src, target: "_blank", rel: "noopener", class: "thumb", title: label },
+      el("img", { src: m.src, alt: label, loading: "lazy" }));
+  }
+  return el("div", { class: "media muted", text: `[${label}${m.url ? ": " + m.url : ""}]` });
+}
+
+function promptBlock(t) {
+  const box = el("div", {}, markdown(t.text));
+  for (const m of t.media || []) box.append(mediaBlock(m));
+  return box;
+}
+
 function requestView(data, { compact = false } = {}) {
   const parts = [];
   if (data.problem) parts.push(turn("error", el("p", { text: data.problem }), "error"));
   if (!compact) {
-    for (const t of data.prompt || []) parts.push(turn(t.role, markdown(t.text)));
+    for (const t of data.prompt || []) parts.push(turn(t.role, promptBlock(t)));
     if (!data.request_known) parts.push(el("p", { class: "muted", text: "Prompt not shown: start the viewer with --requests REQUESTS.jsonl to see it." }));
   }
   if (data.error) parts.push(turn("error", el("pre", { class: "wrap" }, el("code", { text: data.error })), "error"));
