@@ -234,11 +234,25 @@ _CHUNK = 4 << 20
 #: A base64 payload in a saved line (lowercased, as the scan reads it): a `data:` URL's after
 #: `;base64,`, or a base64 source's `"data":"` value (Anthropic's blocks, Gemini's inlineData).
 #: JSON may escape its '/' as '\\/'.
-_PAYLOAD = re.compile(rb'(?:;base64,|"data": ?")([a-z0-9+/=\\]{16,})')
+_MARKERS = (b";base64,", b'"data":')
+_BASE64 = b"abcdefghijklmnopqrstuvwxyz0123456789+/=\\"
 _BASE64_RUN = re.compile(rb"[a-z0-9+/=\\]*")
+#: A `"data":` value shorter than this is text, not a payload.
+_SHORTEST = 16
 #: Bytes read past a chunk's end: a payload's marker and first characters cut by the border
 #: are seen whole, so the next chunk knows where in it that payload goes on.
 _OVERLAP = 64
+
+
+def _run_end(chunk: bytes, start: int) -> int:
+    """Where the base64 starting at `start` ends: at the closing quote of its JSON string
+    (a C search), checked to hold base64 only (a C translate); else where its run stops."""
+    end = chunk.find(b'"', start)
+    end = len(chunk) if end < 0 else end
+    if not chunk[start:end].translate(None, _BASE64):
+        return end
+    run = _BASE64_RUN.match(chunk, start)
+    return run.end() if run else start
 
 
 @dataclass(slots=True)
@@ -252,14 +266,29 @@ class _Payloads:
 
     @classmethod
     def find(cls, chunk: bytes, carry: int | None) -> _Payloads:
-        """`carry`: where in this chunk a payload begun in the previous one goes on."""
+        """`carry`: where in this chunk a payload begun in the previous one goes on. Found by
+        C searches for the markers and the closing quotes: a chunk of base64 costs little."""
         found = cls([], [], [])
         if carry is not None:
-            run = _BASE64_RUN.match(chunk, carry)
-            found.add(0, carry, run.end() if run else carry)
-        if b";base64," in chunk or b'"data":' in chunk:
-            for match in _PAYLOAD.finditer(chunk, found.ends[-1] if found.ends else 0):
-                found.add(match.start(), match.start(1), match.end())
+            found.add(0, carry, _run_end(chunk, carry))
+        marks = []
+        for marker in _MARKERS:
+            at = chunk.find(marker)
+            while at >= 0:
+                marks.append((at, marker))
+                at = chunk.find(marker, at + len(marker))
+        for at, marker in sorted(marks):
+            if found.ends and at < found.ends[-1]:
+                continue
+            body = at + len(marker)
+            if marker != _MARKERS[0]:  # "data": then an optional space and the opening quote
+                body += chunk.startswith(b" ", body)
+                if not chunk.startswith(b'"', body):
+                    continue
+                body += 1
+            end = _run_end(chunk, body)
+            if marker == _MARKERS[0] or end - body >= _SHORTEST:
+                found.add(at, body, end)
         return found
 
     def add(self, start: int, body: int, end: int) -> None:
