@@ -20,7 +20,6 @@ import io
 import json
 import os
 import random
-import select
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,7 @@ import urllib.request
 from pathlib import Path
 
 import orjson
+from bench_view import memory, view_url  # run as a script: scripts/ is on the path
 from PIL import Image
 
 
@@ -75,13 +75,6 @@ def timed(url: str) -> tuple[float, bytes]:
     return time.perf_counter() - start, data
 
 
-def rss(pid: int) -> tuple[float, float]:
-    fields = dict(
-        line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
-    )
-    return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=20_000)
@@ -99,13 +92,7 @@ def main() -> None:
             [sys.executable, "-m", "jsonlbatch", "view", str(responses), "--requests", str(requests),
              "--port", "0"], stderr=subprocess.PIPE, text=True)  # fmt: skip
         try:
-            assert proc.stderr is not None
-            url = ""
-            while not url:
-                select.select([proc.stderr], [], [], 1)
-                line = proc.stderr.readline()
-                if "jsonlbatch view: " in line:
-                    url = line.split("jsonlbatch view: ")[1].split()[0]
+            url = view_url(proc)
             listening = time.perf_counter() - started
             while not json.loads(get(url + "api/rows?size=50"))["rows"]:
                 time.sleep(0.02)
@@ -130,7 +117,7 @@ def main() -> None:
                     break
                 time.sleep(0.2)
             full = time.perf_counter() - started
-            now, peak = rss(proc.pid)
+            now, peak = memory(proc.pid)
             print(
                 f"both files indexed after {full:.1f} s; memory {now:.0f} MB (peak {peak:.0f} MB)"
             )
@@ -140,7 +127,7 @@ def main() -> None:
                 print(
                     f"  {name:30s} {seconds * 1000:7.0f} ms ({json.loads(raw)['total']:,} rows match)"
                 )
-            now, peak = rss(proc.pid)
+            now, peak = memory(proc.pid)
             print(f"memory after browsing: {now:.0f} MB (peak {peak:.0f} MB)")
         finally:
             proc.terminate()

@@ -6,9 +6,7 @@ anything is uploaded, and what a provider cannot take is refused naming the line
 from __future__ import annotations
 
 import base64
-import io
 import json
-import random
 from pathlib import Path
 from typing import Any
 
@@ -16,22 +14,10 @@ import orjson
 import pytest
 from batchapiutil import BatchServer
 from batchutil import exec_cli, read_results
-from PIL import Image
+from mediautil import data_url, picture
 
 FAST = ("--batch-api", "--poll-interval", "0.1")
 CLAUDE, GEMINI = "claude-haiku-4-5", "gemini-2.5-flash"
-
-
-def picture(seed: int, fmt: str = "PNG", size: int = 16) -> bytes:
-    """A small valid image, different for each seed (noise, so it compresses little)."""
-    noise = random.Random(seed).randbytes(size * size * 3)
-    out = io.BytesIO()
-    Image.frombytes("RGB", (size, size), noise).save(out, fmt)
-    return out.getvalue()
-
-
-def data_url(data: bytes, mime: str = "image/png") -> str:
-    return f"data:{mime};base64,{base64.b64encode(data).decode()}"
 
 
 PDF = b"%PDF-1.4\n1 0 obj<<>>endobj\ntrailer<<>>\n%%EOF\n"
@@ -87,7 +73,7 @@ def front(tmp_path: Path, mock_server: Any) -> BatchServer:
 
 
 def test_anthropic_batches_carry_images_and_pdfs(tmp_path: Path, front: BatchServer) -> None:
-    png, jpeg = picture(1), picture(2, "JPEG")
+    png, jpeg = picture(1), picture(2, fmt="JPEG")
     pdf = {
         "type": "file",
         "file": {"filename": "a.pdf", "file_data": data_url(PDF, "application/pdf")},

@@ -6,26 +6,21 @@ from __future__ import annotations
 import base64
 import csv
 import hashlib
-import io
 import json
-import random
 from pathlib import Path
 
+import mediautil
 from batchutil import cli
-from PIL import Image
+from mediautil import data_url
 from postutil import ENV, chat_line, write_jsonl
 
 
-def picture(seed: int, size: int = 64) -> bytes:
-    out = io.BytesIO()
-    Image.frombytes("RGB", (size, size), random.Random(seed).randbytes(size * size * 3)).save(
-        out, "PNG"
-    )
-    return out.getvalue()
+def picture(seed: int) -> bytes:
+    return mediautil.picture(seed, 64)
 
 
 def url(data: bytes, mime: str = "image/png") -> str:
-    return f"data:{mime};base64,{base64.b64encode(data).decode()}"
+    return data_url(data, mime)
 
 
 def expected(data: bytes, mime: str = "image/png") -> str:

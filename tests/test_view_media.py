@@ -5,16 +5,15 @@ link, and `/api/media` answers one image's decoded bytes read from its request l
 from __future__ import annotations
 
 import base64
-import io
 import json
-import random
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
 
+import mediautil
 import pytest
-from PIL import Image
+from mediautil import data_url
 from viewutil import ViewProcess, response_line
 
 from jsonlbatch.errors import UsageError
@@ -25,14 +24,7 @@ from jsonlbatch.view.query import Query, Searcher
 
 
 def picture(seed: int, size: int = 48, fmt: str = "PNG") -> bytes:
-    noise = random.Random(seed).randbytes(size * size * 3)
-    out = io.BytesIO()
-    Image.frombytes("RGB", (size, size), noise).save(out, fmt)
-    return out.getvalue()
-
-
-def data_url(data: bytes, mime: str = "image/png") -> str:
-    return f"data:{mime};base64,{base64.b64encode(data).decode()}"
+    return mediautil.picture(seed, size, fmt)
 
 
 def image_request(i: int, *parts: dict[str, Any]) -> dict[str, Any]:

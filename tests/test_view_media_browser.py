@@ -4,20 +4,15 @@ and a search for a word skips the pictures' base64. Skipped where either is miss
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from test_view_browser import BROWSER, playwright  # skips this file as it skips that one
 from test_view_media import write_image_run
 from viewutil import ViewProcess
 
-playwright = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
-BROWSER = next(
-    (shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)),
-    None,
-)
 pytestmark = [
     pytest.mark.skipif(BROWSER is None, reason="no Chromium installed (apt-get install chromium)"),
     pytest.mark.timeout(240),
