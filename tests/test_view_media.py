@@ -167,6 +167,6 @@ def test_an_image_over_the_cap_or_with_broken_base64_is_refused() -> None:
     with pytest.raises(UsageError, match="over the"):
         image_bytes(big)
     with pytest.raises(UsageError, match="does not decode"):
-        image_bytes(Source("image", "image/png", data="iVBO!!=="))
+        image_bytes(Source("image", "image/png", data="iVBORw0KG"))
     with pytest.raises(UsageError, match="not fetched"):
         image_bytes(Source("image", None, url="https://example.org/a.png"))

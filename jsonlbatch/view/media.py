@@ -139,7 +139,7 @@ def image_bytes(source: Source) -> tuple[bytes, str]:
         raise UsageError(f"part: an image of {source.size:,} bytes, over the {MAX_IMAGE_BYTES:,} "
                          "the viewer serves")  # fmt: skip
     try:
-        data = binascii.a2b_base64(source.data, strict_mode=True)
+        data = binascii.a2b_base64(source.data)  # lenient: what it is made of is sniffed next
     except (binascii.Error, ValueError) as exc:
         raise UsageError(f"part: its base64 does not decode ({exc})") from None
     mime = sniff(data[:16])

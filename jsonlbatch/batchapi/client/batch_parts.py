@@ -9,6 +9,7 @@ mapping survives any crash for as long as the part is unmerged.
 
 from __future__ import annotations
 
+import os
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -43,6 +44,8 @@ def check_lines(
         min((c, w) for c, w in caps if c is not None) if any(c for c, _ in caps) else (None, "")
     )
     parse = provider.check is not None or bool(provider.translated)
+    if not parse and (cap is None or os.path.getsize(requests) <= cap):
+        return  # no line to translate, and none can be over the cap: not read at all
     problems: list[Problem] = []
     for number, offset, raw in iter_lines_at(requests):
         at = bisect_left(pending, offset)

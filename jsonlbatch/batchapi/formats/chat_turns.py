@@ -20,10 +20,10 @@ def _parts(content: Any, where: str, target: str, problems: Problems) -> Parts |
         out: Parts = []
         for i, part in enumerate(content):
             kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-            if kind == "text" and isinstance(part.get("text"), str):  # type: ignore[union-attr]
-                out.append(part["text"])  # type: ignore[index]
+            if kind == "text" and isinstance(part.get("text"), str):
+                out.append(part["text"])
             elif kind in ("image_url", "file"):
-                media = read_media(part, f"{where}.{i}", problems)  # type: ignore[arg-type]
+                media = read_media(part, f"{where}.{i}", problems)
                 if media is not None:
                     out.append(media)
             else:

@@ -11,7 +11,6 @@ URIs and `gs://`); elsewhere it is refused, naming the line, before anything is 
 
 from __future__ import annotations
 
-import binascii
 import mimetypes
 import re
 import urllib.parse
@@ -20,6 +19,8 @@ from typing import Any
 
 Problems = list[tuple[str, str]]
 
+#: Strict base64: the standard alphabet, padded (checked without decoding: C regex speed).
+_BASE64 = re.compile(r"[A-Za-z0-9+/]*={0,2}")
 _DATA_URL = re.compile(r"data:([A-Za-z0-9.+-]+/[A-Za-z0-9.+-]+)((?:;[^;,]*)*?);base64,", re.A)
 #: Gemini's `fileData.fileUri`: a Files API URI or a Cloud Storage object.
 _GEMINI_FILE_HOST = "generativelanguage.googleapis.com"
@@ -42,16 +43,18 @@ class Media:
 
 def parse_data_url(url: str, where: str, problems: Problems) -> tuple[str, str] | None:
     """(MIME type, base64 text) of a base64 `data:` URL; a problem when it is not one or its
-    base64 does not decode (checked strictly, without keeping the bytes)."""
+    base64 does not decode (checked strictly, without decoding it)."""
     found = _DATA_URL.match(url)
     if found is None:
         problems.append((where, "a data: URL must be data:<type>/<subtype>;base64,<data>"))
         return None
     payload = url[found.end() :]
-    try:
-        binascii.a2b_base64(payload, strict_mode=True)
-    except (binascii.Error, ValueError) as exc:
-        problems.append((where, f"the data: URL's base64 does not decode ({exc})"))
+    body = _BASE64.match(payload)
+    if len(payload) % 4 or body is None or body.end() != len(payload):
+        at = body.end() if body is not None else 0
+        why = (f"{payload[at]!r} at {at}" if at < len(payload)
+               else f"its length, {len(payload)}, is not a multiple of 4")  # fmt: skip
+        problems.append((where, f"the data: URL's base64 does not decode ({why})"))
         return None
     return found.group(1).lower(), payload
 
