@@ -178,19 +178,26 @@ def test_broken_base64_is_refused_before_submitting(
     assert stored_lines(front) == []
 
 
-def test_a_request_over_anthropics_cap_is_refused_naming_it(
-    tmp_path: Path, front: BatchServer
+@pytest.mark.parametrize(
+    ("provider", "raw_mb", "cap"), [("anthropic", 25, "32,000,000"), ("gemini", 16, "20,000,000")]
+)
+def test_a_request_over_the_providers_cap_is_refused_naming_it(
+    tmp_path: Path, front: BatchServer, provider: str, raw_mb: int, cap: str
 ) -> None:
-    # 33 MB of base64 in one request: over Anthropic's 32 MB a request
-    big = "data:image/png;base64," + base64.b64encode(b"\0" * (25 * 1000 * 1000)).decode()
-    lines = [image_line(0, image_part(data_url(picture(0)))), image_line(1, image_part(big))]
+    # base64 of 25 MB (33 MB) is over Anthropic's 32 MB a request; of 16 MB (21 MB) over
+    # Gemini's 20 MB of inline data
+    big = "data:image/png;base64," + base64.b64encode(b"\0" * (raw_mb * 1000 * 1000)).decode()
+    model = CLAUDE if provider == "anthropic" else GEMINI
+    lines = [image_line(0, image_part(data_url(picture(0))), model=model),
+             image_line(1, image_part(big), model=model)]  # fmt: skip
     requests, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     write(requests, lines)
-    done = exec_cli(requests, out, "--url", front.url, *FAST, "--batch-provider", "anthropic")
+    done = exec_cli(requests, out, "--url", front.url, *FAST, "--batch-provider", provider)
     assert done.returncode == 1, done.stderr
-    assert "in.jsonl:2: a request of 33,333," in done.stderr
-    assert "anthropic API's limit on a request (32,000,000 bytes)" in done.stderr
-    assert "in.jsonl:1" not in done.stderr and stored_lines(front) == []
+    assert f"in.jsonl:2: a request of {len(big) // 1000 // 1000}," in done.stderr
+    assert f"{provider} API's limit on a request ({cap} bytes)" in done.stderr
+    assert "in.jsonl:1" not in done.stderr and "Traceback" not in done.stderr
+    assert stored_lines(front) == [] and not out.exists()
 
 
 def test_a_request_larger_than_a_part_is_refused_not_sent_alone(

@@ -170,3 +170,23 @@ def test_an_image_over_the_cap_or_with_broken_base64_is_refused() -> None:
         image_bytes(Source("image", "image/png", data="iVBORw0KG"))
     with pytest.raises(UsageError, match="not fetched"):
         image_bytes(Source("image", None, url="https://example.org/a.png"))
+
+
+def test_every_api_shape_of_an_image_is_listed_with_a_link() -> None:
+    from jsonlbatch.view.detail import prompt_turns
+
+    png = picture(3)
+    b64 = base64.b64encode(png).decode()
+    responses = {"input": [{"role": "user", "content": [
+        {"type": "input_text", "text": "What is it?"},
+        {"type": "input_image", "image_url": data_url(png)}]}]}  # fmt: skip
+    messages = {"system": "Be brief.", "messages": [{"role": "user", "content": [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64}},
+        {"type": "text", "text": "And this?"}]}]}  # fmt: skip
+    link = "/api/media?m={}&p={}".format
+    (turn,) = prompt_turns(responses, lambda m, p: link(m, p))
+    assert turn["media"] == [{"kind": "image", "mime": "image/png", "bytes": len(png),
+                              "src": "/api/media?m=0&p=1"}]  # fmt: skip
+    system, user = prompt_turns(messages, lambda m, p: link(m, p))
+    assert user["text"] == "And this?" and user["media"][0]["src"] == "/api/media?m=0&p=0"
+    assert "media" not in system
