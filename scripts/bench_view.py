@@ -71,6 +71,16 @@ def memory(pid: int) -> tuple[float, float]:
     return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
 
 
+def view_url(proc: subprocess.Popen) -> str:
+    """The address a `jsonlbatch view` child prints once it listens."""
+    assert proc.stderr is not None
+    while True:
+        select.select([proc.stderr], [], [], 1)
+        line = proc.stderr.readline()
+        if "jsonlbatch view: " in line:
+            return line.split("jsonlbatch view: ")[1].split()[0]
+
+
 def timed(url: str) -> tuple[float, dict]:
     start = time.perf_counter()
     data = get(url)
@@ -96,13 +106,7 @@ def main() -> None:
             stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         try:
-            assert proc.stderr is not None
-            url = ""
-            while not url:
-                select.select([proc.stderr], [], [], 1)
-                line = proc.stderr.readline()
-                if "jsonlbatch view: " in line:
-                    url = line.split("jsonlbatch view: ")[1].split()[0]
+            url = view_url(proc)
             listening = time.perf_counter() - started
             while True:
                 rows = get(url + "api/rows?size=50")

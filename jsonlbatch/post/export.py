@@ -10,6 +10,10 @@ before upload).
 Responses are streamed and written in row groups, so a million-line file exports in bounded
 memory; the post outputs given for joining and the result columns of an `into` join are held in
 memory (they are per group, or what the dataset needs).
+
+A picture or file an answer carries as a base64 `data:` URL is exported as a short placeholder
+(type, size, SHA-256 prefix: `media_placeholders.py`), never as its base64; the rows of an
+`into` dataset are the user's own and are kept as they are.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from jsonlbatch.idset import IdSet
 from jsonlbatch.jsonl import check_output, iter_lines
 from jsonlbatch.post.fields import FieldColumns, field_columns
 from jsonlbatch.post.files import MANIFEST, sample_dir
+from jsonlbatch.post.media_placeholders import row_without_base64
 from jsonlbatch.post.responses import KeyFunc, Sample, check_responses, read_responses, split_key
 from jsonlbatch.post.table_io import TableWriter, open_table, table_format
 
@@ -364,7 +369,7 @@ def _rows(
             for samples in groups:
                 row = _row(samples, key, per)
                 joins.add(row, samples)
-                yield row
+                yield row_without_base64(row)
             pending = []
         if sample is not None:
             pending.append(sample)

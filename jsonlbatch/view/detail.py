@@ -7,12 +7,17 @@ inserts a server string as HTML), and every string passes through `redact` first
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 
 from jsonlbatch.redact import redact, redact_json
 from jsonlbatch.samples import Sample, samples_of
+from jsonlbatch.view.media import describe_source, part_source
+
+#: Where the page gets the bytes of image part (message, part) of the request shown.
+MediaLink = Callable[[int, int], str]
 
 #: Longest raw line sent to the page whole; longer ones are cut (the file keeps them whole).
 RAW_LIMIT = 2_000_000
@@ -26,17 +31,35 @@ def _text(value: Any) -> str:
         for part in value:
             if isinstance(part, dict) and isinstance(part.get("text"), str):
                 parts.append(part["text"])
+            elif part_source(part) is not None:
+                continue  # shown as media beside the text, never as base64
             elif isinstance(part, dict):
                 parts.append(f"[{part.get('type', 'part')}]")
         return "\n".join(parts)
     return "" if value is None else orjson.dumps(value).decode()
 
 
-def prompt_turns(body: Any) -> list[dict[str, Any]]:
+def _media(content: Any, message: int, link: MediaLink | None) -> list[dict[str, Any]]:
+    """The images and files of a message's content: kind, type, size, and where the page
+    gets an image's bytes (`src`), or a remote URL as text."""
+    out = []
+    for number, part in enumerate(content if isinstance(content, list) else ()):
+        source = part_source(part)
+        if source is None:
+            continue
+        item = describe_source(source)
+        if source.data is not None and source.kind == "image" and link is not None:
+            item["src"] = link(message, number)
+        out.append(redact_json(item))
+    return out
+
+
+def prompt_turns(body: Any, link: MediaLink | None = None) -> list[dict[str, Any]]:
     """The request's prompt as a thread of turns, each {role, text}: chat messages, a Responses
     `input`, a Messages `system`, a completion's `prompt`, an embedding's `input`. A turn that
     calls tools has `calls` (`calls_of`); a tool's result has the `tool_call_id` it answers and,
-    where an earlier turn made that call, the tool's `name`."""
+    where an earlier turn made that call, the tool's `name`. Images and files are listed under
+    `media` (`link` says where the page reads an image)."""
     if not isinstance(body, dict):
         return []
     turns: list[dict[str, Any]] = []
@@ -48,9 +71,13 @@ def prompt_turns(body: Any) -> list[dict[str, Any]]:
     if not isinstance(messages, list):
         messages = body.get("input") if isinstance(body.get("input"), list) else None
     names: dict[str, str] = {}  # call id -> tool name, for the results that answer them
-    for message in messages or ():
+    for number, message in enumerate(messages or ()):
         if isinstance(message, dict):
-            turns.append(_turn(message, names))
+            turn = _turn(message, names)
+            media = _media(message.get("content"), number, link)
+            if media:
+                turn["media"] = media
+            turns.append(turn)
         elif isinstance(message, str):
             turns.append({"role": "user", "text": message})
     for key in ("prompt", "input"):
@@ -130,8 +157,11 @@ def _choice(sample: Sample) -> dict[str, Any]:
     }
 
 
-def describe(raw: bytes, request_raw: bytes | None = None, *, line: int = 0) -> dict[str, Any]:
-    """The detail pane's data for one saved response line (and its request line, if known)."""
+def describe(
+    raw: bytes, request_raw: bytes | None = None, *, line: int = 0, link: MediaLink | None = None
+) -> dict[str, Any]:
+    """The detail pane's data for one saved response line (and its request line, if known;
+    `link` makes the URL of one of its images)."""
     raw_text = raw.decode("utf-8", "replace")
     out: dict[str, Any] = {
         "line": line,
@@ -156,7 +186,7 @@ def describe(raw: bytes, request_raw: bytes | None = None, *, line: int = 0) -> 
             request_body = request.get("body") if isinstance(request, dict) else None
         except orjson.JSONDecodeError:
             request_body = None
-    out["prompt"] = prompt_turns(request_body)
+    out["prompt"] = prompt_turns(request_body, link)
     out["request_known"] = request_raw is not None
     try:
         samples = samples_of(obj)

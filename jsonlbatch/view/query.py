@@ -8,6 +8,7 @@ a view can be bookmarked; `Query.from_params` is the one place that reads it.
 from __future__ import annotations
 
 import math
+import re
 from array import array
 from bisect import bisect_right
 from collections import Counter
@@ -230,11 +231,88 @@ class Searcher:
 
 
 _CHUNK = 4 << 20
+#: A base64 payload in a saved line (lowercased, as the scan reads it): a `data:` URL's after
+#: `;base64,`, or a base64 source's `"data":"` value (Anthropic's blocks, Gemini's inlineData).
+#: JSON may escape its '/' as '\\/'.
+_MARKERS = (b";base64,", b'"data":')
+_BASE64 = b"abcdefghijklmnopqrstuvwxyz0123456789+/=\\"
+_BASE64_RUN = re.compile(rb"[a-z0-9+/=\\]*")
+#: A `"data":` value shorter than this is text, not a payload.
+_SHORTEST = 16
+#: Bytes read past a chunk's end: a payload's marker and first characters cut by the border
+#: are seen whole, so the next chunk knows where in it that payload goes on.
+_OVERLAP = 64
+
+
+def _run_end(chunk: bytes, start: int) -> int:
+    """Where the base64 starting at `start` ends: at the closing quote of its JSON string
+    (a C search), checked to hold base64 only (a C translate); else where its run stops."""
+    end = chunk.find(b'"', start)
+    end = len(chunk) if end < 0 else end
+    if not chunk[start:end].translate(None, _BASE64):
+        return end
+    run = _BASE64_RUN.match(chunk, start)
+    return run.end() if run else start
+
+
+@dataclass(slots=True)
+class _Payloads:
+    """The base64 payloads of one lowercased chunk: `starts` (of their markers, for bisect),
+    `bodies` (where the base64 begins) and `ends`, in order."""
+
+    starts: list[int]
+    bodies: list[int]
+    ends: list[int]
+
+    @classmethod
+    def find(cls, chunk: bytes, carry: int | None) -> _Payloads:
+        """`carry`: where in this chunk a payload begun in the previous one goes on. Found by
+        C searches for the markers and the closing quotes: a chunk of base64 costs little."""
+        found = cls([], [], [])
+        if carry is not None:
+            found.add(0, carry, _run_end(chunk, carry))
+        marks = []
+        for marker in _MARKERS:
+            at = chunk.find(marker)
+            while at >= 0:
+                marks.append((at, marker))
+                at = chunk.find(marker, at + len(marker))
+        for at, marker in sorted(marks):
+            if found.ends and at < found.ends[-1]:
+                continue
+            body = at + len(marker)
+            if marker != _MARKERS[0]:  # "data": then an optional space and the opening quote
+                body += chunk.startswith(b" ", body)
+                if not chunk.startswith(b'"', body):
+                    continue
+                body += 1
+            end = _run_end(chunk, body)
+            if marker == _MARKERS[0] or end - body >= _SHORTEST:
+                found.add(at, body, end)
+        return found
+
+    def add(self, start: int, body: int, end: int) -> None:
+        self.starts.append(start)
+        self.bodies.append(body)
+        self.ends.append(end)
+
+    def holds(self, at: int) -> bool:
+        """Whether offset `at` is inside a payload's base64."""
+        k = bisect_right(self.starts, at) - 1
+        return k >= 0 and self.bodies[k] <= at < self.ends[k]
+
+    def carry(self, border: int) -> int | None:
+        """Where the next chunk (starting at `border`) is inside a payload begun before it."""
+        k = bisect_right(self.starts, border - 1) - 1
+        if k < 0 or self.ends[k] <= border:
+            return None
+        return max(self.bodies[k] - border, 0)
 
 
 def _scan(index: LineIndex, needles: tuple[bytes, ...]) -> set[int]:
     """Rows of `index` whose line holds a needle (case-insensitive), by reading the file in
-    large chunks and mapping each hit's offset to its row: no per-line work."""
+    large chunks and mapping each hit's offset to its row: no per-line work. A hit inside a
+    base64 payload (an image in a `data:` URL) is no match: "dog" is in most pictures."""
     found: set[int] = set()
     offsets = index.offsets
     end = index.size  # only what is indexed
@@ -242,15 +320,19 @@ def _scan(index: LineIndex, needles: tuple[bytes, ...]) -> set[int]:
     fh = open_regular(index.path)  # not a FIFO put in its place since: that open would block
     if fh is None:
         return found
+    carry: int | None = None
     with fh:
         pos = 0
         while pos < end:
             fh.seek(pos)
-            chunk = fh.read(min(_CHUNK + longest, end - pos)).lower()
+            chunk = fh.read(min(_CHUNK + longest + _OVERLAP, end - pos)).lower()
+            payloads = _Payloads.find(chunk, carry)
             for needle in needles:
                 at = chunk.find(needle)
                 while 0 <= at < _CHUNK:
-                    found.add(bisect_right(offsets, pos + at) - 1)
+                    if not payloads.holds(at):
+                        found.add(bisect_right(offsets, pos + at) - 1)
                     at = chunk.find(needle, at + 1)
+            carry = payloads.carry(_CHUNK)
             pos += _CHUNK
     return found

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import stat
 import time
@@ -30,6 +31,7 @@ from jsonlbatch.errors import JsonlbatchError, UsageError
 from jsonlbatch.redact import redact
 from jsonlbatch.view.detail import describe
 from jsonlbatch.view.index import OVERSIZED, LineIndex, open_regular
+from jsonlbatch.view.media import image_bytes, media_at
 from jsonlbatch.view.query import Query, Searcher
 from jsonlbatch.view.thread import conversation_lines
 
@@ -110,10 +112,11 @@ class Viewer:
 
     # -- indexing ---------------------------------------------------------------------------
 
-    def _requests_of(self, custom_id: str) -> list[bytes]:
+    def _requests_of(self, custom_id: str) -> list[tuple[int, int, bytes]]:
+        """(request file number, row, line) of each request line with this custom_id."""
         found = []
-        for index in self.requests:
-            found += [index.read(row) for row in index.find(custom_id)]
+        for number, index in enumerate(self.requests):
+            found += [(number, row, index.read(row)) for row in index.find(custom_id)]
         return found
 
     def index_step(self) -> bool:
@@ -148,6 +151,7 @@ class Viewer:
         app.router.add_get("/api/rows", self._rows)
         app.router.add_get("/api/line", self._line)
         app.router.add_get("/api/compare", self._compare)
+        app.router.add_get("/api/media", self._media)
         app.router.add_get("/api/live", self._live)
         app.router.add_get("/report", self._report)
         app.router.add_get("/favicon.ico", _no_icon)
@@ -261,17 +265,37 @@ class Viewer:
         return _json(out)
 
     def _describe(self, raw: bytes, row: int) -> dict[str, Any]:
-        request_raw = None
+        request_raw = link = None
         try:
             cid = orjson.loads(raw).get("custom_id")
         except (orjson.JSONDecodeError, AttributeError):
             cid = None
         if isinstance(cid, str):
             found = self._requests_of(cid)
-            request_raw = found[0] if found else None
-        out = describe(raw, request_raw, line=row + 1)
+            if found:
+                number, at, request_raw = found[0]
+                link = functools.partial(media_url, number, at)
+        out = describe(raw, request_raw, line=row + 1, link=link)
         out["row"] = row
         return out
+
+    async def _media(self, request: web.Request) -> web.Response:
+        """The bytes of one image of a request line, read again from the file by offset."""
+        numbers = {}
+        for name, top in (("req", len(self.requests)), ("row", None), ("message", None),
+                          ("part", None)):  # fmt: skip
+            text = request.query.get(name, "")
+            if not text.isdigit() or (top is not None and int(text) >= top):
+                raise UsageError(f"{name}: a whole number" + (f" below {top}" if top else ""))
+            numbers[name] = int(text)
+        index = self.requests[numbers["req"]]
+        if numbers["row"] >= len(index):
+            raise UsageError(f"row: a number from 0 to {len(index) - 1}")
+        data, mime = await asyncio.to_thread(
+            read_image, index, numbers["row"], numbers["message"], numbers["part"]
+        )
+        return web.Response(body=data, content_type=mime, headers={
+            "Content-Security-Policy": "default-src 'none'", "Cache-Control": "private, max-age=3600"})  # fmt: skip
 
     async def _compare(self, request: web.Request) -> web.Response:
         cid = request.query.get("id", "")
@@ -321,6 +345,22 @@ class Viewer:
             html = f"<p>No report: {_escape(redact(str(exc)))}</p>"
         return web.Response(text=html, content_type="text/html",
                             headers={"Content-Security-Policy": _REPORT_CSP})  # fmt: skip
+
+
+def media_url(requests: int, row: int, message: int, part: int) -> str:
+    """Where the page reads image `part` of message `message` of a request line."""
+    return f"/api/media?req={requests}&row={row}&message={message}&part={part}"
+
+
+def read_image(index: LineIndex, row: int, message: int, part: int) -> tuple[bytes, str]:
+    """One image of request line `row`: that line read by its offset, that part decoded."""
+    if index.flags[row] & OVERSIZED:
+        raise UsageError(f"row: a line of {index.lengths[row]:,} bytes, too long to read back")
+    try:
+        body = orjson.loads(index.read(row)).get("body")
+    except (orjson.JSONDecodeError, AttributeError):
+        raise UsageError(f"row: line {row + 1} of the requests is not a request line") from None
+    return image_bytes(media_at(body, message, part))
 
 
 def _check_file(path: str) -> None:

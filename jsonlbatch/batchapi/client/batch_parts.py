@@ -9,6 +9,7 @@ mapping survives any crash for as long as the part is unmerged.
 
 from __future__ import annotations
 
+import os
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -27,19 +28,40 @@ from jsonlbatch.records import fingerprint
 MAX_PROBLEMS = 50
 
 
-def check_lines(requests: str, pending: Sequence[int], provider: Provider) -> None:
+def check_lines(
+    requests: str, pending: Sequence[int], provider: Provider, max_bytes: int | None = None
+) -> None:
     """Refuse the run, before anything is submitted, when a pending line holds what the
-    provider cannot take (file, line, field for each)."""
-    if (provider.check is None and not provider.translated) or not pending:
+    provider cannot take, or is larger than one request may be (the provider's cap) or than
+    a part may be (`max_bytes`: a part cannot be cut smaller than one line): file, line,
+    field for each."""
+    if not pending:
         return
+    caps = [(max_bytes, "the limit on a part (--batch-max-bytes, or the provider's on a batch)")]
+    if provider.max_request_bytes is not None:
+        caps.append((provider.max_request_bytes, f"the {provider.name} API's limit on a request"))
+    cap, why = (
+        min((c, w) for c, w in caps if c is not None) if any(c for c, _ in caps) else (None, "")
+    )
+    parse = provider.check is not None or bool(provider.translated)
+    if not parse and (cap is None or os.path.getsize(requests) <= cap):
+        return  # no line to translate, and none can be over the cap: not read at all
     problems: list[Problem] = []
     for number, offset, raw in iter_lines_at(requests):
         at = bisect_left(pending, offset)
         if at >= len(pending) or pending[at] != offset:
             continue
-        obj = orjson.loads(raw)
-        for field, message in provider.problems(obj["url"], obj.get("body") or {}):
-            problems.append(Problem(requests, number, field, message))
+        size = len(raw.rstrip(b"\r\n"))
+        if cap is not None and size > cap:
+            message = (
+                f"a request of {size:,} bytes is over {why} ({cap:,} bytes): make its images "
+                "smaller (gen's data_url filter can downscale them) or send it another way"
+            )
+            problems.append(Problem(requests, number, None, message))
+        if parse:
+            obj = orjson.loads(raw)
+            for field, message in provider.problems(obj["url"], obj.get("body") or {}):
+                problems.append(Problem(requests, number, field, message))
         if len(problems) >= MAX_PROBLEMS:
             break
     if problems:

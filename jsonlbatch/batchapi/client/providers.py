@@ -5,8 +5,9 @@ Batches API, to Anthropic's Message Batches or to Gemini's batch mode. The provi
 once, before anything is submitted: `--batch-provider` if given, else the URL's host
 (`api.anthropic.com`, `generativelanguage.googleapis.com`), else the request lines (all
 `/v1/messages`: Anthropic), else OpenAI. Each provider says which request lines it takes, how
-many per batch, whether custom_ids must be reduced to a safe alphabet, and what in a line it
-cannot take (checked for every line before the first upload).
+many requests and bytes per batch and how large one request may be, whether custom_ids must be
+reduced to a safe alphabet, and what in a line it cannot take (checked for every line before
+the first upload).
 """
 
 from __future__ import annotations
@@ -71,6 +72,8 @@ class Provider:
     check: Check | None = None
     #: lines of other endpoints it takes, translated: url -> (its own url, translation)
     translated: Mapping[str, tuple[str, Translate]] = field(default_factory=dict)
+    #: the largest one request may be (bytes of its line); None: only the part's limit
+    max_request_bytes: int | None = None
 
     @property
     def takes(self) -> frozenset[str]:
@@ -102,11 +105,19 @@ PROVIDERS = {
         True,
         _anthropic_check,
         {CHAT_URL: (MESSAGES_URL, chat_to_messages)},
+        32 * 1000 * 1000,  # a Messages request, images and PDFs as base64 included
     ),
     # Gemini's file mode takes up to 2 GB per input file; a part of 100,000 requests keeps
     # each job's results file (and a re-run after an expiry) a manageable size.
+    # A request's inline data (images as base64) may be 20 MB in all.
     "gemini": Provider(
-        "gemini", frozenset({CHAT_URL}), 100_000, 2 * 1000 * 1000 * 1000, False, _gemini_check
+        "gemini",
+        frozenset({CHAT_URL}),
+        100_000,
+        2 * 1000 * 1000 * 1000,
+        False,
+        _gemini_check,
+        max_request_bytes=20 * 1000 * 1000,
     ),
 }
 

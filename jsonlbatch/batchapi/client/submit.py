@@ -279,10 +279,11 @@ class Submitter:
             )
             self.job._lock.hold_output()  # as exec does: the lock on the replaced file went with it
             self.note(f"retrying {scan.retried} failed requests")
-        check_lines(self.job.requests, scan.pending, self.provider)
+        opts = self.options
+        max_bytes = opts.max_bytes or self.provider.max_bytes
+        check_lines(self.job.requests, scan.pending, self.provider, max_bytes)
         folder = self.state.folder
         folder.mkdir(parents=True, exist_ok=True)
-        opts = self.options
         parts = write_parts(
             self.job.requests,
             scan.pending,
@@ -290,7 +291,7 @@ class Submitter:
             new_id("")[:12],
             self.provider,
             max_requests=opts.max_requests or self.provider.max_requests,
-            max_bytes=opts.max_bytes or self.provider.max_bytes,
+            max_bytes=max_bytes,
             model=opts.model,
             rewrite=self._line_rewriter(),
         )

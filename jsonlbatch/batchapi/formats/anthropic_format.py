@@ -2,9 +2,10 @@
 Anthropic and Gemini batch APIs by changing the URL (and the model).
 
 What has a Messages equivalent is translated: system and developer messages to `system`, user
-and assistant turns (text), `max_tokens` / `max_completion_tokens` (required by Anthropic),
+and assistant turns (text; images and PDF files in user turns as `image` / `document` blocks,
+base64 from a `data:` URL or a `url` source for an http(s) URL: `media_parts.py`), `max_tokens` / `max_completion_tokens` (required by Anthropic),
 `stop`, `temperature`, `top_p`, `top_k`, `response_format` `json_schema` (to
-`output_config.format`). What has none (tool calls, images, `n > 1`, `seed`, penalties,
+`output_config.format`). What has none (tool calls, `n > 1`, `seed`, penalties,
 `logprobs`, `json_object`, ...) is refused, field by field, before anything is submitted.
 The answers come back as Messages bodies, which every later stage reads.
 """
@@ -13,7 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from jsonlbatch.batchapi.formats.chat_turns import Problems, chat_turns
+from jsonlbatch.batchapi.formats.chat_turns import Parts, Problems, chat_turns, text_of
+from jsonlbatch.batchapi.formats.media_parts import anthropic_block
 
 _SAME = ("temperature", "top_p", "top_k")
 _IGNORED = frozenset({"model", "user", "metadata", "store", "stream_options"})
@@ -24,7 +26,7 @@ def chat_to_messages(body: dict[str, Any]) -> tuple[dict[str, Any], Problems]:
     problems: Problems = []
     out: dict[str, Any] = {"model": body.get("model")}
     system, pairs = chat_turns(body, "Messages", problems)
-    turns = [{"role": role, "content": text} for role, text in pairs]
+    turns = [{"role": role, "content": _content(parts, problems)} for role, parts in pairs]
     if not turns:
         problems.append(("body.messages", "a chat request with user messages is needed"))
     out["messages"] = turns
@@ -62,3 +64,20 @@ def chat_to_messages(body: dict[str, Any]) -> tuple[dict[str, Any], Problems]:
         else:
             problems.append((f"body.{key}", "not translated to Anthropic's Messages"))
     return out, problems
+
+
+def _content(parts: Parts, problems: Problems) -> str | list[dict[str, Any]]:
+    """A turn's Messages content: its text as one string, or blocks when it holds media."""
+    text = text_of(parts)
+    if text is not None:
+        return text
+    blocks: list[dict[str, Any]] = []
+    for part in parts:
+        if isinstance(part, str):
+            if part:
+                blocks.append({"type": "text", "text": part})
+            continue
+        block = anthropic_block(part, problems)
+        if block is not None:
+            blocks.append(block)
+    return blocks

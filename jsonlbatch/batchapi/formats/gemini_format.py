@@ -1,7 +1,7 @@
 """Chat completions and Gemini's `generateContent`, each in the other's shape.
 
 exec's Gemini batches send chat-completion request lines: `chat_to_gemini` translates a body
-(and says, field by field, what it cannot translate, so a file is refused before anything is
+(images and files as `inlineData`, see `media_parts.py`; and says, field by field, what it cannot translate, so a file is refused before anything is
 submitted) and `gemini_to_chat_response` turns each answer back into a `chat.completion`, so
 `post`, `report` and `export` read Gemini's answers like any other. The two inverse functions
 are what `serve --batch-api` needs to run Gemini batches on an OpenAI-compatible backend.
@@ -14,7 +14,8 @@ from typing import Any
 import orjson
 
 from jsonlbatch.batchapi.formats.batch_objects import new_id, now
-from jsonlbatch.batchapi.formats.chat_turns import Problems, chat_turns
+from jsonlbatch.batchapi.formats.chat_turns import Parts, Problems, chat_turns, text_of
+from jsonlbatch.batchapi.formats.media_parts import gemini_part, gemini_to_part
 
 #: Sampling fields: chat name -> Gemini `generationConfig` name.
 _CONFIG = {
@@ -50,8 +51,8 @@ def chat_to_gemini(body: dict[str, Any]) -> tuple[dict[str, Any], Problems]:
     request: dict[str, Any] = {}
     system, turns = chat_turns(body, "Gemini", problems)
     contents = [
-        {"role": "user" if role == "user" else "model", "parts": [{"text": text}]}
-        for role, text in turns
+        {"role": "user" if role == "user" else "model", "parts": _parts(parts, problems)}
+        for role, parts in turns
     ]
     request["contents"] = contents
     if system:
@@ -74,6 +75,24 @@ def chat_to_gemini(body: dict[str, Any]) -> tuple[dict[str, Any], Problems]:
     if config:
         request["generationConfig"] = config
     return request, problems
+
+
+def _parts(parts: Parts, problems: Problems) -> list[dict[str, Any]]:
+    """A turn's Gemini parts: one text part, or text and media parts in order (images and
+    files as `inlineData`, or `fileData` for a URI Gemini reads)."""
+    text = text_of(parts)
+    if text is not None:
+        return [{"text": text}]
+    out: list[dict[str, Any]] = []
+    for part in parts:
+        made = (
+            ({"text": part} if part else None)
+            if isinstance(part, str)
+            else gemini_part(part, problems)
+        )
+        if made is not None:
+            out.append(made)
+    return out
 
 
 def _response_format(value: Any, config: dict[str, Any], problems: Problems) -> None:
@@ -146,7 +165,7 @@ def gemini_to_chat(request: dict[str, Any], model: str) -> dict[str, Any]:
     for content in request.get("contents") or []:
         if isinstance(content, dict):
             role = "assistant" if content.get("role") == "model" else "user"
-            messages.append({"role": role, "content": _parts_text(content.get("parts"))})
+            messages.append({"role": role, "content": _chat_content(content.get("parts"))})
     body: dict[str, Any] = {"model": model, "messages": messages}
     config = request.get("generationConfig") or request.get("generation_config") or {}
     for key, value in config.items():
@@ -162,6 +181,26 @@ def gemini_to_chat(request: dict[str, Any], model: str) -> dict[str, Any]:
                 else {"type": "json_object"}
             )
     return body
+
+
+def _chat_content(parts: Any) -> str | list[dict[str, Any]]:
+    """Gemini parts as chat content: one string for text only, else chat parts (media as
+    `image_url` / `file` parts with `data:` URLs)."""
+    if not isinstance(parts, list):
+        return ""
+    if not any(isinstance(p, dict) and "text" not in p for p in parts):
+        return _parts_text(parts)
+    out: list[dict[str, Any]] = []
+    for part in parts:
+        if not isinstance(part, dict):
+            continue
+        if isinstance(part.get("text"), str):
+            out.append({"type": "text", "text": part["text"]})
+        else:
+            made = gemini_to_part(part)
+            if made is not None:
+                out.append(made)
+    return out
 
 
 def _parts_text(parts: Any) -> str:

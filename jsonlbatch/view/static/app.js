@@ -319,6 +319,7 @@ function promptTurn(t) {
     parts.push(el("div", { class: "meta" }, el("span", { text: what }), el("span", { text: t.tool_call_id })));
   }
   if (t.text) parts.push(markdown(t.text));
+  for (const m of t.media || []) parts.push(mediaBlock(m));
   for (const call of t.calls || []) parts.push(callBlock(call));
   return turn(t.role, el("div", {}, ...parts));
 }
@@ -345,6 +346,15 @@ function conversationStrip(data) {
     return el("li", attrs, el("strong", { text: label }), el("span", { text: ` ${c.summary}` }));
   });
   return el("details", { class: "conversation", open: true }, el("summary", { text: `conversation (${items.length} lines)` }), el("ol", {}, ...items));
+}
+
+function mediaBlock(m) {
+  const label = [m.kind, m.mime, m.bytes ? `${fmt(m.bytes)} bytes` : "", m.filename].filter(Boolean).join(" · ");
+  if (m.src) {
+    return el("a", { href: m.src, target: "_blank", rel: "noopener", class: "thumb", title: label },
+      el("img", { src: m.src, alt: label, loading: "lazy" }));
+  }
+  return el("div", { class: "media muted", text: `[${label}${m.url ? ": " + m.url : ""}]` });
 }
 
 function requestView(data, { compact = false } = {}) {
