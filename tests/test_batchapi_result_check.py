@@ -15,6 +15,7 @@ from jsonlbatch.batchapi.client.batch_parts import declares
 from jsonlbatch.batchapi.client.batch_result_check import ResultChecks
 from jsonlbatch.batchapi.client.result_merge import Merged
 from jsonlbatch.contract import with_schema
+from jsonlbatch.exec.hooks.contract_check import AnswerChecker
 from jsonlbatch.records import CHAT_URL, is_failure
 
 ASKED_BODY = with_schema(CHAT_URL, {"model": "m", "messages": [{"role": "user", "content": "?"}]},
@@ -46,7 +47,7 @@ def test_results_are_checked_like_exec_answers(tmp_path) -> None:
         "empty": (CHAT_URL, {}),
     }
     assert "messages" not in asked["good"][1]  # the prompt is not kept, only the schema's fields
-    checks = ResultChecks(str(tmp_path / "out.jsonl"), asked)
+    checks = ResultChecks(AnswerChecker(str(tmp_path / "out.jsonl")), asked)
     items = [
         merged("good", chat(orjson.dumps(GOOD).decode())),
         merged("broken", chat('{"label": "maybe"}')),
@@ -73,7 +74,7 @@ def test_results_are_checked_like_exec_answers(tmp_path) -> None:
 
 
 def test_failures_and_unknown_ids_pass_unchanged(tmp_path) -> None:
-    checks = ResultChecks(str(tmp_path / "out.jsonl"), {})
+    checks = ResultChecks(AnswerChecker(str(tmp_path / "out.jsonl")), {})
     failure = Merged(b'{"custom_id":"x","response":null,"error":{"code":"e"}}\n', True, None)
     unknown = merged("not-in-marks", chat("x"))
     assert list(checks(iter([failure, unknown]))) == [failure, unknown]

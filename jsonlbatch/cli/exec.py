@@ -6,17 +6,16 @@ import sys
 from typing import Any
 
 import click
-from click.core import ParameterSource
 
 from jsonlbatch.cache import MODES as CACHE_MODES
 from jsonlbatch.cli.batch_options import (
     BATCH_NAMES,
-    LIVE_ONLY,
     batch_api_options,
     batch_target,
     pop_batch_kwargs,
 )
 from jsonlbatch.cli.exec_watch import WATCH_NAMES, add_watch_options, pop_watch_kwargs
+from jsonlbatch.cli.option_use import check_use
 from jsonlbatch.cli.params import (
     BYTES,
     COUNT_OR_AUTO,
@@ -105,16 +104,10 @@ _BRIEF = (
 
 def _settle(ctx: click.Context) -> None:
     """`--cache off` reaches the run as the old `--no-cache` did (no cache, whatever
-    `$JSONLBATCH_CACHE` says). A settings file's options for live runs (a cache, re-asks,
-    --stream) are defaults, like `$JSONLBATCH_CACHE`: a --batch-api run leaves them alone
-    instead of refusing them as it refuses them given on its command line."""
+    `$JSONLBATCH_CACHE` says)."""
     params = ctx.params
     if params.get("cache") == CacheDir.OFF:
         params["cache"], params["no_cache"] = None, True
-    if params.get("batch_api"):
-        for name, (_, default) in {**LIVE_ONLY, "cache": ("--cache", None)}.items():
-            if ctx.get_parameter_source(name) is ParameterSource.DEFAULT_MAP:
-                params[name] = default
 
 
 _EXAMPLES = (
@@ -414,7 +407,7 @@ def exec_(requests: str, output: str, **params: Any) -> None:
     if summary.budget_stopped:
         sys.exit(EXIT_BUDGET)
     if summary.failed or summary.failed_before:
-        again = "send" if spec.target.uses_job else "submit"
+        again = "send" if isinstance(summary, RunSummary) else "submit"
         click.echo(f"some requests failed; re-run with --retry-failed to {again} them again",
                    err=True)  # fmt: skip
         sys.exit(EXIT_SOME_FAILED)
@@ -426,8 +419,13 @@ def spec_from_params(
     """The run `jsonlbatch exec` describes, from its parameters as click gives them (every
     option, defaults included): the one place where the modes (URLs, --serve, --fleet,
     --endpoints, --batch-api, --dry-run) and what does not go together are decided. The
-    library's `execute(**options)` comes here too (`cli/api.py`)."""
+    library's `execute(**options)` comes here too (`cli/library.py`); what each mode uses is
+    one table (`cli/option_use.py`)."""
     kwargs = dict(params)
+    ctx = click.get_current_context()
+    if sum(map(bool, (kwargs["fleet"], kwargs["endpoint_files"], kwargs["backend"]))) > 1:
+        raise UsageError("give one of --serve, --fleet and --endpoints")
+    check_use(ctx, ctx.command, kwargs)  # what the run's target does not use: refused
     urls: tuple[str, ...] = tuple(kwargs.pop("urls"))
     headers = parse_headers(tuple(kwargs.pop("headers")))
     shard, rate_limits, price = kwargs.pop("shard"), kwargs.pop("rate_limits"), kwargs.pop("price")
@@ -438,31 +436,29 @@ def spec_from_params(
     watching = pop_watch_kwargs(kwargs)
     watchers: tuple[Watcher, ...] = ()
     if watching["view"] or watching["metrics_port"] is not None:
-        if batch["batch_api"] or dry_run:
-            raise UsageError(
-                "--view and --metrics-port watch a direct run: not with --batch-api or --dry-run"
-            )
+        if dry_run:
+            raise UsageError("--view and --metrics-port watch a run that sends: not with --dry-run")
         from jsonlbatch.view.watch import Watch  # the page's server only when asked for
 
         watchers = (Watch(view=watching["view"], view_port=watching["view_port"],
                           metrics_port=watching["metrics_port"], host=watching["watch_host"]),)  # fmt: skip
     seams = seams or Seams()
-    target: Target
-    if batch["batch_api"]:
-        if shard:
-            raise UsageError("--shard does not go with --batch-api")
-        if cache and not no_cache:  # $JSONLBATCH_CACHE, a default for every run, is left alone
-            raise UsageError("--cache does not go with --batch-api")
-        if dry_run:
-            raise UsageError("--dry-run counts a direct run: leave out --batch-api to count")
-        target = batch_target(urls, headers, batch, {**kwargs, "price": price})
-        return RunSpec(requests=requests, output=output, target=target, seams=seams,
-                       options=ExecOptions(quiet=kwargs["quiet"]))  # fmt: skip
     fleet, endpoint_files = kwargs.pop("fleet"), tuple(kwargs.pop("endpoint_files"))
-    if sum(map(bool, (fleet, endpoint_files, kwargs.get("backend")))) > 1:
-        raise UsageError("give one of --serve, --fleet and --endpoints")
     if (fleet or endpoint_files) and urls:
         raise UsageError("--url goes with --serve or alone: a fleet's URLs come from its file")
+    register_secret(kwargs["api_key"])
+    target: Target
+    if batch["batch_api"]:
+        if len(urls) != 1:
+            raise UsageError("--batch-api takes exactly one --url: the Batch API's base URL")
+        if kwargs["model"] == "auto":
+            raise UsageError("--model auto needs a live server; name the model with --batch-api")
+        serve_options_from_kwargs(kwargs)  # pops them: refused above unless at their defaults
+        target = batch_target(batch, kwargs.pop("max_cost"))
+        options = ExecOptions(urls=urls, headers=headers, price=parse_price(price), cache=None,
+                              **kwargs)  # fmt: skip
+        return RunSpec(requests=requests, output=output, options=options, target=target,
+                       seams=_batch_seams(seams))  # fmt: skip
     plan = None
     if fleet:
         plan = fleet_plan(
@@ -470,7 +466,6 @@ def spec_from_params(
             keep_going=True,
         )  # fmt: skip
     serve = serve_options_from_kwargs(kwargs)
-    register_secret(kwargs["api_key"])
     options = ExecOptions(
         urls=urls,
         headers=headers,
@@ -490,3 +485,13 @@ def spec_from_params(
         target = Urls(urls)
     return RunSpec(requests=requests, output=output, options=options, target=target,
                    seams=seams, dry_run=dry_run, watchers=watchers)  # fmt: skip
+
+
+def _batch_seams(seams: Seams) -> Seams:
+    """A Batch API run takes a caller's check and listeners; a store, pools or concurrency
+    controllers would never be called (the provider sends), so they are refused, not dropped."""
+    named = (("store", seams.store), ("pools", seams.pools), ("concurrency", seams.concurrency))
+    unused = [name for name, value in named if value is not None]
+    if unused:
+        raise UsageError(f"Seams({unused[0]}=...) does not go with --batch-api: the provider sends")
+    return seams

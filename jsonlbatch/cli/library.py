@@ -25,6 +25,8 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
+from jsonlbatch.cli.option_use import GIVEN
+from jsonlbatch.cli.python_values import check_field, check_value
 from jsonlbatch.cli.sections import Sectioned
 from jsonlbatch.cost import Price
 from jsonlbatch.errors import UsageError
@@ -67,7 +69,7 @@ def _value(param: click.Parameter, value: Any) -> Any:
     """A Python value in the form the command line's parameter takes."""
     if isinstance(value, os.PathLike):
         value = os.fspath(value)
-    if param.name == "headers" and isinstance(value, Mapping):
+    if param.name in ("headers", "batch_metadata") and isinstance(value, Mapping):
         return [f"{k}={v}" for k, v in value.items()]
     if param.name == "rate_limits" and isinstance(value, bool):
         return "on" if value else "off"
@@ -102,8 +104,10 @@ def build_spec(
     by_param = {p.name: p for p in command.params}
     given: dict[str, Any] = {}
     # `ExecOptions` fields that have no option (grace, ...): the library may set them too
-    unflagged = {f.name for f in dataclasses.fields(ExecOptions)} - set(by_param)
+    unflagged = {f.name: f for f in dataclasses.fields(ExecOptions) if f.name not in by_param}
     extra = {name: options.pop(name) for name in list(options) if name in unflagged}
+    for name, value in extra.items():
+        check_field(unflagged[name], value)
     for name, value in options.items():
         if name not in names:
             near = difflib.get_close_matches(name, [*names, *unflagged], n=1, cutoff=0.6)
@@ -113,6 +117,9 @@ def build_spec(
         if param_name in given:
             raise UsageError(f"option {name!r} is given twice (as {param_name!r} too)")
         param = by_param[param_name]
+        if value is None:  # Python's "not given": the option's default (or a settings file's)
+            continue
+        check_value(name, param, value)  # its type, before click converts it
         given[param_name] = (not value) if negate else _value(param, value)
     args = [os.fspath(requests), "-o", os.fspath(output)]
     try:
@@ -121,6 +128,7 @@ def build_spec(
         raise UsageError(exc.format_message()) from None
     from jsonlbatch.cli.exec import spec_from_params
 
+    ctx.meta[GIVEN] = frozenset(given)  # the caller's, though click sees a default_map
     with ctx:
         command.settled(ctx, given=(ParameterSource.DEFAULT_MAP,))
         params = dict(ctx.params)

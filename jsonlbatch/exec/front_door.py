@@ -64,8 +64,9 @@ class Summary(Protocol):
 class Target(Protocol):
     """Where a run's requests go."""
 
-    #: True: `start` sends through the prepared `Job` (`running.job`); False: the target reads
-    #: the request file itself (a provider's Batch API) and `running.job` is None.
+    #: True: `start` prepares the `Job` (`running.job`: the output locked, the input checked,
+    #: what is pending decided) and the target sends it (every target here, a provider's Batch
+    #: API included); False: the target reads the request file itself and `running.job` is None.
     uses_job: bool
 
     def start(self, running: Running, /) -> Summary: ...
