@@ -78,3 +78,27 @@ def test_failures_and_unknown_ids_pass_unchanged(tmp_path) -> None:
     failure = Merged(b'{"custom_id":"x","response":null,"error":{"code":"e"}}\n', True, None)
     unknown = merged("not-in-marks", chat("x"))
     assert list(checks(iter([failure, unknown]))) == [failure, unknown]
+
+
+def test_the_runs_check_honours_no_schema_check_and_adds_the_callers(tmp_path) -> None:
+    """`part_merge.run_check`: the contract as the run's options say, then `Seams.check`."""
+    from jsonlbatch.batchapi.client.part_merge import run_check
+    from jsonlbatch.exec.exec_options import ExecOptions
+    from jsonlbatch.exec.hooks.check_hook import Reject
+    from jsonlbatch.exec.hooks.seams import Seams
+    from jsonlbatch.exec.job import Job
+
+    requests = tmp_path / "in.jsonl"
+    requests.write_text("")
+    asked = {"broken": (CHAT_URL, declares(ASKED_BODY)["declares"])}
+    broken = merged("broken", chat('{"label": "maybe"}'))
+    codes = {}
+    for schema_check in (True, False):
+        job = Job(requests, tmp_path / "out.jsonl", ExecOptions(schema_check=schema_check))
+        (item,) = ResultChecks(run_check(job), asked)(iter([broken]))
+        codes[schema_check] = (orjson.loads(item.line)["error"] or {}).get("code")
+    assert codes == {True: "schema_invalid", False: None}  # --no-schema-check: taken as is
+    seams = Seams(check=lambda answer: Reject("no", code="caller"))
+    job = Job(requests, tmp_path / "out.jsonl", ExecOptions(schema_check=False), seams=seams)
+    (item,) = ResultChecks(run_check(job), asked)(iter([broken]))
+    assert item.failed and orjson.loads(item.line)["error"]["code"] == "caller"

@@ -49,11 +49,6 @@ _TABLE: dict[str, frozenset[str]] = {
 }  # fmt: skip
 #: Parameters that are about the command itself, not a run: never refused.
 _ALWAYS = frozenset({"requests", "output", "config", "help_all"})
-#: How a refusal says what the option needs, by the target that would use it.
-_NEEDS = {
-    LAUNCH: "is a server option: it needs --serve mock|vllm|sglang",
-    BATCH: "is a Batch API option: it needs --batch-api",
-}
 #: `ctx.meta` key: the parameters `jsonlbatch.execute` was given (cli/library.py). They reach
 #: click as `default_map` entries, as a settings file's do; they are the caller's all the same.
 GIVEN = "jsonlbatch.given"
@@ -115,18 +110,18 @@ def check_use(ctx: click.Context, command: click.Command, params: dict[str, Any]
 
 
 def _refusal(param: click.Parameter, target: str) -> str:
-    flag = _flag(param)
-    users = uses(str(param.name))
+    flag, users = _flag(param), uses(str(param.name))
     if target == BATCH:
         return f"{flag} does not go with --batch-api"
-    for needed in (BATCH, LAUNCH):
-        if needed in users:
-            if target == FLEET and needed == LAUNCH:
-                return f"{flag} describes one model: with --fleet, its options go in the fleet file"
-            return f"{flag} {_NEEDS[needed]}"
+    if param.name == "urls":
+        return "--url goes with --serve or alone: a fleet's URLs come from its file"
+    if users == {BATCH}:
+        return f"{flag} is a Batch API option: it needs --batch-api"
     if target == FLEET:
-        return f"{flag} does not go with --fleet"
-    return f"{flag} does not go with {'--endpoints' if target == ENDPOINTS else 'this run'}"
+        return (
+            f"{flag} describes one model: with --fleet, each model's options go in the fleet file"
+        )
+    return f"{flag} is a server option: it needs --serve mock|vllm|sglang"
 
 
 def _run_name(target: str) -> str:

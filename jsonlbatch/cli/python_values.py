@@ -28,13 +28,15 @@ _TEXT = ((str,), "a string")
 _PATH = ((str, os.PathLike), "a path (str or os.PathLike)")
 #: Parameters whose Python form is more than their command line's (cli/library.py's `_value`).
 _FORMS: dict[str, tuple[tuple[type, ...], str]] = {
-    "headers": ((Mapping, str), "a mapping of header: value (or KEY=VALUE strings)"),
+    "headers": ((str,), "a mapping of header: value, or KEY=VALUE strings"),
     "rate_limits": ((bool, str), "True/False (or 'on'/'off')"),
     "shard": ((tuple, str), "a (k, n) pair (or 'K/N')"),
     "price": ((Price, str), "a cost.Price (or 'in=$,out=$')"),
     "view_address": ((tuple, str), "a (host, port) pair (or 'HOST:PORT')"),
-    "batch_metadata": ((Mapping, str), "a mapping of key: value (or KEY=VALUE strings)"),
+    "batch_metadata": ((str,), "a mapping of key: value, or KEY=VALUE strings"),
 }
+#: Options that repeat KEY=VALUE items and take a mapping from Python.
+_MAPPINGS = frozenset({"headers", "batch_metadata"})
 
 
 def expected(param: click.Parameter) -> tuple[tuple[type, ...], str]:
@@ -66,7 +68,12 @@ def _fits(value: Any, types: tuple[type, ...]) -> bool:
 def check_value(name: str, param: click.Parameter, value: Any) -> None:
     """Raise `UsageError` when `value` (given as `name=`) is no value `param` can take."""
     types, words = expected(param)
-    if param.multiple and isinstance(value, (list, tuple)) and param.name not in _FORMS:
+    if param.name in _MAPPINGS and isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, str) or not isinstance(item, str):
+                raise UsageError(f"option {name!r} wants a mapping of strings to strings")
+        return
+    if param.multiple and isinstance(value, (list, tuple)):
         bad = [item for item in value if not _fits(item, types)]
         if bad:
             raise UsageError(
