@@ -20,7 +20,7 @@ from jsonlbatch.cli import main
 from jsonlbatch.cli.exec import exec_, spec_from_params
 from jsonlbatch.cli.library import build_spec
 from jsonlbatch.cli.option_use import BATCH, ENDPOINTS, FLEET, LAUNCH, URLS, uses
-from jsonlbatch.errors import UsageError
+from jsonlbatch.errors import ServerUnavailableError, UsageError
 
 URL = "http://127.0.0.1:9/v1"
 
@@ -254,3 +254,17 @@ def test_a_settings_files_unused_options_are_noted_once_and_left_out(
         main, ["exec", str(requests), "-o", str(out), "--url", URL, "--batch-api", "--dry-run"]
     )
     assert result.exit_code == 2 and "--dry-run does not go with --batch-api" in result.output
+
+
+def test_one_public_execute_the_other_a_deprecated_alias(tmp_path: Path, clean_env: None) -> None:
+    import jsonlbatch
+    import jsonlbatch.exec
+
+    requests, out = _files(tmp_path)
+    assert jsonlbatch.execute.__module__ == "jsonlbatch.cli.library"
+    # the old names still run (nothing listens on :9)
+    with (
+        pytest.warns(DeprecationWarning, match="use jsonlbatch.execute"),
+        pytest.raises(ServerUnavailableError),
+    ):
+        jsonlbatch.exec.execute(requests, out, urls=[URL], quiet=True, ready_timeout=0)
