@@ -17,7 +17,8 @@ import pytest
 from click.testing import CliRunner
 
 from jsonlbatch.cli import main
-from jsonlbatch.cli.exec import exec_, spec_from_params
+from jsonlbatch.cli.exec import exec_
+from jsonlbatch.cli.exec_spec import spec_from_params
 from jsonlbatch.cli.library import build_spec
 from jsonlbatch.cli.option_use import BATCH, ENDPOINTS, FLEET, LAUNCH, URLS, uses
 from jsonlbatch.errors import ServerUnavailableError, UsageError

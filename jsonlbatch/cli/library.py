@@ -126,7 +126,7 @@ def build_spec(
         ctx = command.make_context("exec", args, default_map=given)
     except click.ClickException as exc:
         raise UsageError(exc.format_message()) from None
-    from jsonlbatch.cli.exec import spec_from_params
+    from jsonlbatch.cli.exec_spec import spec_from_params
 
     ctx.meta[GIVEN] = frozenset(given)  # the caller's, though click sees a default_map
     with ctx:
