@@ -122,3 +122,22 @@ async def test_cancel_stops_the_watch_and_a_part_without_marks_is_checked_when_c
     assert len(results) == 6 and summary.merged == 6
     assert sorted(checked) == sorted(results)
     assert {line["error"]["code"] for line in results.values()} == {"caller_checked"}
+
+
+def test_changed_requests_follow_the_changed_policy_as_any_run(tmp_path: Path, mock_server) -> None:
+    """The job the front door prepared decides what is pending, `--changed` included (before:
+    refused with --batch-api, the submitter's own job never knew the option)."""
+    server = BatchServer(tmp_path / "state", mock_server()).start()
+    requests, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    lines = write_requests(requests, 3)
+    jsonlbatch.execute(requests, out, url=server.url, **FAST)
+    lines[1]["body"]["messages"][0]["content"] = "edited"
+    requests.write_bytes(b"".join(orjson.dumps(x) + b"\n" for x in lines))
+    with pytest.raises(jsonlbatch.InputError, match="changed"):
+        jsonlbatch.execute(requests, out, url=server.url, **FAST)
+    summary = jsonlbatch.execute(requests, out, url=server.url, changed="resend", **FAST)
+    assert summary.merged == 1 and summary.already_done == 2
+    results = read_results(out)
+    assert len(results) == 3  # one line per request, the edited one's anew
+    assert results["req-1"]["metrics"]["batch_id"] != results["req-0"]["metrics"]["batch_id"]
+    assert len(server.client().batches.list().data) == 2  # one more batch, for the edited one

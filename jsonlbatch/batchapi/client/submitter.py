@@ -147,10 +147,11 @@ class Submitter:
             self.note(f"repaired {self.output}: cut a torn last line ({cut} bytes)")
 
     def _present(self, custom_id: str) -> bool:
-        """Whether OUT already holds a line for this id (a merge cut short by a crash)."""
-        if custom_id in self.existing.ok:
-            return True
-        return custom_id in self.existing.failed and custom_id not in self.replaced
+        """Whether OUT already holds a line for this id (a merge cut short by a crash); not an
+        id whose old line was dropped to be sent again (`--retry-failed`, `--changed resend`)."""
+        if custom_id in self.replaced:
+            return False
+        return custom_id in self.existing.ok or custom_id in self.existing.failed
 
     # -- splitting -----------------------------------------------------------------------------
 
@@ -161,6 +162,8 @@ class Submitter:
             self.job.rewrite_output(lambda line: line_custom_id(line) not in replace)
             if scan.retried:
                 self.note(f"retrying {scan.retried} failed requests")
+            if scan.changed:
+                self.note(f"re-submitting {scan.changed} requests changed since their results")
         check_lines(self.job.source, scan.pending, self.provider)
         folder = self.state.folder
         folder.mkdir(parents=True, exist_ok=True)
