@@ -269,3 +269,17 @@ def test_one_public_execute_the_other_a_deprecated_alias(tmp_path: Path, clean_e
         pytest.raises(ServerUnavailableError),
     ):
         jsonlbatch.exec.execute(requests, out, urls=[URL], quiet=True, ready_timeout=0)
+
+
+def test_seams_a_batch_api_run_would_never_call_are_refused(
+    tmp_path: Path, clean_env: None
+) -> None:
+    from jsonlbatch.exec.hooks.seams import Seams
+    from jsonlbatch.exec.route.model_pools import PoolSpec
+
+    requests, out = _files(tmp_path)
+    pools = Seams(pools=[PoolSpec(urls=(URL,))])
+    with pytest.raises(UsageError, match=r"Seams\(pools=...\) does not go with --batch-api"):
+        build_spec(requests, out, url=URL, batch_api=True, seams=pools)
+    checked = Seams(check=lambda answer: None, subscribers=[(print, ())])
+    assert build_spec(requests, out, url=URL, batch_api=True, seams=checked).seams is checked

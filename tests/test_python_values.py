@@ -78,3 +78,10 @@ def test_the_python_forms_still_work(tmp_path: Path) -> None:
     assert build_spec(requests, out, url=URL, timeout="30").options.timeout == 30.0
     listed = build_spec(requests, out, url=URL, header=["X-A=1", "X-B=2"]).options.headers
     assert listed == {"X-A": "1", "X-B": "2"}
+
+
+def test_the_files_are_paths(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match=r"requests wants a path \(str or os.PathLike\), got int"):
+        build_spec(5, tmp_path / "out.jsonl", url=URL)  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match=r"output wants a path .*, got NoneType"):
+        jsonlbatch.execute(tmp_path / "in.jsonl", None, url=URL)  # type: ignore[arg-type]

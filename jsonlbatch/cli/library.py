@@ -99,6 +99,9 @@ def build_spec(
     **options: Any,
 ) -> RunSpec:
     """The `RunSpec` of `jsonlbatch exec REQUESTS -o OUTPUT --option value ...`."""
+    for name, path in (("requests", requests), ("output", output)):
+        if not isinstance(path, (str, os.PathLike)):
+            raise UsageError(f"{name} wants a path (str or os.PathLike), got {type(path).__name__}")
     command = _command()
     names = _names(command)
     by_param = {p.name: p for p in command.params}
