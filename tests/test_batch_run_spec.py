@@ -141,3 +141,30 @@ def test_changed_requests_follow_the_changed_policy_as_any_run(tmp_path: Path, m
     assert len(results) == 3  # one line per request, the edited one's anew
     assert results["req-1"]["metrics"]["batch_id"] != results["req-0"]["metrics"]["batch_id"]
     assert len(server.client().batches.list().data) == 2  # one more batch, for the edited one
+
+
+def test_a_watcher_of_a_batch_run_sees_its_answers(tmp_path: Path, mock_server) -> None:
+    """The spec's watchers live as long as the run and their subscribers get the merged
+    answers' events, as for any target (exec/front_door.py's `Watcher`)."""
+    import contextlib
+    import dataclasses
+
+    from jsonlbatch.exec.front_door import start
+
+    server = BatchServer(tmp_path / "state", mock_server()).start()
+    requests, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write_requests(requests, 3)
+    seen: list[str] = []
+    life: list[str] = []
+
+    class Watch:
+        @contextlib.contextmanager
+        def watching(self, spec: Any):
+            life.append("open")
+            yield [(lambda event: seen.append(event.custom_id), (Answered,))]
+            life.append("closed")
+
+    spec = jsonlbatch.build_spec(requests, out, url=server.url, **FAST)
+    outcome = start(dataclasses.replace(spec, watchers=(Watch(),)), handle_signals=False)
+    assert outcome.summary.merged == 3 and sorted(seen) == ["req-0", "req-1", "req-2"]
+    assert life == ["open", "closed"]
