@@ -250,11 +250,23 @@ def test_a_settings_files_unused_options_are_noted_once_and_left_out(
     assert "--rpm" in err and "--concurrency" in err and "--reask" in err
     assert "--max-retries" not in err and spec.options.max_retries == 4  # used: kept
     assert spec.options.rpm is None and spec.options.reask == 0
-    # the same settings on the command line's side: the same note, the same run
-    result = CliRunner().invoke(
-        main, ["exec", str(requests), "-o", str(out), "--url", URL, "--batch-api", "--dry-run"]
-    )
-    assert result.exit_code == 2 and "--dry-run does not go with --batch-api" in result.output
+    # the command line's side: the same note once, and the run goes on (here to a closed port)
+    args = [
+        "exec",
+        str(requests),
+        "-o",
+        str(out),
+        "--url",
+        URL,
+        "--batch-api",
+        "--max-retries",
+        "0",
+    ]
+    result = CliRunner().invoke(main, args)
+    assert result.output.count("note:") == 1 and "--batch-api run: left out" in result.output
+    assert result.exit_code == 1 and "Traceback" not in result.output  # nothing listens on :9
+    refused = CliRunner().invoke(main, [*args, "--rpm", "5"])  # given: refused, not noted
+    assert refused.exit_code == 2 and "--rpm does not go with --batch-api" in refused.output
 
 
 def test_one_public_execute_the_other_a_deprecated_alias(tmp_path: Path, clean_env: None) -> None:
