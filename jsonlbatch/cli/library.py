@@ -7,11 +7,17 @@ option names (dashes as underscores).
 The options go through the command's own parameters (click's types, ranges, choices and
 defaults, written once there), then through the same `spec_from_params` the command uses, and
 the `RunSpec` it returns is started by the same `exec.front_door.start`: a Python run and a command
-line run are one run. An unknown option name is a `UsageError` naming the nearest one.
+line run are one run. An unknown option name is a `UsageError` naming the nearest one; an option
+the run's kind does not use is refused in the command's words (`cli/option_use.py`; the options
+given here count as given, though click sees them as a `default_map`); a value of the wrong
+Python type is refused before it is converted (`cli/python_values.py`: `timeout=True` is no
+second). These are the one public `execute`/`aexecute` (`jsonlbatch.exec.execute` is a
+deprecated alias); they live under `cli/` because their options are the command's parameters.
 
 Values take their Python forms as well as the command line's: a list or a single string for an
 option that repeats (`url=`, `served_model_name=`), a mapping for `headers=`, True/False for
-`rate_limits=`, a `(k, n)` pair for `shard=`, a `cost.Price` for `price=`, paths as `Path`s.
+`rate_limits=`, a `(k, n)` pair for `shard=`, a `cost.Price` for `price=`, paths as `Path`s;
+`None` is "not given".
 """
 
 from __future__ import annotations
