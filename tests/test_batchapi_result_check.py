@@ -81,24 +81,26 @@ def test_failures_and_unknown_ids_pass_unchanged(tmp_path) -> None:
 
 
 def test_the_runs_check_honours_no_schema_check_and_adds_the_callers(tmp_path) -> None:
-    """`part_merge.run_check`: the contract as the run's options say, then `Seams.check`."""
-    from jsonlbatch.batchapi.client.part_merge import run_check
+    """A merge checks with the job's own checks (`Job.checks`): the contract as the run's
+    options say (`--no-schema-check`), then `Seams.check`."""
     from jsonlbatch.exec.exec_options import ExecOptions
     from jsonlbatch.exec.hooks.check_hook import Reject
     from jsonlbatch.exec.hooks.seams import Seams
     from jsonlbatch.exec.job import Job
 
     requests = tmp_path / "in.jsonl"
-    requests.write_text("")
+    line = {"custom_id": "broken", "method": "POST", "url": CHAT_URL, "body": ASKED_BODY}
+    requests.write_bytes(orjson.dumps(line) + b"\n")
     asked = {"broken": (CHAT_URL, declares(ASKED_BODY)["declares"])}
     broken = merged("broken", chat('{"label": "maybe"}'))
-    codes = {}
-    for schema_check in (True, False):
-        job = Job(requests, tmp_path / "out.jsonl", ExecOptions(schema_check=schema_check))
-        (item,) = ResultChecks(run_check(job), asked)(iter([broken]))
-        codes[schema_check] = (orjson.loads(item.line)["error"] or {}).get("code")
-    assert codes == {True: "schema_invalid", False: None}  # --no-schema-check: taken as is
-    seams = Seams(check=lambda answer: Reject("no", code="caller"))
-    job = Job(requests, tmp_path / "out.jsonl", ExecOptions(schema_check=False), seams=seams)
-    (item,) = ResultChecks(run_check(job), asked)(iter([broken]))
-    assert item.failed and orjson.loads(item.line)["error"]["code"] == "caller"
+
+    def code(options: ExecOptions, seams: Seams | None = None) -> str | None:
+        with Job(requests, tmp_path / "out.jsonl", options, seams=seams) as job:
+            job.prepare()
+            (item,) = ResultChecks(job.checks(schemas=True), asked)(iter([broken]))
+        return (orjson.loads(item.line)["error"] or {}).get("code")
+
+    assert code(ExecOptions()) == "schema_invalid"
+    assert code(ExecOptions(schema_check=False)) is None  # --no-schema-check: taken as is
+    refuse = Seams(check=lambda answer: Reject("no", code="caller"))
+    assert code(ExecOptions(schema_check=False), refuse) == "caller"

@@ -32,20 +32,11 @@ from jsonlbatch.batchapi.client.safe_names import safe_name
 from jsonlbatch.batchapi.client.submit_options import SubmitSummary
 from jsonlbatch.batchapi.client.submit_state import Part, State
 from jsonlbatch.batchapi.formats.batch_objects import failure_line
-from jsonlbatch.exec.hooks.check_hook import Check, chain
-from jsonlbatch.exec.hooks.contract_check import AnswerChecker
 from jsonlbatch.exec.job import Job
 from jsonlbatch.exec.output.events import Answered, EventBus, Failed
 from jsonlbatch.jsonl import AppendWriter
 from jsonlbatch.prices import PriceBook
 from jsonlbatch.records import is_failure
-
-
-def run_check(job: Job) -> Check | None:
-    """The checks a provider's answer takes: the answer contract (off with `--no-schema-check`;
-    a batch is never re-asked), then the caller's."""
-    contract = AnswerChecker(job.output, reask=0, enabled=job.options.schema_check)
-    return chain(contract, job.seams.the_check)
 
 
 def run_events(job: Job) -> EventBus:
@@ -71,7 +62,9 @@ class PartMerge:
     ) -> None:
         self.job, self.state, self.provider, self.book = job, state, provider, book
         self.summary, self.present, self.note = summary, present, note
-        self.check = run_check(job)
+        # the checks exec's answers take (the contract, as `--no-schema-check` says; then the
+        # caller's); the contract's re-asks are refused with --batch-api (cli/option_use.py)
+        self.check = job.checks(schemas=True)
         self.bus = run_events(job)
 
     async def merge(self, api: BatchProvider, part: Part, batch: dict[str, Any]) -> None:
