@@ -3,8 +3,8 @@
 Every way a run is asked for builds a `RunSpec` and hands it to `start` (or `astart`, from a
 running event loop): `jsonlbatch exec`, `jsonlbatch.execute`/`aexecute` (the one public way in
 from Python, which builds it from the command line's option names: `cli/library.py`), the
-experiment runner, and the Batch API server's runner. A spec says what to send (`requests`), where the answers go (`output`), how
-(`options`, `seams`) and where to (`target`):
+experiment runner, and the Batch API server's runner. A spec says what to send (`requests`),
+where the answers go (`output`), how (`options`, `seams`) and where to (`target`):
 
 - `Urls`: servers that are already running (also several, serving different models: a pool
   per model from what each lists);
