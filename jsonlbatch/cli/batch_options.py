@@ -1,4 +1,4 @@
-"""`exec --batch-api`: the options and the hand-over to `jsonlbatch.batchapi.client.submit`.
+"""`exec --batch-api`: the options and the run's target (`batchapi/client/provider_target.py`).
 
 Kept beside exec's own module so `cli/exec.py` only grows by a decorator and one branch.
 """
@@ -95,21 +95,6 @@ BATCH_NAMES = _NAMES = (
     "price_file",
     "poll_interval",
 )
-#: exec options that mean nothing to a Batch API run (name -> (option, default)): refused with
-#: it rather than silently ignored (a cache never looked up, answers never re-asked).
-LIVE_ONLY = _LIVE_ONLY = {
-    "stream": ("--stream", False),
-    "backend": ("--serve", None),
-    "changed": ("--changed", "refuse"),
-    "reask": ("--reask", 0),
-    "reask_feedback": ("--reask-feedback", False),
-    "parse_tool_calls": ("--parse-tool-calls", None),
-    "priority": ("--priority", None),
-    "fleet": ("--fleet", None),
-    "endpoint_files": ("--endpoints", ()),
-}
-
-
 def batch_api_options(func: _F) -> _F:
     """Add the `--batch-api` options to a click command."""
     for option in reversed(_OPTIONS):
@@ -122,45 +107,28 @@ def pop_batch_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     return {name: kwargs.pop(name) for name in _NAMES}
 
 
-def batch_target(
-    urls: tuple[str, ...],
-    headers: dict[str, str],
-    batch: dict[str, Any],
-    kwargs: dict[str, Any],
-) -> ProviderBatch:
-    """`exec --batch-api`: the run's target (submit, watch, merge), from exec's options."""
+def batch_target(batch: dict[str, Any], max_cost: float | None) -> ProviderBatch:
+    """`exec --batch-api`: the run's target (submit, watch, merge), from the Batch API's own
+    options (`max_cost`: the budget, priced by --price or the table; cli/option_use.py has
+    already refused what such a run does not use)."""
     from jsonlbatch.batchapi.client.provider_target import ProviderBatch
-    from jsonlbatch.batchapi.client.submit import SubmitOptions
-    from jsonlbatch.cost import parse_price
+    from jsonlbatch.batchapi.client.submit_options import BatchOptions
     from jsonlbatch.prices import load_price_file
 
-    for name, (option, default) in _LIVE_ONLY.items():
-        if kwargs.get(name, default) != default:
-            raise UsageError(f"{option} does not go with --batch-api")
-    if len(urls) != 1:
-        raise UsageError("--batch-api takes exactly one --url: the Batch API's base URL")
     metadata = {}
     for item in batch["batch_metadata"]:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise UsageError(f"--batch-metadata wants KEY=VALUE, got {item!r}")
         metadata[key] = value
-    options = SubmitOptions(
-        url=urls[0],
-        api_key=kwargs["api_key"],
-        headers=headers,
-        model=kwargs["model"],
+    options = BatchOptions(
         completion_window=batch["completion_window"],
         metadata=metadata,
         max_requests=batch["batch_max_requests"],
         max_bytes=batch["batch_max_bytes"],
         provider=batch["batch_provider"],
         poll_interval=batch["poll_interval"],
-        retry_failed=kwargs["retry_failed"],
-        max_retries=kwargs["max_retries"],
-        quiet=kwargs["quiet"],
-        price=parse_price(kwargs["price"]),
         prices=load_price_file(batch["price_file"]) if batch["price_file"] else {},
-        max_cost=kwargs.get("max_cost"),
+        max_cost=max_cost,
     )
     return ProviderBatch(options)

@@ -1,4 +1,5 @@
-"""`jsonlbatch exec`: the command-line face of `jsonlbatch.exec.job`."""
+"""`jsonlbatch exec`: the command and its options; the run they describe is made in
+`cli/exec_spec.py` (`spec_from_params`), which `jsonlbatch.execute` shares."""
 
 from __future__ import annotations
 
@@ -6,17 +7,14 @@ import sys
 from typing import Any
 
 import click
-from click.core import ParameterSource
 
 from jsonlbatch.cache import MODES as CACHE_MODES
 from jsonlbatch.cli.batch_options import (
     BATCH_NAMES,
-    LIVE_ONLY,
     batch_api_options,
-    batch_target,
-    pop_batch_kwargs,
 )
-from jsonlbatch.cli.exec_watch import WATCH_NAMES, add_watch_options, pop_watch_kwargs
+from jsonlbatch.cli.exec_spec import spec_from_params
+from jsonlbatch.cli.exec_watch import WATCH_NAMES, add_watch_options
 from jsonlbatch.cli.params import (
     BYTES,
     COUNT_OR_AUTO,
@@ -32,43 +30,22 @@ from jsonlbatch.cli.params import (
 from jsonlbatch.cli.sections import Deprecated, Section, Sectioned
 from jsonlbatch.cli.serve_options import (
     SERVE_NAMES,
-    fleet_plan,
     serve_options,
-    serve_options_from_kwargs,
 )
 from jsonlbatch.cli.settings import settings_option
-from jsonlbatch.cost import parse_price
-from jsonlbatch.errors import Interrupted, UsageError
+from jsonlbatch.errors import Interrupted
 from jsonlbatch.exec.exec_options import ExecOptions
-from jsonlbatch.exec.front_door import EndpointsFiles, RunSpec, Target, Urls, Watcher, start
-from jsonlbatch.exec.hooks.answer_cache import cache_dir_from
-from jsonlbatch.exec.hooks.seams import Seams
+from jsonlbatch.exec.front_door import start
 from jsonlbatch.exec.hooks.tool_call_parser import PARSERS as TOOL_CALL_PARSERS
 from jsonlbatch.exec.output.run_summary import RunSummary
 from jsonlbatch.exec.prepare.input_scan import CHANGED_POLICIES
-from jsonlbatch.exec.prepare.shard import parse_shard
 from jsonlbatch.exec.route.router import POLICIES
 from jsonlbatch.records import PRIORITY_RANGE
-from jsonlbatch.redact import register_secret
-from jsonlbatch.serve.target import Fleet, Launch
 
 #: Exit status of a run that finished but recorded failed requests.
 EXIT_SOME_FAILED = 3
 #: Exit status of a run that --max-cost stopped before every request was sent.
 EXIT_BUDGET = 4
-
-
-def parse_headers(values: tuple[str, ...]) -> dict[str, str]:
-    """`--header KEY=VALUE` items. Every value is a secret (registered at once); a malformed
-    item is not quoted back, since it may be `Authorization: Bearer ...` written with a colon."""
-    headers = {}
-    for item in values:
-        key, sep, value = item.partition("=")
-        register_secret(value if sep else item)
-        if not sep or not key.strip():
-            raise UsageError("--header wants KEY=VALUE (the value is kept secret)")
-        headers[key.strip()] = value
-    return headers
 
 
 _SECTIONS: list[Section] = [
@@ -106,16 +83,10 @@ _BRIEF = (
 
 def _settle(ctx: click.Context) -> None:
     """`--cache off` reaches the run as the old `--no-cache` did (no cache, whatever
-    `$JSONLBATCH_CACHE` says). A settings file's options for live runs (a cache, re-asks,
-    --stream) are defaults, like `$JSONLBATCH_CACHE`: a --batch-api run leaves them alone
-    instead of refusing them as it refuses them given on its command line."""
+    `$JSONLBATCH_CACHE` says)."""
     params = ctx.params
     if params.get("cache") == CacheDir.OFF:
         params["cache"], params["no_cache"] = None, True
-    if params.get("batch_api"):
-        for name, (_, default) in {**LIVE_ONLY, "cache": ("--cache", None)}.items():
-            if ctx.get_parameter_source(name) is ParameterSource.DEFAULT_MAP:
-                params[name] = default
 
 
 _EXAMPLES = (
@@ -422,79 +393,7 @@ def exec_(requests: str, output: str, **params: Any) -> None:
     if summary.budget_stopped:
         sys.exit(EXIT_BUDGET)
     if summary.failed or summary.failed_before:
-        again = "send" if spec.target.uses_job else "submit"
+        again = "send" if isinstance(summary, RunSummary) else "submit"
         click.echo(f"some requests failed; re-run with --retry-failed to {again} them again",
                    err=True)  # fmt: skip
         sys.exit(EXIT_SOME_FAILED)
-
-
-def spec_from_params(
-    requests: str, output: str, params: dict[str, Any], seams: Seams | None = None
-) -> RunSpec:
-    """The run `jsonlbatch exec` describes, from its parameters as click gives them (every
-    option, defaults included): the one place where the modes (URLs, --serve, --fleet,
-    --endpoints, --batch-api, --dry-run) and what does not go together are decided. The
-    library's `execute(**options)` comes here too (`cli/api.py`)."""
-    kwargs = dict(params)
-    urls: tuple[str, ...] = tuple(kwargs.pop("urls"))
-    headers = parse_headers(tuple(kwargs.pop("headers")))
-    shard, rate_limits, price = kwargs.pop("shard"), kwargs.pop("rate_limits"), kwargs.pop("price")
-    dry_run, cache, no_cache = kwargs.pop("dry_run"), kwargs.pop("cache"), kwargs.pop("no_cache")
-    if requests == "-":  # read once into a temporary file, like any other pipe
-        requests = "/dev/stdin"
-    batch = pop_batch_kwargs(kwargs)
-    watching = pop_watch_kwargs(kwargs)
-    watchers: tuple[Watcher, ...] = ()
-    if watching["view"] or watching["metrics_port"] is not None:
-        if batch["batch_api"] or dry_run:
-            raise UsageError(
-                "--view and --metrics-port watch a direct run: not with --batch-api or --dry-run"
-            )
-        from jsonlbatch.view.watch import Watch  # the page's server only when asked for
-
-        watchers = (Watch(view=watching["view"], view_port=watching["view_port"],
-                          metrics_port=watching["metrics_port"], host=watching["watch_host"]),)  # fmt: skip
-    seams = seams or Seams()
-    target: Target
-    if batch["batch_api"]:
-        if shard:
-            raise UsageError("--shard does not go with --batch-api")
-        if cache and not no_cache:  # $JSONLBATCH_CACHE, a default for every run, is left alone
-            raise UsageError("--cache does not go with --batch-api")
-        if dry_run:
-            raise UsageError("--dry-run counts a direct run: leave out --batch-api to count")
-        target = batch_target(urls, headers, batch, {**kwargs, "price": price})
-        return RunSpec(requests=requests, output=output, target=target, seams=seams,
-                       options=ExecOptions(quiet=kwargs["quiet"]))  # fmt: skip
-    fleet, endpoint_files = kwargs.pop("fleet"), tuple(kwargs.pop("endpoint_files"))
-    if sum(map(bool, (fleet, endpoint_files, kwargs.get("backend")))) > 1:
-        raise UsageError("give one of --serve, --fleet and --endpoints")
-    if (fleet or endpoint_files) and urls:
-        raise UsageError("--url goes with --serve or alone: a fleet's URLs come from its file")
-    plan = None
-    if fleet:
-        plan = fleet_plan(
-            fleet, kwargs, node=None, advertise=None, quiet=kwargs["quiet"], log_stem=output,
-            keep_going=True,
-        )  # fmt: skip
-    serve = serve_options_from_kwargs(kwargs)
-    register_secret(kwargs["api_key"])
-    options = ExecOptions(
-        urls=urls,
-        headers=headers,
-        shard=parse_shard(shard) if shard else None,
-        rate_limits=rate_limits == "on",
-        price=parse_price(price),
-        cache=cache_dir_from(cache, no_cache),
-        **kwargs,
-    )
-    if endpoint_files:
-        target = EndpointsFiles(endpoint_files)
-    elif plan is not None:
-        target = Fleet(plan)
-    elif serve is not None:
-        target = Launch(serve, urls)
-    else:
-        target = Urls(urls)
-    return RunSpec(requests=requests, output=output, options=options, target=target,
-                   seams=seams, dry_run=dry_run, watchers=watchers)  # fmt: skip

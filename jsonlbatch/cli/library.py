@@ -7,11 +7,17 @@ option names (dashes as underscores).
 The options go through the command's own parameters (click's types, ranges, choices and
 defaults, written once there), then through the same `spec_from_params` the command uses, and
 the `RunSpec` it returns is started by the same `exec.front_door.start`: a Python run and a command
-line run are one run. An unknown option name is a `UsageError` naming the nearest one.
+line run are one run. An unknown option name is a `UsageError` naming the nearest one; an option
+the run's kind does not use is refused in the command's words (`cli/option_use.py`; the options
+given here count as given, though click sees them as a `default_map`); a value of the wrong
+Python type is refused before it is converted (`cli/python_values.py`: `timeout=True` is no
+second). These are the one public `execute`/`aexecute` (`jsonlbatch.exec.execute` is a
+deprecated alias); they live under `cli/` because their options are the command's parameters.
 
 Values take their Python forms as well as the command line's: a list or a single string for an
 option that repeats (`url=`, `served_model_name=`), a mapping for `headers=`, True/False for
-`rate_limits=`, a `(k, n)` pair for `shard=`, a `cost.Price` for `price=`, paths as `Path`s.
+`rate_limits=`, a `(k, n)` pair for `shard=`, a `cost.Price` for `price=`, paths as `Path`s;
+`None` is "not given".
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
+from jsonlbatch.cli.option_use import GIVEN
+from jsonlbatch.cli.python_values import check_field, check_value
 from jsonlbatch.cli.sections import Sectioned
 from jsonlbatch.cost import Price
 from jsonlbatch.errors import UsageError
@@ -67,7 +75,7 @@ def _value(param: click.Parameter, value: Any) -> Any:
     """A Python value in the form the command line's parameter takes."""
     if isinstance(value, os.PathLike):
         value = os.fspath(value)
-    if param.name == "headers" and isinstance(value, Mapping):
+    if param.name in ("headers", "batch_metadata") and isinstance(value, Mapping):
         return [f"{k}={v}" for k, v in value.items()]
     if param.name == "rate_limits" and isinstance(value, bool):
         return "on" if value else "off"
@@ -97,13 +105,18 @@ def build_spec(
     **options: Any,
 ) -> RunSpec:
     """The `RunSpec` of `jsonlbatch exec REQUESTS -o OUTPUT --option value ...`."""
+    for name, path in (("requests", requests), ("output", output)):
+        if not isinstance(path, (str, os.PathLike)):
+            raise UsageError(f"{name} wants a path (str or os.PathLike), got {type(path).__name__}")
     command = _command()
     names = _names(command)
     by_param = {p.name: p for p in command.params}
     given: dict[str, Any] = {}
     # `ExecOptions` fields that have no option (grace, ...): the library may set them too
-    unflagged = {f.name for f in dataclasses.fields(ExecOptions)} - set(by_param)
+    unflagged = {f.name: f for f in dataclasses.fields(ExecOptions) if f.name not in by_param}
     extra = {name: options.pop(name) for name in list(options) if name in unflagged}
+    for name, value in extra.items():
+        check_field(unflagged[name], value)
     for name, value in options.items():
         if name not in names:
             near = difflib.get_close_matches(name, [*names, *unflagged], n=1, cutoff=0.6)
@@ -113,14 +126,18 @@ def build_spec(
         if param_name in given:
             raise UsageError(f"option {name!r} is given twice (as {param_name!r} too)")
         param = by_param[param_name]
+        if value is None:  # Python's "not given": the option's default (or a settings file's)
+            continue
+        check_value(name, param, value)  # its type, before click converts it
         given[param_name] = (not value) if negate else _value(param, value)
     args = [os.fspath(requests), "-o", os.fspath(output)]
     try:
         ctx = command.make_context("exec", args, default_map=given)
     except click.ClickException as exc:
         raise UsageError(exc.format_message()) from None
-    from jsonlbatch.cli.exec import spec_from_params
+    from jsonlbatch.cli.exec_spec import spec_from_params
 
+    ctx.meta[GIVEN] = frozenset(given)  # the caller's, though click sees a default_map
     with ctx:
         command.settled(ctx, given=(ParameterSource.DEFAULT_MAP,))
         params = dict(ctx.params)

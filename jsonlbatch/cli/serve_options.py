@@ -242,6 +242,8 @@ _FLEET_OPTIONS = [
 
 #: Launch options that apply to a whole fleet, as defaults for entries that do not set them.
 _FLEET_DEFAULTS = ("host", "restart", "ready_timeout", "log_dir", "ray", "ray_address")
+#: The launch options a fleet run reads too (the defaults of every model in its file).
+FLEET_NAMES = (*_FLEET_DEFAULTS, "gpus")
 
 
 def fleet_options(func: _F) -> _F:

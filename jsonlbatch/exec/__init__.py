@@ -1,14 +1,16 @@
 """The exec stage: send an OpenAI Batch request file to OpenAI-compatible servers, crash-safely.
 
 `front_door` is the way in: a `RunSpec` (what every way of asking for a run builds) started by
-`start`/`astart`, and `execute`/`aexecute`; `job.Job` is a run prepared, `run_loop` the run
-itself. The stages, in the order a request meets them: `prepare/` (the input and output
+`start`/`astart` (`execute`/`aexecute` here are deprecated aliases: the public ones are
+`jsonlbatch.execute`/`aexecute`, with the command line's option names); `job.Job` is a run
+prepared, `run_loop` the run itself. The stages, in the order a request meets them: `prepare/` (the input and output
 passes), `route/` (which server), `send/` (the attempts), `hooks/` (what a caller plugs in:
 checks, an answer store; the answer contract), `output/` (the written line, events, the bar,
 the summary, what a caller gets back). docs/architecture.md draws one request's path.
 
-    from jsonlbatch.exec import execute
-    outcome = execute("requests.jsonl", "responses.jsonl", urls=["http://localhost:8000/v1"])
+    from jsonlbatch.exec import RunSpec, Urls, start
+    outcome = start(RunSpec(requests="requests.jsonl", output="responses.jsonl",
+                            target=Urls(("http://localhost:8000/v1",))))
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ _LAZY = {
     "execute": "jsonlbatch.exec.front_door",
     "RunSpec": "jsonlbatch.exec.front_door",
     "start": "jsonlbatch.exec.front_door",
+    "Urls": "jsonlbatch.exec.front_door",
     "astart": "jsonlbatch.exec.front_door",
     "run_coroutine": "jsonlbatch.exec.job",
     "MergeError": "jsonlbatch.exec.prepare.shard",
@@ -40,7 +43,7 @@ _LAZY = {
 
 if TYPE_CHECKING:
     from jsonlbatch.exec.exec_options import ExecOptions
-    from jsonlbatch.exec.front_door import RunSpec, aexecute, astart, execute, start
+    from jsonlbatch.exec.front_door import RunSpec, Urls, aexecute, astart, execute, start
     from jsonlbatch.exec.hooks.seams import Seams
     from jsonlbatch.exec.job import Job, run_coroutine
     from jsonlbatch.exec.output.run_summary import RunSummary
@@ -59,6 +62,7 @@ __all__ = [
     "RunSpec",
     "RunSummary",
     "Seams",
+    "Urls",
     "ValidationReport",
     "aexecute",
     "astart",

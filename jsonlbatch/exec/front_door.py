@@ -1,10 +1,10 @@
 """One run, described in one value and started by one function: `RunSpec` and `start`.
 
 Every way a run is asked for builds a `RunSpec` and hands it to `start` (or `astart`, from a
-running event loop): `jsonlbatch exec`, `jsonlbatch.execute`/`aexecute` (which build it from the
-command line's option names: `jsonlbatch/api/`), the experiment runner, and the Batch API
-server's runner. A spec says what to send (`requests`), where the answers go (`output`), how
-(`options`, `seams`) and where to (`target`):
+running event loop): `jsonlbatch exec`, `jsonlbatch.execute`/`aexecute` (the one public way in
+from Python, which builds it from the command line's option names: `cli/library.py`), the
+experiment runner, and the Batch API server's runner. A spec says what to send (`requests`),
+where the answers go (`output`), how (`options`, `seams`) and where to (`target`):
 
 - `Urls`: servers that are already running (also several, serving different models: a pool
   per model from what each lists);
@@ -12,8 +12,10 @@ server's runner. A spec says what to send (`requests`), where the answers go (`o
 - `serve.target.Launch` / `serve.target.Fleet`: servers launched for the run, torn down after;
 - `batchapi.client.provider_target.ProviderBatch`: a provider's Batch API (submit, watch, merge).
 
-A target is anything with `uses_job` and `start(running)`; a target that sends from here gets
-the prepared `Job` (its input validated, its output locked) and runs it through `run_job`.
+A target is anything with `uses_job` and `start(running)`; a target that sends gets the prepared
+`Job` (its input validated, its output locked, with the spec's options and seams) and runs it
+(through `run_job`, or its own way: a provider's batch API), handling signals only where
+`start` was asked to (`running.handle_signals`).
 `dry_run` counts instead of sending, whatever the target. `watchers` live as long as the run
 (the live page, the metrics endpoint) and add their subscribers to the run's events.
 """
@@ -27,6 +29,7 @@ import difflib
 import os
 import sys
 import threading
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -64,8 +67,9 @@ class Summary(Protocol):
 class Target(Protocol):
     """Where a run's requests go."""
 
-    #: True: `start` sends through the prepared `Job` (`running.job`); False: the target reads
-    #: the request file itself (a provider's Batch API) and `running.job` is None.
+    #: True: `start` prepares the `Job` (`running.job`: the output locked, the input checked,
+    #: what is pending decided) and the target sends it (every target here, a provider's Batch
+    #: API included); False: the target reads the request file itself and `running.job` is None.
     uses_job: bool
 
     def start(self, running: Running, /) -> Summary: ...
@@ -184,14 +188,14 @@ def execute(
     seams: Seams | None = None,
     **options: Any,
 ) -> RunSummary:
-    """The exec stage alone: a request file to running servers (`options.urls`), blocking.
+    """Deprecated: use `jsonlbatch.execute`, which takes every mode of `jsonlbatch exec` (a
+    launched server, a fleet, a Batch API) with the command line's option names and checks
+    them as the command does; or build a `RunSpec` and `start` it.
 
-    Options are the fields of `ExecOptions` (`urls=[...]`, `concurrency=`, `model=`, ...);
-    `seams` plugs in checks, a store, pools or listeners (exec/hooks/seams.py). It starts the same
-    `RunSpec` the command line does (exec/front_door.py); `jsonlbatch.execute` takes every mode of
-    `jsonlbatch exec` (a launched server, a fleet, a Batch API) with its option names.
-    Raises `Interrupted` (with `.summary`) on Ctrl-C; re-running with the same arguments resumes.
+    Runs a request file to running servers (`options.urls`, the fields of `ExecOptions`),
+    blocking, as before. Kept for one release, for callers of earlier ones.
     """
+    _deprecated("execute")
     refuse_running_loop("jsonlbatch.execute", "jsonlbatch.aexecute")  # before the output lock
     spec = _spec(requests, output, seams, watchdog, options)
     return start(spec, handle_signals=handle_signals).summary
@@ -205,9 +209,19 @@ async def aexecute(
     seams: Seams | None = None,
     **options: Any,
 ) -> RunSummary:
-    """`execute` for callers that already run an event loop (signals are left to them)."""
+    """Deprecated: use `jsonlbatch.aexecute` (see `execute`)."""
+    _deprecated("aexecute")
     outcome = await astart(_spec(requests, output, seams, watchdog, options))
     return outcome.summary
+
+
+def _deprecated(name: str) -> None:
+    warnings.warn(
+        f"jsonlbatch.exec.{name} is deprecated and goes in the next release: use "
+        f"jsonlbatch.{name} (the command line's option names, every mode of `jsonlbatch exec`)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
 
 
 def _spec(

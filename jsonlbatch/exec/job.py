@@ -43,9 +43,11 @@ from jsonlbatch.exec.send.streaming import NO_STREAM_URLS
 from jsonlbatch.jsonl import (
     OutputLock,
     check_output,
+    filter_lines,
     is_regular,
     prefetch,
     remove_stale_rewrites,
+    rewrite_atomically,
     spool,
 )
 
@@ -84,7 +86,8 @@ class Job:
         #: The answer contract (contract_check.py) of this output: made once the output is
         #: scanned, it checks stored answers during the input scan and sent ones in the run.
         self.contract: AnswerChecker | None = None
-        self._running: tuple[asyncio.AbstractEventLoop, Run] | None = None  # for `stop`
+        #: the loop the run goes on and what stops it there (`stop`, `stoppable`)
+        self._running: tuple[asyncio.AbstractEventLoop, Callable[[], None]] | None = None
         self._stop_asked = False
         self.source = self.requests  # what is read: the request file, or a copy of a pipe
         check_output(self.output, [self.requests], exec_lock=False)  # the lock comes next
@@ -265,13 +268,29 @@ class Job:
                 handle_signals=handle_signals,
                 seams=self.seams,
             )
-            self._running = (asyncio.get_running_loop(), run)
+            with self.stoppable(run.request_stop):
+                return await run.main()
+        finally:
+            self.close()
+
+    @contextlib.contextmanager
+    def stoppable(self, request_stop: Callable[[], None]) -> Iterator[None]:
+        """While the block runs on this thread's event loop, `stop()` calls `request_stop`
+        there: the run loop's, or a target that sends the prepared job itself (a provider's
+        Batch API). A stop asked before the block calls it at once."""
+        self._running = (asyncio.get_running_loop(), request_stop)
+        try:
             if self._stop_asked:
-                run.request_stop()
-            return await run.main()
+                request_stop()
+            yield
         finally:
             self._running = None
-            self.close()
+
+    def rewrite_output(self, keep: Callable[[bytes], bool]) -> None:
+        """Drop the output's lines `keep` refuses, atomically, keeping the lock on the new
+        file (a target that writes the output itself: a provider's batch results)."""
+        rewrite_atomically(self.output, filter_lines(self.output, keep))
+        self._lock.hold_output()
 
     def stop(self) -> None:
         """End the run as a first Ctrl-C does (no new requests; those in flight get
@@ -280,8 +299,8 @@ class Job:
         self._stop_asked = True
         running = self._running
         if running is not None:
-            loop, run = running
-            loop.call_soon_threadsafe(run.request_stop)
+            loop, request_stop = running
+            loop.call_soon_threadsafe(request_stop)
 
 
 def refuse_running_loop(blocking: str, awaitable: str) -> None:

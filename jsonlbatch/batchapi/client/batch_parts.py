@@ -153,15 +153,49 @@ def declares(body: Any) -> dict[str, Any]:
     return {"declares": {k: body[k] for k in (*SCHEMA_KEYS, "tool_choice") if k in body}}
 
 
-def read_asked(folder: Path, part: Part) -> dict[str, tuple[str, dict[str, Any]]]:
-    """custom_id -> (its endpoint URL, the body fields that declare its schema), for a part's
-    requests (marks written before this was kept give none: their answers are not checked)."""
-    out = {}
+def read_asked(
+    folder: Path, part: Part, requests: str, provider: Provider
+) -> dict[str, tuple[str, dict[str, Any]]]:
+    """custom_id -> (its endpoint URL as sent, the body fields that declare its schema), for a
+    part's requests. Marks written before these were kept name only the ids: those requests
+    are read again from the request file (translated as they were sent), so their answers take
+    the same checks."""
+    out: dict[str, tuple[str, dict[str, Any]]] = {}
+    unknown = set()
     for _, raw in iter_lines(folder / marks_path(part)):
         mark = orjson.loads(raw)
         if isinstance(mark.get("url"), str):
             out[mark["custom_id"]] = (mark["url"], mark.get("declares") or {})
+        else:
+            unknown.add(mark["custom_id"])
+    if unknown:
+        out.update(_asked_in_file(requests, unknown, provider))
     return out
+
+
+def _asked_in_file(
+    requests: str, ids: set[str], provider: Provider
+) -> dict[str, tuple[str, dict[str, Any]]]:
+    """What `write_parts` would have marked for `ids`, read from the request file."""
+    out = {}
+    for _, raw in iter_lines(requests):
+        obj = _object(raw)
+        cid = obj.get("custom_id") if obj is not None else None
+        if obj is None or cid not in ids or not isinstance(obj.get("url"), str):
+            continue
+        url, body = obj["url"], obj.get("body")
+        if url in provider.translated and isinstance(body, dict):
+            url, body = provider.translated[url][0], provider.translated[url][1](body)[0]
+        out[cid] = (url, declares(body).get("declares", {}))
+    return out
+
+
+def _object(raw: bytes) -> dict[str, Any] | None:
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    return obj if isinstance(obj, dict) else None
 
 
 def read_marks(folder: Path, part: Part) -> dict[str, tuple[str, str]]:
