@@ -95,6 +95,8 @@ BATCH_NAMES = _NAMES = (
     "price_file",
     "poll_interval",
 )
+
+
 def batch_api_options(func: _F) -> _F:
     """Add the `--batch-api` options to a click command."""
     for option in reversed(_OPTIONS):
