@@ -24,6 +24,7 @@ from typing import Any
 import orjson
 
 from jsonlbatch.errors import InputError, Problem
+from jsonlbatch.media import part_problem
 from jsonlbatch.redact import redact_line
 
 CHAT_URL = "/v1/chat/completions"
@@ -53,6 +54,7 @@ KNOWN_URLS = frozenset(
 
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 _POSITIVE = ("n", "max_tokens", "max_completion_tokens")
+_MEDIA_PARTS = frozenset({"image_url", "file", "image", "document"})  # checked: media.part_problem
 _ROLE_STRS = tuple(_ROLES)  # `in` on a tuple compares, so an unhashable role cannot raise
 
 
@@ -96,6 +98,8 @@ def check_messages(messages: Any, field_name: str = "body.messages") -> list[tup
             for j, part in enumerate(content):
                 if not isinstance(part, dict) or not isinstance(part.get("type"), str):
                     out.append((f"{where}.content[{j}]", "must be an object with a 'type'"))
+                elif part["type"] in _MEDIA_PARTS and (found := part_problem(part)):
+                    out.append((f"{where}.content[{j}].{found[0]}", found[1]))
         elif not isinstance(content, str):
             out.append((f"{where}.content", f"must be a string or a list, got {_kind(content)}"))
     return out
