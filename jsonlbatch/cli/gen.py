@@ -322,7 +322,7 @@ def gen(
     click.echo(
         f"wrote {plural(s.requests, 'request')}{per} to {s.path}; about "
         f"{plural(s.prompt_tokens_estimate, 'prompt token')}"
-        f" (text estimated as characters / {CHARS_PER_TOKEN}, no tokenizer"
+        f" (estimated as characters / {CHARS_PER_TOKEN}, no tokenizer"
         + (f"; {s.image_tokens:,} of them image tokens, as billed" if s.image_tokens else "")
         + ")"
         + (f"; {s.uncounted_media:,} image/file parts not counted" if s.uncounted_media else ""),
