@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import os
 import struct
+import subprocess
 import sys
 import zlib
 
@@ -353,3 +355,54 @@ def test_mock_usage_counts_image_tokens_as_the_estimate_does(mock_server):
     words = 2  # "Describe it"
     assert answer["usage"]["prompt_tokens"] == words + 765 + 85
     assert cost.image_tokens(body)[0] == 765 + 85
+
+
+# -- memory: multi-MB lines stream -------------------------------------------------------------
+
+
+def _exec_peak_mb(requests, out, url: str) -> float:
+    """Run exec as a real process at concurrency 2; its peak RSS in MB (Linux: ru_maxrss in KB)."""
+    command = [sys.executable, "-m", "jsonlbatch", "exec", str(requests), "-o", str(out),
+               "--url", url, "-c", "2", "-q"]  # fmt: skip
+    proc = subprocess.Popen(command, env=ENV, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, proc.stderr.read() if proc.stderr else ""
+    return usage.ru_maxrss / 1024
+
+
+def _image_requests(path, lines: int, line_mb: float) -> None:
+    header = png(1024, 1024)[:33]  # the IHDR: the mock and the estimate size it
+    with open(path, "wb") as file:
+        for i in range(lines):
+            payload = header + os.urandom(int(line_mb * 2**20 * 3 / 4))
+            body = chat(image(as_url(payload)), model="mock")
+            file.write(orjson.dumps({"custom_id": f"r{i}", "method": "POST",
+                                     "url": "/v1/chat/completions", "body": body}) + b"\n")  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="ru_maxrss in KB is Linux's")
+def test_multi_mb_lines_stream_through_exec_in_memory_bounded_by_concurrency(
+    tmp_path, mock_process
+):
+    """Tripling the file adds nothing to exec's peak: what it holds is a few lines per worker
+    (the queue of parsed requests, the encoded body in flight), never the file."""
+    url = mock_process("--served-model-name", "mock").url
+    line_mb = 1.5
+    peaks = []
+    for lines in (20, 60):
+        requests, out = tmp_path / f"req{lines}.jsonl", tmp_path / f"out{lines}.jsonl"
+        _image_requests(requests, lines, line_mb)
+        peaks.append(_exec_peak_mb(requests, out, url))
+        results = [orjson.loads(raw) for raw in out.read_bytes().splitlines()]
+        assert len(results) == lines and all(r["error"] is None for r in results)
+        usage = results[0]["response"]["body"]["usage"]
+        assert usage["prompt_tokens"] == 2 + 765  # the mock sized the picture from its header
+    text = tmp_path / "text.jsonl"
+    text.write_bytes(b"".join(
+        orjson.dumps({"custom_id": f"t{i}", "method": "POST", "url": "/v1/chat/completions",
+                      "body": chat(model="mock")}) + b"\n" for i in range(60)
+    ))  # fmt: skip
+    baseline = _exec_peak_mb(text, tmp_path / "text-out.jsonl", url)
+    assert peaks[1] - peaks[0] < 8 * line_mb, (peaks, baseline)  # 60 MB more file, not held
+    assert peaks[1] - baseline < 32 * line_mb, (peaks, baseline)  # a few lines a worker, of 60
