@@ -29,7 +29,8 @@ _MAGIC: tuple[tuple[bytes, str], ...] = (
 IMAGE_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp")
 KNOWN_TYPES = "PNG, JPEG, GIF, WebP or PDF"
 
-_B64_BODY = re.compile(r"[A-Za-z0-9+/]*")
+_B64_ALPHABET = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+_B64_STRAY = re.compile(r"[^A-Za-z0-9+/]")
 _JPEG_SCAN_LIMIT = 1 << 24  # a SOF marker further in than 16 MB: not sized
 _JPEG_SEGMENTS = 4096
 _NO_LENGTH = frozenset({0x01, *range(0xD0, 0xD8)})
@@ -59,16 +60,17 @@ def split_data_url(url: str) -> tuple[str, str] | None:
 
 def base64_problem(payload: str) -> str | None:
     """Why `payload` is not strict base64 (the standard alphabet, padded to a multiple of 4),
-    or None. Checked with one regular-expression pass, nothing decoded: a multi-MB image costs
-    milliseconds."""
+    or None. Nothing is decoded: the alphabet is checked with one `bytes.translate` pass, so a
+    25 KB picture costs about 25 us and a multi-MB one milliseconds."""
     if not payload:
         return "the base64 is empty"
     pads = 2 if payload.endswith("==") else 1 if payload.endswith("=") else 0
-    end = len(payload) - pads
-    body = _B64_BODY.match(payload, 0, end)
-    if body is None or body.end() != end:  # a character outside the alphabet
-        at = body.end() if body is not None else 0
-        return f"the base64 does not decode (character {payload[at]!r} at {at})"
+    if not payload.isascii() or payload.encode("ascii")[: len(payload) - pads].translate(
+        None, _B64_ALPHABET
+    ):
+        at = _B64_STRAY.search(payload, 0, len(payload) - pads)
+        where = f"character {payload[at.start()]!r} at {at.start()}" if at else "a stray character"
+        return f"the base64 does not decode ({where})"
     if len(payload) % 4:
         return f"the base64 does not decode (its length, {len(payload)}, is not a multiple of 4)"
     return None

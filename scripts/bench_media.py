@@ -11,13 +11,14 @@
     python scripts/bench_media.py                          # 5,000 pictures, 20,000 requests
     python scripts/bench_media.py --images 2000 --requests 5000 --rounds 1   # ~1 minute
 
-The exec file repeats the gen file's lines under new ids until it holds --requests lines (the
-mock does not care that two pictures are the same; the client cannot tell).
+The exec files are written apart from gen's (a picture of its own on every line, as gen writes
+from a folder of --requests pictures), so --requests can exceed --images.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import struct
@@ -27,6 +28,7 @@ import tempfile
 import time
 import zlib
 from pathlib import Path
+from typing import Any
 
 import orjson
 from bench_exec import compile_package, exec_command, free_port, median, pin, start_server
@@ -80,15 +82,21 @@ def timed_gen(folder: Path, out: Path) -> float:
 
 
 def spread(gen_file: Path, out: Path, requests: int, *, images: bool) -> None:
-    """`requests` lines from the gen file's bodies, cycled; without images: the text part only."""
-    bodies = [orjson.loads(raw)["body"] for raw in gen_file.read_bytes().splitlines()]
+    """`requests` lines shaped as the gen file's, each with a picture of its own (as gen would
+    write from a folder of `requests` pictures); without images: the text part only."""
+    body = orjson.loads(gen_file.read_bytes().split(b"\n", 1)[0])["body"]
+    text = body["messages"][0]["content"][0]["text"]
     with out.open("wb") as f:
         for i in range(requests):
-            body = bodies[i % len(bodies)]
-            if not images:
-                text = body["messages"][0]["content"][0]["text"]
-                body = {**body, "messages": [{"role": "user", "content": text}]}
-            f.write(request_line(f"r{i}", body))
+            if images:
+                url = "data:image/png;base64," + base64.b64encode(png(136)).decode()
+                part = {"type": "image_url", "image_url": {"url": url, "detail": "low"}}
+                content: Any = [{"type": "text", "text": text}, part]
+            else:
+                content = text
+            f.write(
+                request_line(f"r{i}", {**body, "messages": [{"role": "user", "content": content}]})
+            )
 
 
 def timed_exec(requests: Path, output: Path, url: str, concurrency: int) -> tuple[float, float]:
