@@ -218,7 +218,8 @@ def media_parts(body: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
             if not isinstance(content, list):
                 continue
             for part in content:
-                kind = _KINDS.get(part.get("type")) if isinstance(part, dict) else None
+                kind = part.get("type") if isinstance(part, dict) else None
+                kind = _KINDS.get(kind) if type(kind) is str else None  # hostile: a list
                 if kind is not None:
                     yield kind, part
 

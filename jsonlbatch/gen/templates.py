@@ -47,16 +47,22 @@ def _tojson(value: Any) -> str:
 _MEDIA_BASE: ContextVar[str | None] = ContextVar("media_base", default=None)
 
 
+def _path(value: Any) -> str:
+    if not isinstance(value, str):
+        raise data_urls.MediaError(f"a file path is a string, not {type(value).__name__} {value!r}")
+    return value
+
+
 def _data_url(path: Any, max_side: int | None = None) -> str:
-    return data_urls.data_url(str(path), max_side, base=_MEDIA_BASE.get())
+    return data_urls.data_url(_path(path), max_side, base=_MEDIA_BASE.get())
 
 
 def _image_part(path: Any, max_side: int | None = None, detail: str | None = None) -> Any:
-    return data_urls.image_part(str(path), max_side, detail, base=_MEDIA_BASE.get())
+    return data_urls.image_part(_path(path), max_side, detail, base=_MEDIA_BASE.get())
 
 
 def _file_part(path: Any, filename: str | None = None) -> Any:
-    return data_urls.file_part(str(path), filename, base=_MEDIA_BASE.get())
+    return data_urls.file_part(_path(path), filename, base=_MEDIA_BASE.get())
 
 
 _ENV = SandboxedEnvironment(undefined=StrictUndefined, autoescape=False)
