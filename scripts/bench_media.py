@@ -5,7 +5,8 @@
    times `jsonlbatch gen --messages` embedding each as a data URL (target: 5,000 under 10 s).
 2. Runs `jsonlbatch exec` on the mock (instant, pinned to one core; exec pinned to the other)
    over those image requests and over text-only requests of equal count, alternating, and
-   reports requests/s of each and their ratio (target: images within 0.8x of text).
+   reports requests/s of each and their ratio (target: images within 0.8x of text), and the
+   ratio of exec's CPU seconds, which a shared machine's load does not inflate.
 3. Reports the image run's peak RSS (target: under 200 MB at 20,000 requests, a 500 MB file).
 
     python scripts/bench_media.py                          # 5,000 pictures, 20,000 requests
@@ -99,8 +100,11 @@ def spread(gen_file: Path, out: Path, requests: int, *, images: bool) -> None:
             )
 
 
-def timed_exec(requests: Path, output: Path, url: str, concurrency: int) -> tuple[float, float]:
-    """(seconds, peak RSS in MB) of one `jsonlbatch exec`, pinned to core 0."""
+def timed_exec(
+    requests: Path, output: Path, url: str, concurrency: int
+) -> tuple[float, float, float]:
+    """(wall seconds, CPU seconds, peak RSS in MB) of one `jsonlbatch exec`, pinned to core 0.
+    CPU seconds are what a shared machine's load does not inflate."""
     output.unlink(missing_ok=True)
     cmd = exec_command(requests, output, url, concurrency, "--quiet")
     start = time.perf_counter()
@@ -109,7 +113,7 @@ def timed_exec(requests: Path, output: Path, url: str, concurrency: int) -> tupl
     seconds = time.perf_counter() - start
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(proc.stderr.read().decode() if proc.stderr else "exec failed")
-    return seconds, usage.ru_maxrss / 1024
+    return seconds, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
 
 
 def main() -> None:
@@ -134,7 +138,7 @@ def main() -> None:
         port = free_port()
         server = start_server(port)
         url = f"http://127.0.0.1:{port}/v1"
-        runs: dict[str, list[tuple[float, float]]] = {"text": [], "images": []}
+        runs: dict[str, list[tuple[float, float, float]]] = {"text": [], "images": []}
         try:
             for _ in range(args.rounds):
                 runs["text"].append(
@@ -146,8 +150,10 @@ def main() -> None:
         finally:
             server.terminate()
             server.wait(timeout=10)
-        text_s = median([s for s, _ in runs["text"]])
-        image_s = median([s for s, _ in runs["images"]])
+        text_s = median([s for s, _, _ in runs["text"]])
+        image_s = median([s for s, _, _ in runs["images"]])
+        text_cpu = median([c for _, c, _ in runs["text"]])
+        image_cpu = median([c for _, c, _ in runs["images"]])
         figures = {
             "gen_images": args.images,
             "gen_s": round(gen_s, 2),
@@ -157,8 +163,11 @@ def main() -> None:
             "text_req_per_s": round(args.requests / text_s),
             "image_req_per_s": round(args.requests / image_s),
             "image_over_text": round(text_s / image_s, 2),
-            "image_peak_rss_mb": round(max(m for _, m in runs["images"])),
-            "text_peak_rss_mb": round(max(m for _, m in runs["text"])),
+            "text_cpu_s": round(text_cpu, 2),
+            "image_cpu_s": round(image_cpu, 2),
+            "image_over_text_cpu": round(text_cpu / image_cpu, 2),
+            "image_peak_rss_mb": round(max(m for _, _, m in runs["images"])),
+            "text_peak_rss_mb": round(max(m for _, _, m in runs["text"])),
         }
     if args.json:
         print(json.dumps(figures))
@@ -168,7 +177,8 @@ def main() -> None:
     print(
         f"exec, {f['requests']:,} requests at -c {args.concurrency}: text {f['text_req_per_s']:,} "
         f"req/s, images ({f['image_file_mb']} MB file) {f['image_req_per_s']:,} req/s: "
-        f"{f['image_over_text']}x; peak RSS images {f['image_peak_rss_mb']} MB, "
+        f"{f['image_over_text']}x; CPU seconds text {f['text_cpu_s']}, images "
+        f"{f['image_cpu_s']}: {f['image_over_text_cpu']}x; peak RSS images {f['image_peak_rss_mb']} MB, "
         f"text {f['text_peak_rss_mb']} MB"
     )
 

@@ -343,6 +343,27 @@ def test_base64_check_is_exact():
         assert media.base64_problem(text) is not None, text
 
 
+def test_max_cost_counts_the_pictures_it_pays_for(tmp_path, mock_server):
+    """Six requests of one 1024 x 1024 picture each (765 tokens) at $1,000 per million input
+    tokens: about $0.77 a request, so a $2 budget sends two. Counting text alone, all six went."""
+    url = mock_server()
+    path, out = tmp_path / "requests.jsonl", tmp_path / "out.jsonl"
+    body = {**chat(image(as_url(png(1024, 1024))), model="mock"), "max_tokens": 1}
+    path.write_bytes(b"".join(
+        orjson.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}) + b"\n"
+        for i in range(6)
+    ))  # fmt: skip
+    price = ["--price", "in=1000,out=0"]
+    proc = cli(
+        "exec", str(path), "-o", str(out), "--url", url, "-c", "1", *price, "--max-cost", "2"
+    )
+    assert proc.returncode == 4, proc.stderr  # stopped by the budget
+    assert "stopped by --max-cost" in proc.stderr
+    lines = [orjson.loads(raw) for raw in out.read_bytes().splitlines()]
+    assert len(lines) == 2
+    assert all(line["response"]["body"]["usage"]["prompt_tokens"] == 2 + 765 for line in lines)
+
+
 # -- the mock counts the same -------------------------------------------------------------------
 
 
