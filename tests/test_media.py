@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import io
 import os
 import struct
 import subprocess
@@ -104,6 +105,27 @@ def test_picture_sizes_come_from_headers_read_a_window_at_a_time():
         assert sum(asked) < 200, f"{name}: read {sum(asked)} bytes for a header"
     assert media.image_size(media.bytes_reader(b"\xff\xd8\xff\xe0\x00")) is None  # cut short
     assert media.image_size(media.bytes_reader(b"not a picture at all")) is None
+
+
+def test_sizes_of_pictures_pillow_writes(tmp_path):
+    """Real encoders' output: baseline and progressive JPEG (SOF0, SOF2), lossy and lossless
+    WebP (VP8, VP8L), GIF, and a PNG with transparency."""
+    image_module = pytest.importorskip("PIL.Image")
+    picture = image_module.new("RGB", (321, 123), (10, 200, 30))
+    cases = {
+        "JPEG": {},
+        "JPEG progressive": {"progressive": True},
+        "WEBP lossy": {"quality": 80},
+        "WEBP lossless": {"lossless": True},
+        "GIF": {},
+        "PNG": {},
+    }
+    for name, options in cases.items():
+        out = io.BytesIO()
+        source = picture.convert("RGBA") if name == "PNG" else picture
+        source.save(out, format=name.split()[0], **options)
+        encoded = base64.b64encode(out.getvalue()).decode()
+        assert media.image_size(media.Base64Bytes(encoded)) == (321, 123), name
 
 
 def test_image_tokens_follow_the_published_rules():
