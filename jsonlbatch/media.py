@@ -260,8 +260,9 @@ def image_source(part: dict[str, Any]) -> tuple[str | None, str | None, str | No
 
 
 def part_problem(part: dict[str, Any]) -> tuple[str, str] | None:
-    """(sub-field, message) when an image or file part of a chat message cannot be sent: an
-    `image_url` that is neither http(s) nor data, or a data URL whose base64 does not decode."""
+    """(sub-field, message) when an image or file part cannot be sent (chat, Responses and
+    Messages shapes): an image URL that is neither http(s) nor data, or a data URL (or base64
+    source) whose base64 does not decode."""
     kind = part.get("type")
     if kind == "image_url":
         value = part.get("image_url")
@@ -285,6 +286,16 @@ def part_problem(part: dict[str, Any]) -> tuple[str, str] | None:
             return "file.file_data", "must be a data: URL string"
         problem = data_url_problem(data) if data[:5].lower() == "data:" else base64_problem(data)
         return ("file.file_data", problem) if problem else None
+    if kind == "input_image":  # the Responses API: a URL string, or an uploaded file's id
+        url = part.get("image_url")
+        if url is None and isinstance(part.get("file_id"), str):
+            return None
+        problem = image_url_problem(url)
+        return ("image_url", problem) if problem else None
+    if kind == "input_file" and isinstance(part.get("file_data"), str):
+        data = part["file_data"]
+        problem = data_url_problem(data) if data[:5].lower() == "data:" else base64_problem(data)
+        return ("file_data", problem) if problem else None
     if kind in ("image", "document"):
         source = part.get("source")
         if isinstance(source, dict) and source.get("type") == "base64":

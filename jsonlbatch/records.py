@@ -54,7 +54,8 @@ KNOWN_URLS = frozenset(
 
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 _POSITIVE = ("n", "max_tokens", "max_completion_tokens")
-_MEDIA_PARTS = frozenset({"image_url", "file", "image", "document"})  # checked: media.part_problem
+#: Part types `media.part_problem` checks (chat, Responses, Messages).
+_MEDIA_PARTS = frozenset({"image_url", "file", "image", "document", "input_image", "input_file"})
 _ROLE_STRS = tuple(_ROLES)  # `in` on a tuple compares, so an unhashable role cannot raise
 
 
@@ -204,6 +205,11 @@ def _check_responses(body: dict[str, Any]) -> list[tuple[str, str]]:
             isinstance(item.get("role"), str) or isinstance(item.get("type"), str)
         ):
             out.append((f"body.input[{i}]", "must be an object with a 'role' or a 'type'"))
+        elif isinstance(content := item.get("content"), list):
+            for j, part in enumerate(content):
+                kind = part.get("type") if isinstance(part, dict) else None
+                if type(kind) is str and kind in _MEDIA_PARTS and (found := part_problem(part)):
+                    out.append((f"body.input[{i}].content[{j}].{found[0]}", found[1]))
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         out.append(("body.instructions", "must be a string"))

@@ -358,6 +358,31 @@ def test_validate_and_exec_refuse_local_paths_and_broken_base64(tmp_path):
     assert "nothing was sent" in sent.stderr and "Traceback" not in sent.stderr
 
 
+def test_validate_checks_responses_and_messages_api_parts_too(tmp_path):
+    good = as_url(png(8, 8))
+    lines = [
+        ("/v1/responses", {"model": "m", "input": [{"role": "user", "content": [
+            {"type": "input_text", "text": "hi"}, {"type": "input_image", "image_url": good}]}]}),
+        ("/v1/responses", {"model": "m", "input": [{"role": "user", "content": [
+            {"type": "input_image", "image_url": "./cat.png"}]}]}),
+        ("/v1/messages", {"model": "claude", "max_tokens": 5, "messages": [{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBO*"}}]}]}),
+    ]  # fmt: skip
+    path = tmp_path / "requests.jsonl"
+    path.write_bytes(b"".join(
+        orjson.dumps({"custom_id": str(i), "method": "POST", "url": url, "body": body}) + b"\n"
+        for i, (url, body) in enumerate(lines)
+    ))  # fmt: skip
+    result = cli("validate", str(path))
+    text = result.stdout + result.stderr
+    assert result.returncode != 0 and "requests.jsonl:1:" not in text
+    assert "requests.jsonl:2: body.input[0].content[0].image_url: must be an http(s)://" in text
+    assert (
+        "requests.jsonl:3: body.messages[0].content[0].source.data: the base64 does not decode"
+        in text
+    )
+
+
 def test_base64_check_is_exact():
     for text in ("QUJD", "QUI=", "QQ==", base64.b64encode(bytes(range(256)) * 100).decode()):
         assert media.base64_problem(text) is None
