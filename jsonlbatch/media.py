@@ -165,7 +165,17 @@ def _webp_size(head: bytes) -> tuple[int, int] | None:
 
 
 def _jpeg_size(read: Reader) -> tuple[int, int] | None:
-    """Walk the JPEG's marker segments (bounded in count and distance) to its first SOF."""
+    found = _jpeg_marker(read, _SOF)
+    if found is None or len(found[1]) < 9:
+        return None
+    h, w = struct.unpack(">HH", found[1][5:9])
+    return w, h
+
+
+def _jpeg_marker(read: Reader, wanted: frozenset[int]) -> tuple[int, bytes] | None:
+    """(offset, first bytes) of the JPEG's first marker in `wanted`, walking the marker
+    segments (bounded in count and distance; an EXIF block and its thumbnail are skipped
+    whole); None at the end of the headers (the start of scan, unless wanted) or a bad byte."""
     offset = 2
     for _ in range(_JPEG_SEGMENTS):
         if offset > _JPEG_SCAN_LIMIT:
@@ -174,31 +184,35 @@ def _jpeg_size(read: Reader) -> tuple[int, int] | None:
         if len(head) < 4 or head[0] != 0xFF:
             return None
         marker = head[1]
+        if marker in wanted:
+            return offset, head
         if marker == 0xFF:  # fill byte
             offset += 1
-            continue
-        if marker in _NO_LENGTH:
+        elif marker in _NO_LENGTH:
             offset += 2
-            continue
-        if marker in _SOF:
-            if len(head) < 9:
-                return None
-            h, w = struct.unpack(">HH", head[5:9])
-            return w, h
-        if marker in (0xD9, 0xDA):  # end of image, start of scan: no frame header before
+        elif marker in (0xD9, 0xDA):  # end of image, start of scan: no more headers
             return None
-        offset += 2 + struct.unpack(">H", head[2:4])[0]
+        else:
+            offset += 2 + struct.unpack(">H", head[2:4])[0]
     return None
 
 
+_SOS = frozenset({0xDA})
+_PNG_END = b"IEND\xaeB`\x82"
+
+
 def truncated(data: bytes, mime: str) -> bool:
-    """Whether a PNG, JPEG or GIF file lacks its closing bytes (a download or copy cut short)."""
+    """Whether a PNG, JPEG or GIF file was cut short (a download or copy that stopped): a PNG
+    without its IEND chunk, a JPEG without an end marker after its first scan (entropy-coded
+    data cannot hold one), a GIF without its trailer. Bytes after the end (a phone's motion
+    photo appends a video to its JPEG) are not a cut."""
     if mime == "image/png":
-        return not data.endswith(b"IEND\xaeB`\x82")
+        return _PNG_END not in data
     if mime == "image/jpeg":
-        return b"\xff\xd9" not in data[-4096:]
+        scan = _jpeg_marker(bytes_reader(data), _SOS)
+        return scan is None or data.find(b"\xff\xd9", scan[0]) < 0
     if mime == "image/gif":
-        return not data.rstrip(b"\x00").endswith(b";")
+        return b";" not in data[-1024:]
     return False
 
 

@@ -44,13 +44,18 @@ def png(width: int, height: int) -> bytes:
 
 
 def jpeg_header(width: int, height: int, app1: int = 0) -> bytes:
-    """The marker segments of a JPEG up to its frame header (SOF0), with an `app1`-byte EXIF
-    block before it, and an end marker: enough for every check that reads headers."""
+    """The marker segments of a JPEG: an `app1`-byte EXIF block, the frame header (SOF0), a
+    start of scan with two bytes of scan, the end marker: enough for every check that reads
+    headers."""
     segments = b"\xff\xd8" + b"\xff\xe0" + struct.pack(">H", 16) + b"JFIF\x00\x01\x01" + b"\x00" * 7
     if app1:
         segments += b"\xff\xe1" + struct.pack(">H", app1 + 2) + b"E" * app1
     sof = struct.pack(">BHHB", 8, height, width, 3) + b"\x01\x11\x00\x02\x11\x00\x03\x11\x00"
-    return segments + b"\xff\xc0" + struct.pack(">H", len(sof) + 2) + sof + b"\xff\xd9"
+    sos = b"\x03\x01\x00\x02\x11\x03\x11\x00\x3f\x00"
+    frame = b"\xff\xc0" + struct.pack(">H", len(sof) + 2) + sof
+    return (
+        segments + frame + b"\xff\xda" + struct.pack(">H", len(sos) + 2) + sos + b"\x12\x34\xff\xd9"
+    )
 
 
 def gif(width: int, height: int) -> bytes:
@@ -126,6 +131,19 @@ def test_sizes_of_pictures_pillow_writes(tmp_path):
         source.save(out, format=name.split()[0], **options)
         encoded = base64.b64encode(out.getvalue()).decode()
         assert media.image_size(media.Base64Bytes(encoded)) == (321, 123), name
+
+
+def test_a_cut_jpeg_is_truncated_and_one_with_bytes_after_its_end_is_not(tmp_path):
+    image_module = pytest.importorskip("PIL.Image")
+    out = io.BytesIO()
+    image_module.effect_noise((300, 200), 60).convert("RGB").save(out, format="JPEG")
+    whole = out.getvalue()
+    assert not media.truncated(whole, "image/jpeg")
+    assert media.truncated(whole[: len(whole) // 2], "image/jpeg")
+    assert not media.truncated(whole + b"\x00" * 10_000 + b"ftypmp42", "image/jpeg")  # motion photo
+    (tmp_path / "half.jpg").write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(MediaError, match="truncated JPEG"):
+        data_url(tmp_path / "half.jpg")
 
 
 def test_image_tokens_follow_the_published_rules():
