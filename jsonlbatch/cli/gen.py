@@ -100,7 +100,8 @@ _EXAMPLES = (
 @click.option(
     "--messages",
     type=click.Path(dir_okay=False),
-    help="Jinja2 file rendering a JSON list of chat messages.",
+    help="Jinja2 file rendering a JSON list of chat messages; a local picture or PDF goes in "
+    "as {{ path | image_part | tojson }} or {{ path | file_part | tojson }} (docs/gen.md).",
 )
 @click.option("--system", help="Inline Jinja2 system message, before the user message.")
 @click.option("--id", "id_template", help="Jinja2 custom_id per row [default: the row's index].")
