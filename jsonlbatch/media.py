@@ -298,7 +298,7 @@ def part_problem(part: dict[str, Any]) -> tuple[str, str] | None:
             )
         if not isinstance(data, str):
             return "file.file_data", "must be a data: URL string"
-        problem = data_url_problem(data) if data[:5].lower() == "data:" else base64_problem(data)
+        problem = _file_data_problem(data)
         return ("file.file_data", problem) if problem else None
     if kind == "input_image":  # the Responses API: a URL string, or an uploaded file's id
         url = part.get("image_url")
@@ -307,8 +307,7 @@ def part_problem(part: dict[str, Any]) -> tuple[str, str] | None:
         problem = image_url_problem(url)
         return ("image_url", problem) if problem else None
     if kind == "input_file" and isinstance(part.get("file_data"), str):
-        data = part["file_data"]
-        problem = data_url_problem(data) if data[:5].lower() == "data:" else base64_problem(data)
+        problem = _file_data_problem(part["file_data"])
         return ("file_data", problem) if problem else None
     if kind in ("image", "document"):
         source = part.get("source")
@@ -321,3 +320,8 @@ def part_problem(part: dict[str, Any]) -> tuple[str, str] | None:
             if not (isinstance(url, str) and url[:8].lower().startswith(("http://", "https://"))):
                 return "source.url", "must be an http(s):// URL"
     return None
+
+
+def _file_data_problem(data: str) -> str | None:
+    """A file part's data: a data URL, or bare base64 (which some clients send)."""
+    return data_url_problem(data) if data[:5].lower() == "data:" else base64_problem(data)
