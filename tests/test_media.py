@@ -252,6 +252,11 @@ def test_max_side_shrinks_a_picture_and_keeps_a_small_one_as_it_is(tmp_path):
     payload = media.split_data_url(shrunk)[1]
     assert media.image_size(media.Base64Bytes(payload)) == (1024, 512)
     assert data_url(tmp_path / "small.png", max_side=1024) == as_url(png(64, 64))  # byte for byte
+    exif = image_module.Exif()
+    exif[0x0112] = 6  # orientation: stored sideways, shown turned 90 degrees
+    image_module.new("RGB", (2000, 1000)).save(tmp_path / "portrait.jpg", exif=exif.tobytes())
+    turned = media.split_data_url(data_url(tmp_path / "portrait.jpg", max_side=500))[1]
+    assert media.image_size(media.Base64Bytes(turned)) == (250, 500)  # upright, as shown
 
 
 def test_max_side_without_pillow_names_the_extra(tmp_path):

@@ -139,9 +139,13 @@ def _shrink(data: bytes, mime: str, max_side: int, path: Any) -> tuple[bytes, st
     if size is not None and max(size) <= max_side:
         return data, mime  # small enough: sent byte for byte
     image_module = load("PIL.Image", extra="images", for_what="data_url(max_side=...)")
+    ops = load("PIL.ImageOps", extra="images", for_what="data_url(max_side=...)")
     try:
-        with image_module.open(io.BytesIO(data)) as picture:
-            picture.draft("RGB", (max_side, max_side))  # JPEG: decode at a reduced scale
+        with image_module.open(io.BytesIO(data)) as opened:
+            opened.draft("RGB", (max_side, max_side))  # JPEG: decode at a reduced scale
+            # a phone's portrait photo is stored sideways with an EXIF note to turn it; the
+            # copy keeps no EXIF, so it is turned here or the model would see it sideways
+            picture = ops.exif_transpose(opened) or opened
             picture.thumbnail((max_side, max_side))
             fmt = _PIL_FORMATS[mime]
             if fmt == "JPEG" and picture.mode not in ("RGB", "L"):
