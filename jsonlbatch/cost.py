@@ -2,7 +2,11 @@
 
 Shared by exec (pacing by tokens per minute, `--max-cost`, `--dry-run`) and report (`--price`).
 The estimate counts the text a request sends: about four characters a token, as OpenAI's own
-rule of thumb says, or tiktoken's count when it is installed and asked for (`--dry-run`).
+rule of thumb says, or tiktoken's count when it is installed and asked for (`--dry-run`). Images
+are counted as billed, from the size their header gives (`media.image_size`): OpenAI's tiles by
+`detail` for every model but Claude's, Anthropic's width x height / 750 for those. An image given
+by URL cannot be sized without fetching it, and a file part (a PDF) is billed by its pages: both
+are counted as 0 and reported as not counted (`PromptEstimate`), never silently.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jsonlbatch.errors import UsageError
+from jsonlbatch.media import Base64Bytes, image_size, image_source, media_parts
 
 #: Output tokens assumed for a request that sets no cap on them, when a cap is needed (the
 #: `--max-cost` reservation); the real usage replaces it when the answer arrives.
@@ -101,35 +106,120 @@ def prompt_texts(body: dict[str, Any]) -> tuple[list[str], int]:
     return out, len(messages) if isinstance(messages, list) else 0
 
 
-def estimate_prompt_tokens(
-    body: dict[str, Any], counter: Callable[[str], int] | None = None
-) -> int:
-    """Prompt tokens of a request body: `counter` per text (tiktoken) or characters / 4."""
+@dataclass(frozen=True)
+class PromptEstimate:
+    """A request's prompt tokens: its text's, its images' as billed, and the media parts that
+    could not be counted (an image by URL or with an unreadable header; a file part)."""
+
+    text: int = 0
+    images: int = 0
+    uncounted_images: int = 0
+    uncounted_files: int = 0
+
+    @property
+    def tokens(self) -> int:
+        return self.text + self.images
+
+
+def estimate_prompt(
+    body: dict[str, Any], counter: Callable[[str], int] | None = None, model: str | None = None
+) -> PromptEstimate:
+    """Prompt tokens of a request body: `counter` per text (tiktoken) or characters / 4, plus
+    its images by the rule of `model` (the body's model when not given)."""
     texts, messages = prompt_texts(body)
     if counter is None:
         chars = sum(map(len, texts))
         tokens = -(-chars // _CHARS_PER_TOKEN)
     else:
         tokens = sum(map(counter, texts))
-    return tokens + _PER_MESSAGE * messages
+    images, uncounted, files = image_tokens(body, model)
+    return PromptEstimate(tokens + _PER_MESSAGE * messages, images, uncounted, files)
+
+
+def estimate_prompt_tokens(
+    body: dict[str, Any], counter: Callable[[str], int] | None = None, model: str | None = None
+) -> int:
+    """Prompt tokens of a request body, text and images (`estimate_prompt`)."""
+    return estimate_prompt(body, counter, model).tokens
+
+
+def image_tokens(body: dict[str, Any], model: str | None = None) -> tuple[int, int, int]:
+    """(tokens, images not counted, file parts not counted) of a body's media parts."""
+    if model is None:
+        model = body.get("model") if isinstance(body.get("model"), str) else None
+    claude = model is not None and "claude" in model.lower()
+    tokens = uncounted = files = 0
+    for kind, part in media_parts(body):
+        if kind == "file":
+            files += 1
+            continue
+        _, payload, detail = image_source(part)
+        size = image_size(Base64Bytes(payload)) if payload else None
+        if size is None:
+            uncounted += 1
+        elif claude:
+            tokens += anthropic_image_tokens(*size)
+        else:
+            tokens += openai_image_tokens(*size, detail)
+    return tokens, uncounted, files
+
+
+def openai_image_tokens(width: int, height: int, detail: str | None = None) -> int:
+    """OpenAI's published rule (GPT-4o class): `low` is 85 tokens; `high` and `auto` fit the
+    picture in 2048 x 2048, scale its short side down to 768, and add 170 per 512-px tile."""
+    if detail == "low":
+        return 85
+    w, h = float(width), float(height)
+    if max(w, h) > 2048:
+        scale = 2048 / max(w, h)
+        w, h = w * scale, h * scale
+    if min(w, h) > 768:
+        scale = 768 / min(w, h)
+        w, h = w * scale, h * scale
+    tiles = math.ceil(int(w) / 512) * math.ceil(int(h) / 512)
+    return 85 + 170 * max(tiles, 1)
+
+
+def anthropic_image_tokens(width: int, height: int) -> int:
+    """Anthropic's published rule: width x height / 750, after a picture whose long edge is
+    over 1568 px is scaled down to that."""
+    w, h = float(width), float(height)
+    if max(w, h) > 1568:
+        scale = 1568 / max(w, h)
+        w, h = w * scale, h * scale
+    return max(1, math.ceil(int(w) * int(h) / 750))
 
 
 def tiktoken_counter(model: str | None = None) -> Callable[[str], int] | None:
     """A tiktoken count for `model` (o200k_base when the model is not one it knows), or None
-    when tiktoken is not installed or has no encoding at hand (it downloads them once)."""
+    when tiktoken is not installed or has no encoding at hand (`tiktoken_unavailable` says
+    why)."""
+    return _tiktoken(model)[0]
+
+
+def tiktoken_unavailable(model: str | None = None) -> str | None:
+    """Why tiktoken cannot count for `model` (not installed; no encoding offline), or None."""
+    return _tiktoken(model)[1]
+
+
+def _tiktoken(model: str | None) -> tuple[Callable[[str], int] | None, str | None]:
     try:
         import tiktoken
     except ImportError:
-        return None
+        return None, "tiktoken is not installed (pip install 'jsonlbatch[tokens]')"
     try:
         try:
             encoding = tiktoken.encoding_for_model(model or "")
         except KeyError:
             encoding = tiktoken.get_encoding("o200k_base")
-    except Exception:
-        return None
+    except Exception as exc:  # tiktoken downloads an encoding once: offline, that fails
+        return None, (
+            f"tiktoken could not load an encoding for {model or 'the model'} "
+            f"({type(exc).__name__}: it downloads each encoding once, so offline it needs a "
+            "copy in TIKTOKEN_CACHE_DIR)"
+        )
 
     def count(text: str) -> int:
         return len(encoding.encode(text, disallowed_special=()))
 
-    return count
+    return count, None

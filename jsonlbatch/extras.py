@@ -23,6 +23,7 @@ _PACKAGES = {
     "pptx": "python-pptx",
     "fpdf": "fpdf2",
     "prometheus_client": "prometheus-client",
+    "PIL": "Pillow",
 }
 
 

@@ -24,6 +24,7 @@ from typing import Any
 import orjson
 
 from jsonlbatch.errors import InputError, Problem
+from jsonlbatch.media import part_problem
 from jsonlbatch.redact import redact_line
 
 CHAT_URL = "/v1/chat/completions"
@@ -53,6 +54,8 @@ KNOWN_URLS = frozenset(
 
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 _POSITIVE = ("n", "max_tokens", "max_completion_tokens")
+#: Part types `media.part_problem` checks (chat, Responses, Messages).
+_MEDIA_PARTS = frozenset({"image_url", "file", "image", "document", "input_image", "input_file"})
 _ROLE_STRS = tuple(_ROLES)  # `in` on a tuple compares, so an unhashable role cannot raise
 #: The roles of the fast path in `check_messages`: a tool message takes the slow one, which
 #: notes it, so a conversation without one pays nothing for the check of its calls.
@@ -105,6 +108,8 @@ def check_messages(messages: Any, field_name: str = "body.messages") -> list[tup
             for j, part in enumerate(content):
                 if not isinstance(part, dict) or not isinstance(part.get("type"), str):
                     out.append((f"{where}.content[{j}]", "must be an object with a 'type'"))
+                elif part["type"] in _MEDIA_PARTS and (found := part_problem(part)):
+                    out.append((f"{where}.content[{j}].{found[0]}", found[1]))
         elif not isinstance(content, str):
             out.append((f"{where}.content", f"must be a string or a list, got {_kind(content)}"))
     if tool_turns:
@@ -236,6 +241,11 @@ def _check_responses(body: dict[str, Any]) -> list[tuple[str, str]]:
             isinstance(item.get("role"), str) or isinstance(item.get("type"), str)
         ):
             out.append((f"body.input[{i}]", "must be an object with a 'role' or a 'type'"))
+        elif isinstance(content := item.get("content"), list):
+            for j, part in enumerate(content):
+                kind = part.get("type") if isinstance(part, dict) else None
+                if type(kind) is str and kind in _MEDIA_PARTS and (found := part_problem(part)):
+                    out.append((f"body.input[{i}].content[{j}].{found[0]}", found[1]))
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         out.append(("body.instructions", "must be a string"))

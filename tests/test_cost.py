@@ -85,7 +85,7 @@ def test_dry_run_counts_and_prices_without_touching_anything(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert _listing(tmp_path) == before  # no output, no lock file
     # "question 0".."question 9": 10 characters (3 tokens) + 4 for the message, each
-    assert "prompt tokens: 70 (counted with characters / 4)" in proc.stdout
+    assert "prompt tokens: 70 (counted with characters / 4" in proc.stdout  # and why, if so
     assert "completion tokens at most: 100" in proc.stdout
     assert "projected cost: $0.0700 .. $0.2700" in proc.stdout
     assert "/v1/chat/completions x10" in proc.stdout

@@ -18,7 +18,7 @@ import jsonlbatch
 ROOT = Path(jsonlbatch.__file__).parent
 CORE = {
     "answers", "contract", "cost", "errors", "extras", "filecheck", "idset", "jsonl", "lazy", "prices",
-    "records", "redact", "samples", "stats", "schema_bounds", "bounded_check",
+    "records", "redact", "samples", "stats", "schema_bounds", "bounded_check", "media",
 }  # fmt: skip
 STAGES = {
     "gen", "exec", "serve", "post", "report", "mock", "experiment", "batchapi", "cache", "view",

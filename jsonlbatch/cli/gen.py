@@ -100,7 +100,8 @@ _EXAMPLES = (
 @click.option(
     "--messages",
     type=click.Path(dir_okay=False),
-    help="Jinja2 file rendering a JSON list of chat messages.",
+    help="Jinja2 file rendering a JSON list of chat messages; a local picture or PDF goes in "
+    "as {{ path | image_part | tojson }} or {{ path | file_part | tojson }} (docs/gen.md).",
 )
 @click.option("--system", help="Inline Jinja2 system message, before the user message.")
 @click.option("--id", "id_template", help="Jinja2 custom_id per row [default: the row's index].")
@@ -322,7 +323,10 @@ def gen(
     click.echo(
         f"wrote {plural(s.requests, 'request')}{per} to {s.path}; about "
         f"{plural(s.prompt_tokens_estimate, 'prompt token')}"
-        f" (estimated as characters / {CHARS_PER_TOKEN}, no tokenizer)",
+        f" (estimated as characters / {CHARS_PER_TOKEN}, no tokenizer"
+        + (f"; {s.image_tokens:,} of them image tokens, as billed" if s.image_tokens else "")
+        + ")"
+        + (f"; {s.uncounted_media:,} image/file parts not counted" if s.uncounted_media else ""),
         err=True,
     )
     if s.requests == 0:

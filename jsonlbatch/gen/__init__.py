@@ -8,11 +8,24 @@ sampling options into request lines (`RequestWriter`), the same machinery `jsonl
     from jsonlbatch.gen import RequestWriter
     with RequestWriter("requests.jsonl", model="Qwen/Qwen3-8B") as w:
         w.add("q1", [{"role": "user", "content": "2+2?"}], n=3)
+        w.add("q2", [{"role": "user", "content": [
+            {"type": "text", "text": "What is in the picture?"}, image_part("cat.jpg")]}])
 """
 
 from __future__ import annotations
 
+from jsonlbatch.gen.data_urls import MediaError, data_url, file_part, image_part
 from jsonlbatch.gen.response_rows import response_rows
 from jsonlbatch.gen.writer import GenSummary, RequestError, RequestWriter, write_requests
 
-__all__ = ["GenSummary", "RequestError", "RequestWriter", "response_rows", "write_requests"]
+__all__ = [
+    "GenSummary",
+    "MediaError",
+    "RequestError",
+    "RequestWriter",
+    "data_url",
+    "file_part",
+    "image_part",
+    "response_rows",
+    "write_requests",
+]

@@ -6,6 +6,8 @@ empty string silently sent to a model a million times.
 
 A template sees the row's fields as variables, plus `row` (the whole row, for fields whose
 names are not identifiers, or `row | tojson`) and `row_index`; a field of the same name wins.
+Local pictures and files go in with the filters `data_url`, `image_part` and `file_part`
+(`gen.data_urls`); a relative path is read from the data file's folder.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import os
 import re
 import traceback
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,8 +25,10 @@ import orjson
 from jinja2 import StrictUndefined, TemplateSyntaxError, UndefinedError
 from jinja2.sandbox import SandboxedEnvironment
 
-from jsonlbatch.errors import InputError, Problem, UsageError
+from jsonlbatch.errors import InputError, JsonlbatchError, Problem, UsageError
+from jsonlbatch.extras import MissingExtra
 from jsonlbatch.filecheck import read_text
+from jsonlbatch.gen import data_urls
 from jsonlbatch.gen.sources import Row
 from jsonlbatch.records import check_messages
 
@@ -38,8 +43,38 @@ def _tojson(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, default=str)
 
 
+#: The folder relative media paths are read from: the data file's, while one of its rows renders.
+_MEDIA_BASE: ContextVar[str | None] = ContextVar("media_base", default=None)
+
+
+def _path(value: Any) -> str:
+    if not isinstance(value, str):
+        raise data_urls.MediaError(f"a file path is a string, not {type(value).__name__} {value!r}")
+    return value
+
+
+def _data_url(path: Any, max_side: int | None = None) -> str:
+    return data_urls.data_url(_path(path), max_side, base=_MEDIA_BASE.get())
+
+
+def _image_part(path: Any, max_side: int | None = None, detail: str | None = None) -> Any:
+    return data_urls.image_part(_path(path), max_side, detail, base=_MEDIA_BASE.get())
+
+
+def _file_part(path: Any, filename: str | None = None) -> Any:
+    return data_urls.file_part(_path(path), filename, base=_MEDIA_BASE.get())
+
+
 _ENV = SandboxedEnvironment(undefined=StrictUndefined, autoescape=False)
 _ENV.filters["tojson"] = _tojson
+_ENV.filters |= {"data_url": _data_url, "image_part": _image_part, "file_part": _file_part}
+
+
+def _media_base(row: Row) -> str | None:
+    """The folder of the row's data file (None for stdin: the current folder)."""
+    if row.source in ("-", "<stdin>") or not row.source:
+        return None
+    return os.path.dirname(os.path.abspath(row.source))
 
 
 def _context(row: Row) -> dict[str, Any]:
@@ -75,10 +110,15 @@ class RowTemplate:
         return cls(re.sub(r"\\([nt\\])", lambda m: _ESCAPES[m.group(1)], text), name=name)
 
     def render(self, row: Row) -> str:
+        token = _MEDIA_BASE.set(_media_base(row))
         try:
             return self._template.render(_context(row))
+        except MissingExtra:
+            raise
         except Exception as exc:  # any failure inside a user's template is the user's to fix
             raise render_error(exc, row, f"cannot render {self.name}") from None
+        finally:
+            _MEDIA_BASE.reset(token)
 
 
 _TEMPLATE_SUFFIXES = (".j2", ".jinja", ".jinja2")
@@ -102,6 +142,8 @@ def render_error(exc: Exception, row: Row, what: str, *, template_line: bool = T
             message = f"has no field {field!r} (it has: {_fields(row)})"
         else:
             message = exc.message or "undefined value"
+    elif isinstance(exc, JsonlbatchError):  # one of ours (a file data_url cannot embed)
+        message = str(exc)
     else:
         message = f"{type(exc).__name__}: {exc}"
     frames = traceback.extract_tb(exc.__traceback__) if template_line else []

@@ -23,6 +23,7 @@ from typing import IO, Any
 import orjson
 
 from jsonlbatch.contract import DEFAULT_NAME, SchemaError, check_declared, with_schema
+from jsonlbatch.cost import image_tokens
 from jsonlbatch.errors import InputError, OutputError, UsageError
 from jsonlbatch.filecheck import read_json
 from jsonlbatch.gen.schemas import SchemaLike, as_schema, checked_schema, row_schema, strict_ok
@@ -84,11 +85,14 @@ class GenSummary:
     prompts: int
     requests: int
     prompt_chars: int
+    image_tokens: int = 0  # as billed, from each picture's size (`cost.image_tokens`)
+    uncounted_media: int = 0  # image parts by URL and file parts: not in the estimate
 
     @property
     def prompt_tokens_estimate(self) -> int:
-        """Prompt tokens sent, estimated as characters / 4 (no tokenizer: a rough guide only)."""
-        return math.ceil(self.prompt_chars / CHARS_PER_TOKEN)
+        """Prompt tokens sent, text estimated as characters / 4 (no tokenizer: a rough guide
+        only), plus the image tokens."""
+        return math.ceil(self.prompt_chars / CHARS_PER_TOKEN) + self.image_tokens
 
 
 def merge_patch(target: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
@@ -144,6 +148,9 @@ class RequestWriter:
     `schema` (a JSON Schema or a Pydantic model) is declared as the answer's contract in the
     endpoint's form (`contract.with_schema`; `strict` when the schema allows it); `add` takes
     one per prompt too.
+
+    Local pictures and files go into a prompt's content as parts made by `image_part`,
+    `file_part` or `data_url` (`jsonlbatch.gen`, the functions gen's template filters call).
 
     Use it as a context manager: the file replaces `path` when the block ends without an
     exception; otherwise nothing is written.
@@ -221,7 +228,7 @@ class RequestWriter:
         self.suffix = (suffix or "") + (f" {NO_THINK_SUFFIX}" if no_think_suffix else "")
         self._base = base
         self._seen: dict[str, int] = {}  # id -> number of the prompt that wrote it
-        self._prompts = self._requests = self._chars = 0
+        self._prompts = self._requests = self._chars = self._images = self._uncounted = 0
         self._refuse_overwrite()
         self._file: IO[bytes] | None
         self._file, self._tmp = self._open_temp()
@@ -282,6 +289,9 @@ class RequestWriter:
         self._prompts += 1
         self._requests += len(lines)
         self._chars += _text_chars(payload) * len(lines)
+        images, uncounted, files = image_tokens(first_body)
+        self._images += images * len(lines)
+        self._uncounted += (uncounted + files) * len(lines)
         return ids
 
     def _with_schema(
@@ -379,7 +389,9 @@ class RequestWriter:
 
     @property
     def summary(self) -> GenSummary:
-        return GenSummary(self.path, self._prompts, self._requests, self._chars)
+        return GenSummary(
+            self.path, self._prompts, self._requests, self._chars, self._images, self._uncounted
+        )
 
     def __enter__(self) -> RequestWriter:
         return self

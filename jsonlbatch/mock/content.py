@@ -27,6 +27,7 @@ from typing import Any
 import orjson
 
 from jsonlbatch.contract import SchemaError, declared_schema
+from jsonlbatch.cost import image_tokens
 from jsonlbatch.records import CHAT_URL
 
 #: Completion length in words when a request sets no token budget (`MockConfig` default).
@@ -204,11 +205,13 @@ def count_words(text: Any) -> int:
 
 
 def prompt_tokens(body: dict[str, Any]) -> int:
-    """Input tokens of a chat (text of every message), completions or embeddings request."""
+    """Input tokens of a chat (text of every message, and images as billed: the rule exec's
+    estimate uses, so reports and prices agree with --dry-run), completions or embeddings
+    request."""
     messages = body.get("messages")
     if messages is None:
         return count_words(body.get("prompt", body.get("input")))
-    total = 0
+    total = image_tokens(body)[0]
     for message in messages:
         content = message.get("content")
         if isinstance(content, str):

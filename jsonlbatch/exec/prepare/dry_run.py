@@ -3,7 +3,8 @@
 The input is validated exactly as a real run validates it, and what is already done in the
 output is skipped as a real run would skip it; the output is only read (no lock file, no
 repair). Prompt tokens are counted with tiktoken when it is installed, else estimated from the
-characters (about four a token); the report says which.
+characters (about four a token); the report says which, and why tiktoken could not count.
+Images are counted as billed (`cost.estimate_prompt`); those it cannot size are reported.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ import orjson
 from jsonlbatch.cost import (
     UNCAPPED_OUTPUT_TOKENS,
     Price,
-    estimate_prompt_tokens,
+    estimate_prompt,
     max_output_tokens,
     tiktoken_counter,
+    tiktoken_unavailable,
 )
 from jsonlbatch.exec.job import Job
 from jsonlbatch.jsonl import read_lines_at
@@ -31,7 +33,10 @@ class DryRunReport:
     pending: int = 0
     by_url: Counter[str] = field(default_factory=Counter)
     by_model: Counter[str] = field(default_factory=Counter)
-    prompt_tokens: int = 0
+    prompt_tokens: int = 0  # images included
+    image_tokens: int = 0
+    uncounted_images: int = 0  # image parts by URL, or whose header could not be read
+    uncounted_files: int = 0  # file parts (PDF): billed by pages, not estimated
     max_completion_tokens: int = 0  # over the requests that set a cap
     uncapped: int = 0  # requests without max_tokens / max_completion_tokens / max_output_tokens
     counted_with: str = "characters / 4"
@@ -56,6 +61,7 @@ class DryRunReport:
             "  endpoints: " + (", ".join(f"{u} x{n}" for u, n in self.by_url.most_common()) or "-"),
             "  models: " + (", ".join(f"{m} x{n}" for m, n in self.by_model.most_common()) or "-"),
             f"  prompt tokens: {self.prompt_tokens:,} (counted with {self.counted_with})",
+            *self._media_lines(),
             f"  completion tokens at most: {self.max_completion_tokens:,}"
             + (
                 f" (+ {self.uncapped} requests with no cap, counted at {UNCAPPED_OUTPUT_TOKENS} "
@@ -70,6 +76,22 @@ class DryRunReport:
         lines.append("  nothing was sent and the output was not touched")
         return "\n".join(lines)
 
+    def _media_lines(self) -> list[str]:
+        lines = []
+        if self.image_tokens:
+            lines.append(f"  of which image tokens: {self.image_tokens:,} (as billed, by size)")
+        if self.uncounted_images:
+            lines.append(
+                f"  {self.uncounted_images:,} image parts not counted (a URL, or a header that "
+                "gives no size): the estimate is low"
+            )
+        if self.uncounted_files:
+            lines.append(
+                f"  {self.uncounted_files:,} file parts not counted (billed by their pages): the "
+                "estimate is low"
+            )
+        return lines
+
 
 def dry_run(job: Job, *, use_tiktoken: bool = True) -> DryRunReport:
     """Validate `job`'s input and count what it would send. Raises as a real run would."""
@@ -82,6 +104,7 @@ def dry_run(job: Job, *, use_tiktoken: bool = True) -> DryRunReport:
         price=opts.price,
     )
     counters: dict[str, object] = {}
+    why: str | None = None  # the first reason tiktoken could not count
     for raw in read_lines_at(job.source, scan.pending):
         obj = orjson.loads(raw)
         body = obj["body"]
@@ -92,8 +115,15 @@ def dry_run(job: Job, *, use_tiktoken: bool = True) -> DryRunReport:
         if use_tiktoken:
             if model not in counters:
                 counters[model] = tiktoken_counter(model)
+                if counters[model] is None and why is None:
+                    why = tiktoken_unavailable(model)
             counter = counters[model]
-        report.prompt_tokens += estimate_prompt_tokens(body, counter)  # type: ignore[arg-type]
+        name = model if isinstance(model, str) else None
+        estimate = estimate_prompt(body, counter, name)  # type: ignore[arg-type]
+        report.prompt_tokens += estimate.tokens
+        report.image_tokens += estimate.images
+        report.uncounted_images += estimate.uncounted_images
+        report.uncounted_files += estimate.uncounted_files
         cap = max_output_tokens(body)
         if cap is None:
             report.uncapped += 1
@@ -103,5 +133,7 @@ def dry_run(job: Job, *, use_tiktoken: bool = True) -> DryRunReport:
         report.counted_with = "tiktoken" + (
             "" if all(counters.values()) else " where it had an encoding, else characters / 4"
         )
+    if why is not None:
+        report.counted_with += f": {why}"
     job.close()
     return report
