@@ -173,7 +173,8 @@ def test_broken_base64_is_refused_before_submitting(
     write(requests, lines)
     done = exec_cli(requests, out, "--url", front.url, *FAST, "--batch-provider", provider)
     assert done.returncode == 1, done.stderr
-    assert "in.jsonl:2: body.messages.0.content.1.image_url.url" in done.stderr
+    # exec's input scan finds it, before any provider translation
+    assert "in.jsonl:2: body.messages[0].content[1].image_url.url" in done.stderr
     assert "base64 does not decode" in done.stderr and "Traceback" not in done.stderr
     assert stored_lines(front) == []
 
