@@ -34,8 +34,8 @@ from jsonlbatch.exec.hooks.check_hook import Check
 from jsonlbatch.exec.hooks.contract_check import AnswerChecker
 from jsonlbatch.exec.hooks.seams import Seams
 from jsonlbatch.exec.hooks.store_hook import (
+    AnswerStore,
     EarlyAnswers,
-    StoreBase,
     Vetter,
     answer_stored,
     occurrences,
@@ -310,7 +310,7 @@ class Run:
             body["model"] = self.model_override
         return Request(obj["custom_id"], url, body, fingerprint=mark, priority=obj.get("priority"))
 
-    async def _answer(self, store: StoreBase) -> None:
+    async def _answer(self, store: AnswerStore) -> None:
         """Before anything is sent: write what the store answers (`store_hook.answer_stored`) and
         keep only the rest pending."""
         self._check_source()
