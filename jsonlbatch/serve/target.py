@@ -46,7 +46,9 @@ class Launch:
             serve = dataclasses.replace(serve, served_model_name=tuple(job.models) or ("mock",))
         from jsonlbatch.serve.start import serving  # only a run that launches servers
 
-        with serving(serve, quiet=job.options.quiet, log_stem=job.output) as servers:
+        with serving(
+            serve, quiet=job.options.quiet, log_stem=job.output, stop=running.stopped
+        ) as servers:
             return run_on(running, servers, self.urls)
 
 
@@ -91,7 +93,9 @@ class KeptLaunch:
 
             log_stem = self.log_stem or job.output
             self.servers = self.stack.enter_context(
-                serving(self.serve, quiet=job.options.quiet, log_stem=log_stem)
+                serving(
+                    self.serve, quiet=job.options.quiet, log_stem=log_stem, stop=running.stopped
+                )
             )
         return run_on(running, self.servers, self.urls)
 
@@ -124,7 +128,7 @@ class Fleet:
         if job.options.model is None:
             check_served([PoolSpec((), tuple(e.options.served_names)) for e in fleet.entries],
                          job.input.models if job.input else Counter())  # fmt: skip
-        with serving_fleet(fleet, **plan) as servers:
+        with serving_fleet(fleet, stop=running.stopped, **plan) as servers:
             specs = [
                 PoolSpec(
                     tuple(group.urls),
