@@ -2,7 +2,7 @@
 
 Every way a run is asked for builds a `RunSpec` and hands it to `start` (or `astart`, from a
 running event loop): `jsonlbatch exec`, `jsonlbatch.execute`/`aexecute` (which build it from the
-command line's option names: `jsonlbatch/api/`), the experiment runner, and the Batch API
+command line's option names: `cli/library.py`), the experiment runner, and the Batch API
 server's runner. A spec says what to send (`requests`), where the answers go (`output`), how
 (`options`, `seams`) and where to (`target`):
 
