@@ -9,6 +9,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from batchutil import cli, read_results, start_cli
@@ -104,3 +105,30 @@ def test_a_launched_server_that_dies_ends_the_run_promptly(tmp_path: Path) -> No
     again = cli("run", str(path), "--runs", str(runs))
     assert again.returncode == 0, again.stderr
     assert sorted(read_results(responses)) == sorted(f"t{i}" for i in range(40))
+
+
+def test_a_url_and_a_launched_server_of_different_models_get_a_pool_each(
+    tmp_path: Path, mock_server: Any
+) -> None:
+    """The condition's `url` serves the judge's model only, its launched mock (which wants its
+    own key) the answers' model only: each is asked what it serves with its own key, and each
+    request goes to the one that serves its model."""
+    judge_url = mock_server(served_models=("judge-model",))
+    port = free_port()
+    serve = {"backend": "mock", "port": port, "served_model_name": "mock",
+             "api_key_env": "EXP_SERVER_KEY"}  # fmt: skip
+    path = experiment(tmp_path / "exp", serve, rows=6, judge=True)
+    spec = json.loads(path.read_text())
+    spec["defaults"]["url"] = judge_url
+    spec["steps"][1]["judge"]["model"] = "judge-model"
+    path.write_text(json.dumps(spec))
+    runs = tmp_path / "runs"
+    env = {**os.environ, "EXP_SERVER_KEY": "sk-exp-server-key-5678"}
+    env.pop("JSONLBATCH_CONFIG", None)
+    done = cli("run", str(path), "--runs", str(runs), env=env)
+    assert done.returncode == 0, done.stderr
+    answers = read_results(runs / "e" / "a" / "responses.jsonl")
+    assert {line["response"]["body"]["model"] for line in answers.values()} == {"mock"}
+    judged = read_results(runs / "e" / "a" / "judge" / "round-1" / "judge-responses.jsonl")
+    assert {line["response"]["body"]["model"] for line in judged.values()} == {"judge-model"}
+    assert port_is_free("127.0.0.1", port)
