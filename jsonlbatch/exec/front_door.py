@@ -156,6 +156,7 @@ def start(spec: RunSpec, *, handle_signals: bool = True, stop: StopHandle | None
     again resumes. `stop` lets another thread end the run as a first Ctrl-C does (`astart`).
     """
     refuse_running_loop("jsonlbatch.exec.front_door.start", "jsonlbatch.exec.front_door.astart")
+    stopped = stop.event if stop is not None else threading.Event()  # a server start ends on it
     with contextlib.ExitStack() as stack:
         subscribers: list[Subscription] = list(spec.seams.subscribers)
         for watcher in spec.watchers:
@@ -169,15 +170,13 @@ def start(spec: RunSpec, *, handle_signals: bool = True, stop: StopHandle | None
         if not spec.target.uses_job:
             if stop is not None:
                 stop.attach(None)
-            running = Running(spec, None, handle_signals, stopped(stop))
+            running = Running(spec, None, handle_signals, stopped)
             return Outcome(spec.output, spec.target.start(running))
         job = stack.enter_context(Job(spec.requests, spec.output, spec.options, seams=seams))
         job.prepare()  # bad input fails here, before any server boots
         if stop is not None:
             stop.attach(job)
-        return Outcome(
-            spec.output, spec.target.start(Running(spec, job, handle_signals, stopped(stop)))
-        )
+        return Outcome(spec.output, spec.target.start(Running(spec, job, handle_signals, stopped)))
     raise AssertionError("unreachable")  # for type checkers: the block returns
 
 
@@ -232,11 +231,6 @@ def _spec(
     opts = ExecOptions(**options)
     return RunSpec(requests=os.fspath(requests), output=os.fspath(output), options=opts,
                    target=Urls(tuple(opts.urls)), seams=seams or NO_SEAMS, watchdog=watchdog)  # fmt: skip
-
-
-def stopped(handle: StopHandle | None) -> threading.Event:
-    """The event a run's targets watch: `handle`'s, or one nobody sets."""
-    return handle.event if handle is not None else threading.Event()
 
 
 class StopHandle:
