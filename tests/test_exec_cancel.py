@@ -14,28 +14,13 @@ from typing import Any
 import orjson
 import pytest
 from batchutil import read_results, write_requests
+from procutil import pids_with
 
 import jsonlbatch
 from jsonlbatch.exec.output.run_outcome import Answer, Results
 from jsonlbatch.exec.output.run_summary import RunSummary
 
 COLD = 60.0  # seconds the mock waits before it binds: the run must not wait for it
-
-
-def mock_pids(marker: str) -> list[int]:
-    """Live (not zombie) processes whose command line holds `marker`."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if marker.encode() in argv and state != "Z":
-            found.append(int(entry))
-    return found
 
 
 def runs_alive() -> list[str]:
@@ -62,9 +47,9 @@ async def cancel_during_cold_start(tmp_path: Path, times: int) -> tuple[Path, Pa
     )
     for _ in range(300):  # until its server process runs (bounded: 30 s)
         await asyncio.sleep(0.1)
-        if mock_pids(marker):
+        if pids_with("jsonlbatch.mock", marker):
             break
-    assert mock_pids(marker), "the mock did not start"
+    assert pids_with("jsonlbatch.mock", marker), "the mock did not start"
     await asyncio.sleep(0.5)  # well inside the cold start
     cancelled = time.monotonic()
     task.cancel()
@@ -74,7 +59,7 @@ async def cancel_during_cold_start(tmp_path: Path, times: int) -> tuple[Path, Pa
     with pytest.raises(asyncio.CancelledError):
         await task
     took = time.monotonic() - cancelled
-    assert mock_pids(marker) == []  # the server is gone when the task is
+    assert pids_with("jsonlbatch.mock", marker) == []  # the server is gone when the task is
     assert runs_alive() == []  # and so is the run's worker thread
     return requests, out, took
 

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from batchutil import cli, read_results, start_cli
 from conftest import free_port
+from procutil import pids_with
 
 pytest.importorskip("yaml", reason="experiment files need PyYAML: pip install -e '.[test]'")
 from jsonlbatch.serve.gpus import port_is_free
@@ -39,21 +40,6 @@ def experiment(folder: Path, serve: dict, *, rows: int, judge: bool = False) -> 
     path = folder / "experiment.yaml"
     path.write_text(json.dumps(spec))
     return path
-
-
-def mock_pids(port: int) -> list[int]:
-    """The pids of the mock server processes listening on `port` (their command lines)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"jsonlbatch.mock" in argv and str(port).encode() in argv:
-            found.append(int(entry))
-    return found
 
 
 def test_launched_servers_get_their_own_key_in_every_step(tmp_path: Path) -> None:
@@ -90,7 +76,7 @@ def test_a_launched_server_that_dies_ends_the_run_promptly(tmp_path: Path) -> No
     while not (responses.exists() and responses.read_bytes().count(b"\n") >= 3):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.05)
-    pids = mock_pids(port)
+    pids = pids_with("jsonlbatch.mock", "--port", str(port))
     assert pids, "the launched mock is not found"
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
