@@ -40,7 +40,7 @@ from jsonlbatch.exec.hooks.store_hook import (
     answer_stored,
     occurrences,
 )
-from jsonlbatch.exec.output.events import Answered, EventBus, Snapshot
+from jsonlbatch.exec.output.events import EventBus, Snapshot
 from jsonlbatch.exec.output.progress_bar import Progress
 from jsonlbatch.exec.output.recorder import Recorder
 from jsonlbatch.exec.output.run_summary import RunSummary
@@ -108,8 +108,7 @@ class Run:
         self.bus = EventBus()
         self.progress = Progress(len(self.scan.pending) + self.scan.answered, quiet=opts.quiet)
         if not opts.quiet:
-            self.bus.subscribe(self.progress.on_snapshot, Snapshot)
-            self.bus.subscribe(self.progress.on_answered, Answered)
+            self.progress.listen(self.bus, streams=opts.stream)
         for callback, types in seams.subscribers:
             self.bus.subscribe(callback, *types)
         budget = None
