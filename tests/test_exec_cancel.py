@@ -38,13 +38,20 @@ def runs_alive() -> list[str]:
     return alive
 
 
-async def cancel_during_cold_start(tmp_path: Path, times: int) -> tuple[Path, Path, float]:
+async def cancel_during_cold_start(
+    tmp_path: Path, times: int, *, fleet: bool = False
+) -> tuple[Path, Path, float]:
     requests, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     write_requests(requests, 5)
     marker = f"--startup-delay={COLD + (os.getpid() % 1000) / 1000:.3f}"  # this test's server
-    task = asyncio.ensure_future(
-        jsonlbatch.aexecute(requests, out, serve="mock", server_arg=marker, quiet=True)
-    )
+    if fleet:  # the same through a fleet file (`serve.target.Fleet`)
+        path = tmp_path / "fleet.yaml"
+        path.write_text(f"models:\n  - {{backend: mock, served_model_name: mock, "
+                        f"server_args: ['{marker}']}}\n")  # fmt: skip
+        run = jsonlbatch.aexecute(requests, out, fleet=str(path), quiet=True)
+    else:
+        run = jsonlbatch.aexecute(requests, out, serve="mock", server_arg=marker, quiet=True)
+    task = asyncio.ensure_future(run)
     for _ in range(300):  # until its server process runs (bounded: 30 s)
         await asyncio.sleep(0.1)
         if pids_with("jsonlbatch.mock", marker):
@@ -78,6 +85,15 @@ async def test_cancelled_twice_nothing_of_the_run_lives_on(
 ) -> None:
     requests, out, _ = await cancel_during_cold_start(tmp_path, times=2)
     # the output's lock went with the run: no "locked by another Job of this same process"
+    summary = await jsonlbatch.aexecute(requests, out, url=mock_server(), quiet=True)
+    assert summary.succeeded == 5
+
+
+async def test_cancel_during_a_fleets_cold_start_stops_it_too(
+    tmp_path: Path, mock_server: Any
+) -> None:
+    requests, out, took = await cancel_during_cold_start(tmp_path, times=1, fleet=True)
+    assert took < COLD / 4
     summary = await jsonlbatch.aexecute(requests, out, url=mock_server(), quiet=True)
     assert summary.succeeded == 5
 
