@@ -1,4 +1,4 @@
-"""A smaller `exec --help` (issue 36, item 4): at most 30 options shown, every option listed by
+"""A smaller `exec --help` (issue 36, item 4; 40 since issue 45): at most 40 options shown, every option listed by
 `--help-all`, the tuning knobs set in a settings file (`--config`, `$JSONLBATCH_CONFIG`) that
 is checked like any input, each default written once, and the old spellings kept for one
 release with a note on stderr."""
@@ -26,10 +26,12 @@ def _help(*args: str) -> str:
     return result.output
 
 
-def test_exec_help_shows_at_most_30_options():
+def test_exec_help_shows_at_most_40_options():
+    """30 until issue 45: the options README.md and docs/*.md use show too
+    (tests/test_cli_newcomer.py), the server launch's among them."""
     text = _help("--help")
     rows = _ROW.findall(text)
-    assert 20 <= len(rows) <= 30, len(rows)
+    assert 20 <= len(rows) <= 40, len(rows)
     assert "--help-all" in text and "--config FILE" in text
     for knob in ("--order-window", "--stream-stall-timeout", "--backoff", "--cache-mode",
                  "--balance-rel-threshold", "--max-response-bytes", "--no-cache"):  # fmt: skip

@@ -65,17 +65,20 @@ _SECTIONS: list[Section] = [
     ("Settings", ("config", "help_all")),
     ("Deprecated (removed in the next release)", ("no_cache", "view_port", "watch_host")),
 ]  # fmt: skip
-#: What `exec --help` shows (at most 30 options, --help included: tests/test_cli_settings.py);
-#: the rest are tuning knobs, listed by --help-all and set in a settings file (--config).
+#: What `exec --help` shows (at most 40 options, --help included: tests/test_cli_settings.py):
+#: the first run's options and every option README.md and docs/*.md use (tests/
+#: test_cli_newcomer.py); the rest are tuning knobs, listed by --help-all and set in a
+#: settings file (--config).
 _BRIEF = (
-    "output", "retry_failed", "dry_run", "quiet",
-    "urls", "model", "api_key", "concurrency", "timeout", "stream", "reask",
+    "output", "retry_failed", "dry_run", "quiet", "shard",
+    "urls", "model", "api_key", "concurrency", "timeout", "stream", "reask", "reask_feedback",
     "max_retries", "price", "max_cost",
     "route",
     "fleet", "endpoint_files",
     "cache",
-    "backend", "model_path", "tp_size", "dp_size",
-    "batch_api",
+    "backend", "model_path", "served_model_name", "tp_size", "dp_size", "dp_mode",
+    "context_length", "reasoning_parser", "server_args", "restart", "ray_address",
+    "batch_api", "poll_interval",
     "view", "metrics_port",
     "config",
 )  # fmt: skip

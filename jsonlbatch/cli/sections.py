@@ -4,7 +4,8 @@
 made with `cls=Sectioned` names its sections (title and option names, in order) and a few
 example command lines; options no section names are listed last, so a new option is never
 lost from the help. An unknown option is answered with the options it begins (`--temp`:
-`--temperature`, `--template`) before click's guesses by similarity.
+`--temperature`, `--template`), else with the option it is a choice of (`--html`: `--format
+html`), before click's guesses by similarity.
 
 A command with many tuning knobs names its `brief` options: `--help` shows only those, and
 `--help-all` (added then) shows every option. The others stay hidden, not removed: they work
@@ -22,6 +23,10 @@ import click
 from click.core import ParameterSource
 
 Section = tuple[str, Sequence[str]]
+
+#: `ctx.meta` key of the line naming the settings file `$JSONLBATCH_CONFIG` applied (set by
+#: `cli/settings.py`, which imports this module; shown by `Sectioned.settled`).
+SETTINGS_NOTE = "jsonlbatch.settings_note"
 
 
 class Sectioned(click.Command):
@@ -100,6 +105,9 @@ class Sectioned(click.Command):
         command line, in the environment, or in `given` sources: the library's options), and
         the command's `settle`. `invoke` calls it; so does `cli/library.py`, which parses
         without invoking."""
+        note = ctx.meta.pop(SETTINGS_NOTE, None)  # which settings file $JSONLBATCH_CONFIG applied
+        if note is not None and not ctx.params.get("quiet"):
+            click.echo(note, err=True)
         sources = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT, *given)
         for param in self.params:
             if isinstance(param, Deprecated) and ctx.get_parameter_source(str(param.name)) in (
@@ -120,7 +128,9 @@ class Sectioned(click.Command):
         try:
             return super().parse_args(ctx, args)
         except click.NoSuchOption as exc:
-            begun = begun_options(self, ctx, exc.option_name)
+            begun = begun_options(self, ctx, exc.option_name) or chosen_options(
+                self, ctx, exc.option_name
+            )
             if not begun:
                 raise
             shown = ", ".join(repr(name) for name in begun)
@@ -159,6 +169,22 @@ def _help_all(ctx: click.Context, param: click.Parameter, value: bool) -> None:
     ctx.meta[_HELP_ALL] = True
     click.echo(ctx.get_help(), color=ctx.color)
     ctx.exit()
+
+
+def chosen_options(command: click.Command, ctx: click.Context, typed: str) -> list[str]:
+    """`--html` where `--format html` is meant: the options that take `typed`'s name as one of
+    their choices, written with it (`report --html` -> `--format html`)."""
+    if not typed.startswith("--"):
+        return []
+    value = typed[2:]
+    return [
+        f"{param.opts[0]} {value}"
+        for param in command.get_params(ctx)
+        if isinstance(param, click.Option)
+        and isinstance(param.type, click.Choice)
+        and value in param.type.choices
+        and not param.hidden
+    ]
 
 
 def begun_options(command: click.Command, ctx: click.Context, typed: str) -> list[str]:

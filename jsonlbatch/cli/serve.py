@@ -47,7 +47,8 @@ _SECTIONS: list[Section] = [
 _BRIEF = (
     "backend", "model_path", "served_model_name", "tp_size", "dp_size", "dp_mode", "gpus",
     "host", "port", "server_api_key", "gpu_memory_utilization", "context_length", "server_args",
-    "ready_timeout", "fleet", "endpoints_out", "batch_api", "upstream", "quiet", "config",
+    "ready_timeout", "ray", "fleet", "node", "endpoints_out", "batch_api", "upstream",
+    "batch_port", "quiet", "config",
 )  # fmt: skip
 _EXAMPLES = (
     "jsonlbatch serve --backend vllm --model-path Qwen/Qwen3-8B --dp-size 8 --dp-mode replicas",
@@ -195,6 +196,12 @@ def serve(
             raise UsageError("give --upstream URL or --backend, not both")
         for name in ("host", "server_api_key"):  # the front's own, not a launch's
             kwargs.pop(name)
+        if kwargs["port"] is not None:  # the launched server's: there is none to launch
+            raise UsageError(
+                "--port is the port of a server `serve` launches, and with --upstream none is: "
+                "the Batch API front's port is --batch-port (serve --batch-api --upstream URL "
+                f"--batch-port {kwargs['port']})"
+            )
         serve_options_from_kwargs(kwargs)  # any other server option is a mistake
         front.runner.urls, front.runner.api_key = [upstream], upstream_api_key
         _run_front(front, quiet)

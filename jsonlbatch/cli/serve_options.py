@@ -191,8 +191,12 @@ def serve_options_from_kwargs(kwargs: dict[str, Any]) -> ServeOptions | None:
             and (ctx is None or ctx.get_parameter_source(name) not in _NOT_GIVEN)
         ]
         if given:
+            # the option that picks a backend is spelt as the command's own help shows it
+            command = ctx.command.name if ctx is not None else "exec"
+            launch = "--backend" if command == "serve" else "--serve"
             raise UsageError(
-                f"{_flag(given[0])} is a server option: it needs --serve mock|vllm|sglang"
+                f"{_flag(given[0])} is an option of a server `{command}` launches: it needs "
+                f"{launch} mock|vllm|sglang"
             )
         return None
     values["api_key"] = values.pop("server_api_key")

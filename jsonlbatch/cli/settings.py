@@ -26,6 +26,7 @@ keys and alias bombs refused).
 from __future__ import annotations
 
 import difflib
+import importlib
 import os
 import stat
 from collections.abc import Callable, Sequence
@@ -35,7 +36,7 @@ import click
 from click.core import ParameterSource
 
 from jsonlbatch.cli.params import ByteSize, CacheDir, CountOrAuto
-from jsonlbatch.cli.sections import Deprecated
+from jsonlbatch.cli.sections import SETTINGS_NOTE, Deprecated
 from jsonlbatch.errors import InputError
 from jsonlbatch.filecheck import ANY, BOOL, INT, NUM, STR, FileChecker, kind_of
 from jsonlbatch.redact import register_secret
@@ -61,6 +62,8 @@ def settings_option(command: str) -> Callable[[_F], _F]:
         from_env = ctx.get_parameter_source("config") is ParameterSource.ENVIRONMENT
         what = f"settings file (${ENV_VAR})" if from_env else "settings file"
         settings = read_settings(value, command, ctx.command, ctx, what=what)
+        if from_env:  # a file nobody named on this command line: say which one applies
+            ctx.meta[SETTINGS_NOTE] = f"settings: {value} (from ${ENV_VAR})"
         # what a caller already set as defaults (the library's options: `cli/library.py`)
         # wins over the file, as the command line does
         ctx.default_map = {**settings, **(ctx.default_map or {})}
@@ -124,12 +127,36 @@ def read_settings(
     if not isinstance(body, dict):
         checker.problem((section,), f"must be a mapping of option: value, got {kind_of(body)}")
         body = {}
+    out = _section(checker, section, body, command, ctx)
+    for other in COMMANDS:  # the file's other sections are checked too: a typo there is
+        if other != section and isinstance(data.get(other), dict):  # found now, not later
+            _section(checker, other, data[other], _command(other), ctx)
+        elif other != section and data.get(other) is not None:
+            checker.problem((other,), f"must be a mapping of option: value, got {kind_of(data[other])}")  # fmt: skip
+    checker.raise_problems(what)
+    return out
+
+
+def _section(
+    checker: FileChecker,
+    section: str,
+    body: dict[str, Any],
+    command: click.Command,
+    ctx: click.Context,
+) -> dict[str, Any]:
+    """One command's section as a `default_map`; its problems go to `checker`."""
     keys = setting_keys(command)
     out: dict[str, Any] = {}
     for key, value in body.items():
         option = keys.get(key)
         if option is None:
-            _unknown(checker, (section, key), keys, "--help-all lists every option")
+            owners = _owners(str(key), section)
+            if owners:
+                checker.problem((section, key), owners)
+            else:
+                _unknown(
+                    checker, (section, key), keys, f"`{section} --help-all` lists every option"
+                )
             continue
         if option.name in out:
             checker.problem((section, key), f"sets {option.opts[0]} again (another spelling)")
@@ -137,8 +164,39 @@ def read_settings(
         checked = _typed(checker, (section, key), option, value, ctx)
         if checked is not _BAD:
             out[str(option.name)] = checked
-    checker.raise_problems(what)
     return out
+
+
+def _command(name: str) -> click.Command:
+    """The click command `name` (the command table's entry, imported now)."""
+    from jsonlbatch.cli import COMMANDS as TABLE
+
+    module, attribute, _ = TABLE[name]
+    command: click.Command = getattr(importlib.import_module(module), attribute)
+    return command
+
+
+def _owners(key: str, section: str) -> str:
+    """For a key `section`'s command does not have: which other command's option it is, as
+    the problem to show ("" when none has it). Every command is looked at (imported): this
+    is the path of a mistake only."""
+    from jsonlbatch.cli import COMMANDS as TABLE
+
+    flag = "--" + key.lstrip("-")
+    for name in TABLE:
+        if name == section:
+            continue
+        command = _command(name)
+        subcommands = command.commands if isinstance(command, click.Group) else {}
+        for label, each in [(name, command), *((f"{name} {n}", c) for n, c in subcommands.items())]:
+            if any(flag in p.opts for p in each.params if isinstance(p, click.Option)):
+                if name in COMMANDS:
+                    return f"not an option of `{section}`: {key} is a `{label}` option; put it under `{name}:`"
+                return (
+                    f"not an option of `{section}`: {key} is a `{label}` option, and `{name}` "
+                    "reads no settings file: give it on its command line"
+                )
+    return ""
 
 
 #: A settings file holds a few dozen lines; anything much larger is not one (`/dev/zero`).

@@ -104,6 +104,9 @@ class Running:
     spec: RunSpec
     job: Job | None
     handle_signals: bool  # Ctrl-C and SIGTERM stop the run cleanly (the main thread only)
+    #: Set when the run is stopped from another thread (`StopHandle`: a cancelled `astart`);
+    #: a target that launches servers ends their start with it (`serving(stop=...)`).
+    stopped: threading.Event = field(default_factory=threading.Event)
 
     def run_job(
         self,
@@ -157,6 +160,7 @@ def start(spec: RunSpec, *, handle_signals: bool = True, stop: StopHandle | None
     again resumes. `stop` lets another thread end the run as a first Ctrl-C does (`astart`).
     """
     refuse_running_loop("jsonlbatch.exec.front_door.start", "jsonlbatch.exec.front_door.astart")
+    stopped = stop.event if stop is not None else threading.Event()  # a server start ends on it
     with contextlib.ExitStack() as stack:
         subscribers: list[Subscription] = list(spec.seams.subscribers)
         for watcher in spec.watchers:
@@ -170,12 +174,13 @@ def start(spec: RunSpec, *, handle_signals: bool = True, stop: StopHandle | None
         if not spec.target.uses_job:
             if stop is not None:
                 stop.attach(None)
-            return Outcome(spec.output, spec.target.start(Running(spec, None, handle_signals)))
+            running = Running(spec, None, handle_signals, stopped)
+            return Outcome(spec.output, spec.target.start(running))
         job = stack.enter_context(Job(spec.requests, spec.output, spec.options, seams=seams))
         job.prepare()  # bad input fails here, before any server boots
         if stop is not None:
             stop.attach(job)
-        return Outcome(spec.output, spec.target.start(Running(spec, job, handle_signals)))
+        return Outcome(spec.output, spec.target.start(Running(spec, job, handle_signals, stopped)))
     raise AssertionError("unreachable")  # for type checkers: the block returns
 
 
@@ -249,6 +254,8 @@ class StopHandle:
         self._lock = threading.Lock()
         self._job: Job | None = None
         self._stopped = False
+        #: Set by `stop`: a server start under way ends with it (`Running.stopped`).
+        self.event = threading.Event()
 
     def attach(self, job: Job | None) -> None:
         with self._lock:
@@ -258,6 +265,7 @@ class StopHandle:
             job.stop()
 
     def stop(self) -> None:
+        self.event.set()
         with self._lock:
             self._stopped = True
             job = self._job
@@ -270,8 +278,11 @@ async def astart(spec: RunSpec) -> Outcome:
 
     The run goes on in a worker thread with its own loop, so nothing blocks the caller's loop
     (servers launched for it included). Cancelling the awaiting task stops the run as a first
-    Ctrl-C does: no new requests, those in flight get `options.grace` seconds, launched servers
-    are torn down; then the cancellation goes on. Signals stay the caller's.
+    Ctrl-C does: no new requests, those in flight get `options.grace` seconds, servers still
+    starting are stopped at once, launched servers are torn down; then the cancellation goes
+    on, once the worker thread has ended, so nothing of the run (thread, server, the output's
+    lock) outlives the task. Cancelled again meanwhile, it still waits for that end (bounded
+    by the grace and the servers' teardown). Signals stay the caller's.
     """
     handle = StopHandle()
     future = asyncio.get_running_loop().run_in_executor(
@@ -281,8 +292,13 @@ async def astart(spec: RunSpec) -> Outcome:
         return await asyncio.shield(future)
     except asyncio.CancelledError:
         handle.stop()
-        with contextlib.suppress(Interrupted, Exception):
-            await future
+        while not future.done():
+            try:
+                await asyncio.shield(future)
+            except asyncio.CancelledError:
+                handle.stop()  # it is stopping already: wait for its end all the same
+            except (Interrupted, Exception):
+                break
         raise
 
 

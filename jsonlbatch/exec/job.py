@@ -32,7 +32,7 @@ from jsonlbatch.exec.exec_options import ExecOptions
 from jsonlbatch.exec.hooks.answer_cache import RunCache
 from jsonlbatch.exec.hooks.check_hook import Check, chain
 from jsonlbatch.exec.hooks.contract_check import AnswerChecker
-from jsonlbatch.exec.hooks.seams import NO_SEAMS, Seams
+from jsonlbatch.exec.hooks.seams import CACHE_AND_STORE, NO_SEAMS, Seams
 from jsonlbatch.exec.hooks.store_hook import EarlyAnswers, Vetter
 from jsonlbatch.exec.hooks.tool_call_parser import ToolCallParser
 from jsonlbatch.exec.output.run_summary import RunSummary
@@ -80,6 +80,8 @@ class Job:
         self.options = options or ExecOptions()
         #: What plugs into the run (exec/hooks/seams.py): checks, a store, pools, listeners.
         self.seams = seams or NO_SEAMS
+        if self.options.cache is not None and self.seams.store is not None:
+            raise UsageError(CACHE_AND_STORE)
         self.input: InputScan | None = None
         self.existing: OutputScan | None = None
         self.early: EarlyAnswers | None = None  # lines the store answered during the scan

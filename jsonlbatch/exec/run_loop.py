@@ -34,13 +34,13 @@ from jsonlbatch.exec.hooks.check_hook import Check
 from jsonlbatch.exec.hooks.contract_check import AnswerChecker
 from jsonlbatch.exec.hooks.seams import Seams
 from jsonlbatch.exec.hooks.store_hook import (
+    AnswerStore,
     EarlyAnswers,
-    StoreBase,
     Vetter,
     answer_stored,
     occurrences,
 )
-from jsonlbatch.exec.output.events import Answered, EventBus, Snapshot
+from jsonlbatch.exec.output.events import EventBus, Snapshot
 from jsonlbatch.exec.output.progress_bar import Progress
 from jsonlbatch.exec.output.recorder import Recorder
 from jsonlbatch.exec.output.run_summary import RunSummary
@@ -108,8 +108,7 @@ class Run:
         self.bus = EventBus()
         self.progress = Progress(len(self.scan.pending) + self.scan.answered, quiet=opts.quiet)
         if not opts.quiet:
-            self.bus.subscribe(self.progress.on_snapshot, Snapshot)
-            self.bus.subscribe(self.progress.on_answered, Answered)
+            self.progress.listen(self.bus, streams=opts.stream)
         for callback, types in seams.subscribers:
             self.bus.subscribe(callback, *types)
         budget = None
@@ -310,7 +309,7 @@ class Run:
             body["model"] = self.model_override
         return Request(obj["custom_id"], url, body, fingerprint=mark, priority=obj.get("priority"))
 
-    async def _answer(self, store: StoreBase) -> None:
+    async def _answer(self, store: AnswerStore) -> None:
         """Before anything is sent: write what the store answers (`store_hook.answer_stored`) and
         keep only the rest pending."""
         self._check_source()

@@ -3,7 +3,7 @@
 A round is four files, all plain Batch files the other commands read:
 
     round-1/judge-requests.jsonl    a judge prompt per answer (gen over responses-as-data)
-    round-1/judge-responses.jsonl   executed (exec's `execute`: resumable, crash-safe)
+    round-1/judge-responses.jsonl   executed (a `RunSpec`, as `jsonlbatch exec`: resumable, crash-safe)
     round-2/requests.jsonl          the failing items asked again: a new seed, and the judge's
     round-2/responses.jsonl         feedback as a new user turn when `feedback` is on
     ...
@@ -31,7 +31,8 @@ from typing import Any
 import orjson
 
 from jsonlbatch.errors import UsageError
-from jsonlbatch.exec import execute
+from jsonlbatch.exec.front_door import Target, Urls
+from jsonlbatch.experiment.exec_runs import send
 from jsonlbatch.experiment.rules import PassRule, coerce
 from jsonlbatch.experiment.state import file_digest
 from jsonlbatch.gen import RequestWriter
@@ -145,8 +146,9 @@ def run_judge(
     out_dir: str,
     config: JudgeConfig,
     *,
-    urls: Sequence[str],
+    urls: Sequence[str] = (),
     judge_urls: Sequence[str] | None = None,
+    target: Target | None = None,
     join: str | None = None,
     on: str | None = None,
     exec_options: Mapping[str, Any] | None = None,
@@ -156,12 +158,16 @@ def run_judge(
     """Judge the answers in `responses` (to `requests`), re-asking failures up to the rounds.
 
     `urls` answer the re-asked requests, `judge_urls` (default: `urls`) the judge's; both go
-    through `jsonlbatch.exec.execute` with `exec_options` (concurrency, timeouts, ...).
+    through exec's front door with `exec_options` (concurrency, timeouts, ...). `target`, when
+    given, is where the re-asked requests (and, without `judge_urls`, the judge's) go instead
+    of `urls`: the experiment runner's launched servers (`serve.target.KeptLaunch`).
     """
     say = note or (lambda _msg: None)
     os.makedirs(out_dir, exist_ok=True)
     _reset_if_changed(out_dir, config, requests, responses, join, on)
     run_exec = _executor(exec_options, quiet)
+    answers_at: Target = target if target is not None else Urls(tuple(urls))
+    judged_at: Target = Urls(tuple(judge_urls)) if judge_urls else answers_at
     with RequestIndex(requests) as originals:
         items = _item_ids(requests)
         history: dict[str, list[Verdict]] = {cid: [] for cid in items}
@@ -178,10 +184,10 @@ def run_judge(
                     answers_req, [c for c in items if c in open_ids], history, originals, config, r
                 )
                 say(f"round {r}: asking {plural(len(open_ids), 'item')} again")
-                run_exec(answers_req, answers_resp, urls)
+                run_exec(answers_req, answers_resp, answers_at)
             verdicts = _judge_round(
                 here, r, answers_req, answers_resp, open_ids, config, join, on,
-                lambda q, o: run_exec(q, o, judge_urls or urls),
+                lambda q, o: run_exec(q, o, judged_at),
             )  # fmt: skip
             newly = 0
             for cid, verdict in verdicts.items():
@@ -202,11 +208,11 @@ def run_judge(
 
 def _executor(
     exec_options: Mapping[str, Any] | None, quiet: bool
-) -> Callable[[str, str, Sequence[str]], None]:
+) -> Callable[[str, str, Target], None]:
     options = dict(exec_options or {})
 
-    def run(requests: str, output: str, urls: Sequence[str]) -> None:
-        execute(requests, output, urls=list(urls), quiet=quiet, **options)
+    def run(requests: str, output: str, target: Target) -> None:
+        send(requests, output, target, options, quiet=quiet)
 
     return run
 

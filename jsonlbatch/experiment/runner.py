@@ -5,7 +5,7 @@ Each condition gets a folder of plain files that the other commands read:
 
     runs/<experiment id>/<condition>/
         requests.jsonl     gen: the data rows through the prompt, with the condition's settings
-        responses.jsonl    exec: resumable, crash-safe (the same `execute` as `jsonlbatch exec`)
+        responses.jsonl    exec: resumable, crash-safe (a `RunSpec` started as `jsonlbatch exec` is)
         judge/             judge rounds: round-K/..., judge.jsonl, final.jsonl
         votes.jsonl        post votes over final.jsonl (after a judge) or responses.jsonl;
         files/, predictions.jsonl   post files, post patches (same input)
@@ -27,8 +27,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jsonlbatch.errors import UsageError
-from jsonlbatch.exec import execute
+from jsonlbatch.exec.front_door import Target, Urls
 from jsonlbatch.experiment.compare import write_comparison
+from jsonlbatch.experiment.exec_runs import send
 from jsonlbatch.experiment.judge import JudgeConfig, run_judge
 from jsonlbatch.experiment.posting import (
     PARTS,
@@ -48,8 +49,8 @@ from jsonlbatch.gen.writer import row_custom_id
 from jsonlbatch.post.outputs import JsonlWriter
 from jsonlbatch.redact import register_secret
 from jsonlbatch.report.charts import charts_missing
-from jsonlbatch.serve import serving
 from jsonlbatch.serve.fleet import serve_options
+from jsonlbatch.serve.target import KeptLaunch
 
 #: Condition keys that shape the requests (the rest say where they go).
 _GEN_KEYS = (
@@ -146,7 +147,7 @@ class _ConditionRun:
         os.makedirs(directory, exist_ok=True)
         self.state = StepState(directory)
         self.stack = contextlib.ExitStack()
-        self._urls: list[str] | None = None
+        self._target: Target | None = None
         self.requests = os.path.join(directory, "requests.jsonl")
         self.responses = os.path.join(directory, "responses.jsonl")
         self.rows = os.path.join(directory, "rows.jsonl")
@@ -168,27 +169,28 @@ class _ConditionRun:
 
     # -- servers -------------------------------------------------------------------------------
 
-    def urls(self) -> list[str]:
-        """The condition's endpoints; a server it asks to `serve` starts on first use."""
-        if self._urls is None:
+    def target(self) -> Target:
+        """Where the condition's requests go: its `url`s, and the servers it asks to `serve`
+        (launched by the first step that has something to send, kept for its later steps,
+        torn down when the condition ends: `serve.target.KeptLaunch`)."""
+        if self._target is None:
             urls = self.cond.settings.get("url") or []
-            self._urls = [urls] if isinstance(urls, str) else list(urls)
+            given = (urls,) if isinstance(urls, str) else tuple(urls)
             serve = self.cond.settings.get("serve")
-            if serve is not None:
-                options = {"backend": serve} if isinstance(serve, str) else dict(serve)
-                if options["backend"] == "mock" and not options.get("served_model_name"):
-                    judge = self.exp.step("judge")
-                    names = [self.cond.settings["model"]]
-                    if judge and judge.settings.get("model"):
-                        names.append(judge.settings["model"])
-                    options["served_model_name"] = list(dict.fromkeys(names))
-                log_stem = self.responses  # responses.jsonl.server.log, as exec names it
-                entry = serve_options(options)
-                servers = self.stack.enter_context(
-                    serving(entry.options, quiet=self.quiet, log_stem=log_stem)
-                )
-                self._urls += servers.urls
-        return self._urls
+            if serve is None:
+                self._target = Urls(given)
+                return self._target
+            options = {"backend": serve} if isinstance(serve, str) else dict(serve)
+            if options["backend"] == "mock" and not options.get("served_model_name"):
+                judge = self.exp.step("judge")
+                names = [self.cond.settings["model"]]
+                if judge and judge.settings.get("model"):
+                    names.append(judge.settings["model"])
+                options["served_model_name"] = list(dict.fromkeys(names))
+            entry = serve_options(options)
+            # the logs: responses.jsonl.server.log, as exec names them
+            self._target = KeptLaunch(entry.options, self.stack, given, log_stem=self.responses)
+        return self._target
 
     def exec_options(self) -> dict[str, Any]:
         step = self.exp.step("exec")
@@ -294,12 +296,8 @@ class _ConditionRun:
                 return skipped
             resuming = os.path.exists(self.responses)
             self.say("exec: resuming" if resuming else "exec: sending")
-            summary = execute(
-                self.requests,
-                self.responses,
-                urls=self.urls(),
-                quiet=self.quiet,
-                **self.exec_options(),
+            summary = send(
+                self.requests, self.responses, self.target(), self.exec_options(), quiet=self.quiet
             )
             done = {
                 "requests": summary.requests,
@@ -348,7 +346,7 @@ class _ConditionRun:
                 self.responses,
                 out,
                 config,
-                urls=self.urls(),
+                target=self.target(),
                 judge_urls=[judge_urls] if isinstance(judge_urls, str) else judge_urls,
                 join=self.rows,
                 on=ROW_ID,

@@ -17,6 +17,7 @@ import contextlib
 import os
 import socket
 import sys
+import threading
 import urllib.parse
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
@@ -100,8 +101,8 @@ class FleetServers:
             if group.start_delay <= 0:
                 group.start()
 
-    def wait_ready(self) -> None:
-        wait_all([g for _, g in self.groups], quiet=self.quiet)
+    def wait_ready(self, stop: threading.Event | None = None) -> None:
+        wait_all([g for _, g in self.groups], quiet=self.quiet, stop=stop)
         self.note(
             "every model serves: " + "; ".join(f"{e.name} {len(g.urls)}" for e, g in self.groups)
         )
@@ -204,11 +205,14 @@ def plan_fleet(
 
 
 @contextlib.contextmanager
-def serving_fleet(fleet: Fleet, **plan: object) -> Iterator[FleetServers]:
+def serving_fleet(
+    fleet: Fleet, *, stop: threading.Event | None = None, **plan: object
+) -> Iterator[FleetServers]:
     """Start every model `fleet` names (see `plan_fleet` for the options), wait until all
-    serve, yield them, stop them all however the block ends (Ctrl-C and SIGTERM included)."""
+    serve, yield them, stop them all however the block ends (Ctrl-C and SIGTERM included;
+    `stop` set from another thread while they start)."""
     servers = plan_fleet(fleet, **plan)  # type: ignore[arg-type]
     if any(BACKENDS[e.options.backend].needs_gpus and not e.options.ray for e, _ in servers.groups):
         warn_gpu_holders(servers)  # type: ignore[arg-type]
-    with running(servers):
+    with running(servers, stop):
         yield servers

@@ -267,10 +267,11 @@ class Servers:
             self.note(f"starting server {p.label}: {p.command.display()} (log: {p.log_path})")
             p.start()
 
-    def wait_ready(self) -> None:
-        """Block until every server serves its model; LaunchError if one dies or times out."""
+    def wait_ready(self, stop: threading.Event | None = None) -> None:
+        """Block until every server serves its model; LaunchError if one dies or times out,
+        Interrupted once `stop` is set."""
         started = time.monotonic()
-        wait_all([self], quiet=self.quiet)
+        wait_all([self], quiet=self.quiet, stop=stop)
         self.note(f"ready after {time.monotonic() - started:.0f}s: {', '.join(self.urls)}")
 
     def check(self) -> None:
@@ -426,13 +427,14 @@ def warn_gpu_holders(servers: Servers) -> None:
 
 
 @contextlib.contextmanager
-def running(servers: Any) -> Iterator[None]:
+def running(servers: Any, stop: threading.Event | None = None) -> Iterator[None]:
     """Start `servers` (a `Servers`, or anything with start, wait_ready and stop), wait until
-    they serve, and stop them however the block ends; Ctrl-C and SIGTERM become Interrupted."""
+    they serve, and stop them however the block ends; Ctrl-C and SIGTERM become Interrupted,
+    and so does `stop` set from another thread while they start (a cancelled `aexecute`)."""
     previous = _set_sigterm(_interrupt, only_replacing=signal.SIG_DFL)
     try:
         servers.start()
-        servers.wait_ready()
+        servers.wait_ready(stop)
         yield
     except KeyboardInterrupt:  # Ctrl-C before (or without) the caller's own signal handling
         raise Interrupted("interrupted; the server(s) were stopped") from None

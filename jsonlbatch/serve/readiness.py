@@ -7,11 +7,12 @@ starting later when the fleet file staggers them).
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from jsonlbatch.errors import LaunchError
+from jsonlbatch.errors import Interrupted, LaunchError
 from jsonlbatch.redact import redact
 
 _STATUS_EVERY = 15.0  # seconds between status lines when stderr is not a terminal
@@ -52,8 +53,13 @@ class _Group(Protocol):
     def rebind(self, process: Any, /) -> bool: ...
 
 
-def wait_all(groups: Sequence[_Group], *, quiet: bool = False) -> None:
+def wait_all(
+    groups: Sequence[_Group], *, quiet: bool = False, stop: threading.Event | None = None
+) -> None:
     """Block until every server of every group serves; LaunchError if one dies or times out.
+
+    `stop`, set from another thread (a cancelled `aexecute`), ends the wait at once with
+    `Interrupted`, as Ctrl-C does in the main thread: the caller tears the servers down.
 
     Groups (a fleet's models) may start later than others: a group's `start_delay` seconds
     after the call, it is started here. Each group's servers get its own `--ready-timeout`,
@@ -70,6 +76,8 @@ def wait_all(groups: Sequence[_Group], *, quiet: bool = False) -> None:
     delay = 0.1
     try:
         while pending or waiting:
+            if stop is not None and stop.is_set():
+                raise Interrupted("stopped while the server(s) started; they were stopped")
             now = time.monotonic()
             for g in [g for g in waiting if now - began >= g.start_delay]:
                 waiting.remove(g)
@@ -106,7 +114,10 @@ def wait_all(groups: Sequence[_Group], *, quiet: bool = False) -> None:
             status.show(
                 f"waiting for server ({now - began:.0f}s of {limit:g}s, {ready}/{total} ready) {why}"
             )
-            time.sleep(delay)
+            if stop is not None:
+                stop.wait(delay)
+            else:
+                time.sleep(delay)
             delay = min(delay * 1.5, 1.0)
     finally:
         status.close()

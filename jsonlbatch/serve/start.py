@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import threading
 from collections.abc import Iterator
 
 from jsonlbatch.serve.backends import BACKENDS, ServeOptions
@@ -23,14 +24,19 @@ from jsonlbatch.serve.launch import (
 
 @contextlib.contextmanager
 def serving(
-    options: ServeOptions, *, quiet: bool = False, log_stem: str | None = None
+    options: ServeOptions,
+    *,
+    quiet: bool = False,
+    log_stem: str | None = None,
+    stop: threading.Event | None = None,
 ) -> Iterator[Servers]:
     """Start the servers `options` describe, wait until all serve, yield them, stop them.
 
     Startup raises LaunchError with the server's own last log lines when a server exits or
     does not become ready in time. Ctrl-C (KeyboardInterrupt), and SIGTERM where no handler
     is installed, become Interrupted, during startup or in the block. Teardown runs however the
-    block ends. Logs go beside `log_stem` (exec's output), in `options.log_dir`, or else in a
+    block ends; `stop`, set from another thread during startup (a cancelled `aexecute`), ends
+    the wait with Interrupted too. Logs go beside `log_stem` (exec's output), in `options.log_dir`, or else in a
     fresh directory under the system's temp dir (each server's start line names its log).
     """
     if log_stem is None and options.log_dir is None:  # nothing to put the logs beside
@@ -44,5 +50,5 @@ def serving(
         servers = Servers(options, plan_servers(options, log_stem=log_stem), quiet=quiet)
     if BACKENDS[options.backend].needs_gpus and not options.ray:
         warn_gpu_holders(servers)
-    with running(servers):
+    with running(servers, stop):
         yield servers

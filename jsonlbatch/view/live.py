@@ -178,7 +178,6 @@ class PrometheusExporter:
             "Requests answered from the answer cache (--cache): written, not sent",
             registry=r,
         )
-        self._hits = 0  # cache hits counted so far (each also counted as an ok request)
         self._out: set[str] = set()
         self._server: Any = None
 
@@ -208,7 +207,6 @@ class PrometheusExporter:
         self.requests.labels("ok").inc()
         metrics = event.metrics
         if metrics.get("cache") == "hit":
-            self._hits += 1
             self.cache_hits.inc()
         prompt, completion = (
             _num(metrics.get("prompt_tokens")),
@@ -240,13 +238,7 @@ class PrometheusExporter:
 
     def _snapshot(self, event: Snapshot) -> None:
         summary = event.summary
-        # lines the cache answered while the input was scanned are written in one go, with no
-        # event each: counted here, so that ok + failed is every line this run wrote
-        early = summary.cache_hits - self._hits
-        if early > 0:
-            self._hits += early
-            self.cache_hits.inc(early)
-            self.requests.labels("ok").inc(early)
+        # (lines the cache answered while the input was scanned have an `Answered` each too)
         self.total.set(summary.requests)
         self.pending.set(max(summary.requests - summary.already_done - summary.written, 0))
 

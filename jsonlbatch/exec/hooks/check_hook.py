@@ -13,11 +13,12 @@ called once per usable answer, with the request as sent, and returns a verdict:
   `--max-retries` bounds them, and the last refusal is written as its `otherwise` (a `Reject`)
   says, else as a plain `Reject` would be.
 
-A check that keeps state across one request's asks subclasses `Check`, whose `begin(request) ->
-Request` (called before the first attempt; returns the request to send, e.g. a re-ask resumed
-from a journal) and `end(request)` (called once the request's result is made, whatever it is)
-it overrides; a plain callable is wrapped once, where it enters the run (`as_check`), so the run
-calls every check the same way and never asks what it has. `chain` runs several checks as one.
+A check's whole interface is `AnswerCheck`: the call, `begin(request) -> Request` (before the
+first attempt; returns the request to send, e.g. a re-ask resumed from a journal) and
+`end(request)` (once the request's result is made, whatever it is). A check that keeps state
+across one request's asks subclasses `Check` (defaults for both) or writes all three itself; a
+plain callable (`CheckFunction`) is completed once, where it enters the run (`as_check`), so the
+run calls every check the same way and never asks what it has. `chain` runs several as one.
 
 A stored answer (the answer cache, a provider's batch results) passes the same check before it
 is written (`vet`): one the check accepts is written with what the check added to its metrics
@@ -30,7 +31,7 @@ re-asked request as the same request.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import orjson
 
@@ -87,11 +88,32 @@ class Answer:
         return self.decoded
 
 
-class AnswerCheck(Protocol):
-    """Called with each usable answer; returns what to do with it. Runs on the event loop: a
-    check that takes long (a judge model) should hand work to a thread itself."""
+class CheckFunction(Protocol):
+    """The least a check is: a callable from an answer to a verdict (`as_check` completes it)."""
 
     def __call__(self, answer: Answer, /) -> CheckVerdict: ...
+
+
+@runtime_checkable
+class AnswerCheck(Protocol):
+    """Every member the run calls on a check, with its real signature. Runs on the event loop:
+    a check that takes long (a judge model) should hand work to a thread itself.
+
+    Subclass `Check` for the defaults of `begin` and `end`; a class with all three needs no
+    base class; a plain callable (`CheckFunction`) is completed; a callable with `begin` but
+    no `end` (or the other way) is refused where it enters the run (`as_check`)."""
+
+    def __call__(self, answer: Answer, /) -> CheckVerdict:
+        """What to do with this usable answer: `Accept()`, `Reject(...)`, `AskAgain(...)`."""
+        ...
+
+    def begin(self, request: Request, /) -> Request:
+        """Before a request's first attempt: the request to send (a re-ask resumed, ...)."""
+        ...
+
+    def end(self, request: Request, /) -> None:
+        """The request's result is made, whatever it is (forget what was kept for it)."""
+        ...
 
 
 def refused(result: Result, verdict: Reject | AskAgain, attempts: int) -> Result:
@@ -111,29 +133,43 @@ def refused(result: Result, verdict: Reject | AskAgain, attempts: int) -> Result
 
 
 class Check:
-    """An on-answer check with the whole interface the run calls (override what you need).
-
-    `begin` and `end` bracket one request's asks; the defaults keep no state."""
+    """`AnswerCheck` with the defaults: override what you need. `begin` and `end` bracket one
+    request's asks; the defaults keep no state."""
 
     def __call__(self, answer: Answer, /) -> CheckVerdict:
         return ACCEPT
 
-    def begin(self, request: Request) -> Request:
-        """The request to send first (by default: as it is)."""
+    def begin(self, request: Request, /) -> Request:
         return request
 
-    def end(self, request: Request) -> None:
-        """The request's result is made (by default: nothing to forget)."""
+    def end(self, request: Request, /) -> None:
+        pass
 
 
 class _Plain(Check):
     """A plain callable as a `Check`."""
+
+    def __init__(self, check: CheckFunction) -> None:
+        self.check = check
+
+    def __call__(self, answer: Answer, /) -> CheckVerdict:
+        return self.check(answer)
+
+
+class _Whole(Check):
+    """An `AnswerCheck` that is no `Check` subclass, as one (the run's checks are `Check`s)."""
 
     def __init__(self, check: AnswerCheck) -> None:
         self.check = check
 
     def __call__(self, answer: Answer, /) -> CheckVerdict:
         return self.check(answer)
+
+    def begin(self, request: Request, /) -> Request:
+        return self.check.begin(request)
+
+    def end(self, request: Request, /) -> None:
+        self.check.end(request)
 
 
 def begin(check: Check | None, request: Request) -> Request:
@@ -147,9 +183,26 @@ def end(check: Check | None, request: Request) -> None:
         check.end(request)
 
 
-def as_check(check: AnswerCheck | Check) -> Check:
-    """`check` with the whole interface: a `Check` as it is, a plain callable wrapped."""
-    return check if isinstance(check, Check) else _Plain(check)
+def as_check(check: AnswerCheck | CheckFunction) -> Check:
+    """`check` with the whole interface: a `Check` as it is, another `AnswerCheck` (all three
+    members) or a plain callable wrapped. A callable with only one of `begin` and `end` is a
+    TypeError: wrapping it would drop the one it has (the one place a check's members are
+    looked at)."""
+    if isinstance(check, Check):
+        return check
+    if isinstance(check, AnswerCheck):
+        return _Whole(check)
+    name = type(check).__name__
+    if not callable(check):
+        raise TypeError(f"Seams.check: {name} is not callable (see AnswerCheck)")
+    has = [m for m in ("begin", "end") if hasattr(check, m)]
+    if has:
+        raise TypeError(
+            f"Seams.check: {name} has {has[0]} but not {'end' if has[0] == 'begin' else 'begin'}"
+            ": a check with either needs both (or subclass jsonlbatch.exec.hooks.check_hook."
+            "Check for the defaults), or the one it has would be ignored"
+        )
+    return _Plain(check)
 
 
 def vet(check: Check | None, request: Request, result: Result, raw: bytes | None) -> Reject | None:
@@ -208,7 +261,7 @@ class _Chain(Check):
             check.end(request)
 
 
-def chain(*checks: AnswerCheck | Check | None) -> Check | None:
+def chain(*checks: AnswerCheck | CheckFunction | None) -> Check | None:
     """One check that runs `checks` (None ones left out) in turn; None when there are none."""
     given = [as_check(c) for c in checks if c is not None]
     if len(given) < 2:

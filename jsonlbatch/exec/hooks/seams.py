@@ -19,8 +19,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from jsonlbatch.exec.hooks.check_hook import AnswerCheck, Check, as_check
-from jsonlbatch.exec.hooks.store_hook import AnswerStore, StoreBase, as_store
+from jsonlbatch.exec.hooks.check_hook import AnswerCheck, Check, CheckFunction, as_check
+from jsonlbatch.exec.hooks.store_hook import AnswerStore, SimpleStore, as_store
 from jsonlbatch.exec.route.endpoint_concurrency import ConcurrencyController
 from jsonlbatch.exec.route.model_pools import PoolSpec, check_specs
 
@@ -29,12 +29,17 @@ from jsonlbatch.exec.route.model_pools import PoolSpec, check_specs
 class Seams:
     """What a run calls besides its own steps; every field's default is today's behaviour.
 
-    A check or store given with part of its interface (a plain function; a store with only
-    `lookup` and `store`) is completed here, once, with the defaults (`as_check`, `as_store`),
-    so the run calls every member without asking what it has."""
+    A check or store given with the least of its interface (a plain function, `CheckFunction`;
+    a store with only `lookup` and `store`, `SimpleStore`) is completed here, once, with the
+    defaults (`as_check`, `as_store`), so the run calls every member of `AnswerCheck` and
+    `AnswerStore` without asking what it has. One with part of the rest is refused here.
 
-    check: AnswerCheck | Check | None = None
-    store: AnswerStore | StoreBase | None = None
+    A caller's `store` and `ExecOptions.cache` (`--cache`) are refused together (`Job`): both
+    answer before sending, and which one wins would be a guess; a store of your own can
+    consult the cache itself."""
+
+    check: AnswerCheck | CheckFunction | None = None
+    store: AnswerStore | SimpleStore | None = None
     pools: Sequence[PoolSpec] | None = None  # None: one pool over the run's URLs
     #: (callback, event types) pairs subscribed to the run's `EventBus` before it starts.
     subscribers: Sequence[tuple[Callable[[Any], None], tuple[type, ...]]] = field(
@@ -59,9 +64,16 @@ class Seams:
         return self.check if isinstance(self.check, Check) else None
 
     @property
-    def the_store(self) -> StoreBase | None:
+    def the_store(self) -> AnswerStore | None:
         """The store, completed (see the class doc)."""
-        return self.store if isinstance(self.store, StoreBase) else None
+        return self.store  # type: ignore[return-value]  # completed in __post_init__
 
 
 NO_SEAMS = Seams()
+
+#: Why `--cache` (`ExecOptions.cache`) and a caller's `Seams.store` are refused together.
+CACHE_AND_STORE = (
+    "--cache and a store of your own (seams=Seams(store=...)) both answer requests before "
+    "they are sent, and a run has one such store: drop one of them (your store may consult "
+    "the answer cache itself: jsonlbatch.exec.hooks.answer_cache.RunCache)"
+)

@@ -18,9 +18,11 @@ others go on to be sent. A stored answer takes the same steps as a sent one befo
 written (`Vetter`: the endpoint's shape, the answer contract and the caller's check); one they
 refuse is not written, and its request is sent (the store hears of it: `refused`).
 
-A store's whole interface is `AnswerStore`; `StoreBase` gives every member a default that
-changes nothing, so a store overrides only what it has. A store with just `lookup` and `store`
-is wrapped once where it enters the run (`as_store`). The answer cache
+A store's whole interface is `AnswerStore` (every member the run calls, with its signature);
+`StoreBase` gives every member a default that changes nothing, so a store overrides only what it
+has. A class with every member is used as it is, without a base class; a store with just
+`lookup` and `store` (`SimpleStore`) is completed once where it enters the run (`as_store`); one
+with some of the rest but not all is refused there, never trimmed. The answer cache
 (`jsonlbatch/exec/hooks/answer_cache.py`) overrides them all.
 """
 
@@ -33,7 +35,7 @@ import tempfile
 from array import array
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import orjson
 
@@ -42,8 +44,8 @@ from jsonlbatch.jsonl import iter_lines, read_lines_at
 from jsonlbatch.records import Request, Result, fingerprint
 
 
-class AnswerStore(Protocol):
-    """Answers kept across runs: the two calls every store answers."""
+class SimpleStore(Protocol):
+    """The least a store is: the two calls every store answers (`as_store` completes it)."""
 
     def lookup(self, request: Request, occurrence: int, /) -> Result | None:
         """A stored answer for this request (its `custom_id` is replaced by the request's), or
@@ -55,12 +57,87 @@ class AnswerStore(Protocol):
         ...
 
 
-class StoreBase:
-    """The whole interface the run calls on a store, each member with a do-nothing default."""
+@runtime_checkable
+class AnswerStore(Protocol):
+    """Every member the run calls on a store, with its real signature.
+
+    Subclass `StoreBase` to get a do-nothing default for each; a class that writes them all
+    itself needs no base class (it is used as it is); one with `lookup` and `store` only
+    (`SimpleStore`) is completed with the defaults. A store with some of the others but not
+    all is refused where it enters the run (`as_store`), so none of them is dropped silently.
+    """
 
     #: True: the store tells identical requests apart itself (exec passes occurrence 0).
-    counts_copies = False
+    counts_copies: bool
     #: Pending lines `scan_line` left for `settle_line` (a later copy of a sampled body).
+    deferred: int
+
+    def lookup(self, request: Request, occurrence: int, /) -> Result | None:
+        """A stored answer for this request (its `custom_id` is replaced by the request's), or
+        None to send it."""
+        ...
+
+    def store(self, request: Request, occurrence: int, result: Result, /) -> None:
+        """Called with each result of a sent request, before its line is written."""
+        ...
+
+    @property
+    def answers_early(self) -> bool:
+        """Whether `scan_line` answers lines during exec's input scan (`EarlyAnswers`)."""
+        ...
+
+    def scan_line(
+        self, obj: dict[str, Any], raw: bytes, pending: bool, sorted_body: bytes | None, /
+    ) -> Result | None:
+        """A line's stored answer, looked up during the input scan (with `answers_early`):
+        `obj` the decoded line, `raw` its bytes, `pending` whether it is still to send,
+        `sorted_body` its body as key-sorted JSON (None when not pending)."""
+        ...
+
+    def settle_line(self, obj: dict[str, Any], /) -> Result | None:
+        """A line `scan_line` deferred, looked up once the whole file is counted."""
+        ...
+
+    def refused(self, request: Request, result: Result, /) -> None:
+        """A stored answer this store gave was refused by the checks: the request is sent."""
+        ...
+
+    def resume_into(self, output: str, /) -> None:
+        """The run appends to `output`, which holds answers already."""
+        ...
+
+    def key_by(self, urls: Sequence[str], /) -> None:
+        """The run's endpoint URLs, before the first lookup (`--cache-key-url`)."""
+        ...
+
+    def notes(self) -> list[str]:
+        """Lines to show once the run starts."""
+        ...
+
+    def progress(self) -> str:
+        """A few words for the progress bar."""
+        ...
+
+    def describe(self) -> str:
+        """One line for the run's summary ("": nothing to say)."""
+        ...
+
+    def finish(self, output: str, /) -> None:
+        """The run is over: seal what was stored."""
+        ...
+
+
+#: `AnswerStore`'s members beyond `SimpleStore`'s (what a partial store would lose).
+EXTRA_MEMBERS = (
+    "counts_copies", "deferred", "answers_early", "scan_line", "settle_line", "refused",
+    "resume_into", "key_by", "notes", "progress", "describe", "finish",
+)  # fmt: skip
+
+
+class StoreBase:
+    """`AnswerStore` with a do-nothing default for each member: override what you have."""
+
+    counts_copies = False
     deferred = 0
 
     def lookup(self, request: Request, occurrence: int, /) -> Result | None:
@@ -71,48 +148,42 @@ class StoreBase:
 
     @property
     def answers_early(self) -> bool:
-        """Whether `scan_line` answers lines during exec's input scan (`EarlyAnswers`)."""
         return False
 
     def scan_line(
         self, obj: dict[str, Any], raw: bytes, pending: bool, sorted_body: bytes | None, /
     ) -> Result | None:
-        """A line's stored answer, looked up during the input scan (with `answers_early`)."""
         return None
 
     def settle_line(self, obj: dict[str, Any], /) -> Result | None:
-        """A line `scan_line` deferred, looked up once the whole file is counted."""
         return None
 
     def refused(self, request: Request, result: Result, /) -> None:
-        """A stored answer this store gave was refused by the checks: the request is sent."""
+        pass
 
     def resume_into(self, output: str, /) -> None:
-        """The run appends to `output`, which holds answers already."""
+        pass
 
     def key_by(self, urls: Sequence[str], /) -> None:
-        """The run's endpoint URLs, before the first lookup (`--cache-key-url`)."""
+        pass
 
     def notes(self) -> list[str]:
-        """Lines to show once the run starts."""
         return []
 
     def progress(self) -> str:
-        """A few words for the progress bar."""
         return ""
 
     def describe(self) -> str:
-        """One line for the run's summary ("": nothing to say)."""
         return ""
 
     def finish(self, output: str, /) -> None:
-        """The run is over: seal what was stored."""
+        pass
 
 
 class _Plain(StoreBase):
     """A store with `lookup` and `store` only, with the defaults for the rest."""
 
-    def __init__(self, store: AnswerStore) -> None:
+    def __init__(self, store: SimpleStore) -> None:
         self._store = store
 
     def lookup(self, request: Request, occurrence: int, /) -> Result | None:
@@ -122,16 +193,42 @@ class _Plain(StoreBase):
         self._store.store(request, occurrence, result)
 
 
-def as_store(store: AnswerStore | StoreBase) -> StoreBase:
-    """`store` with the whole interface: a `StoreBase` as it is, a plain one wrapped."""
-    return store if isinstance(store, StoreBase) else _Plain(store)
+def as_store(store: AnswerStore | SimpleStore) -> AnswerStore:
+    """`store` with the whole interface: an `AnswerStore` (a `StoreBase` or a class with every
+    member) as it is, a `SimpleStore` completed with the defaults.
+
+    Raises TypeError for a store with only part of the rest (`notes` but no `describe`, ...):
+    completing it would drop the members it has, so it must have them all or subclass
+    `StoreBase`. This is the one place a store's members are looked at; the run then calls
+    every member without asking."""
+    if isinstance(store, AnswerStore):
+        return store
+    name = type(store).__name__
+    if not isinstance(store, _Simple):
+        raise TypeError(f"Seams.store: {name} has no lookup(request, occurrence) and "
+                        "store(request, occurrence, result) (see AnswerStore)")  # fmt: skip
+    some = [m for m in EXTRA_MEMBERS if hasattr(store, m)]
+    if some:
+        missing = [m for m in EXTRA_MEMBERS if m not in some]
+        raise TypeError(
+            f"Seams.store: {name} has {', '.join(some)} but not {', '.join(missing)}: a store "
+            "with more than lookup and store needs every AnswerStore member (subclass "
+            "jsonlbatch.exec.hooks.store_hook.StoreBase for the defaults), or those it has "
+            "would be ignored"
+        )
+    return _Plain(store)
+
+
+@runtime_checkable
+class _Simple(SimpleStore, Protocol):
+    """`SimpleStore`, checkable at run time (only `as_store` asks)."""
 
 
 class Vetter:
     """The steps a stored answer takes before its line (`check_hook.vet`): a refused one is the
     store's to hear of, and its request is sent."""
 
-    def __init__(self, store: StoreBase, check: Check | None) -> None:
+    def __init__(self, store: AnswerStore, check: Check | None) -> None:
         self.store, self.check = store, check
 
     def __call__(self, request: Request, result: Result) -> bool:
@@ -162,7 +259,7 @@ def occurrences(path: str) -> dict[str, int]:
 
 
 async def answer_stored(
-    store: StoreBase,
+    store: AnswerStore,
     vetter: Vetter,
     source: str,
     pending: Sequence[int],
@@ -206,7 +303,7 @@ class EarlyAnswers:
     kill), appended to it once the run starts (`drain`).
     """
 
-    def __init__(self, store: StoreBase, vetter: Vetter, output: str, run_id: str) -> None:
+    def __init__(self, store: AnswerStore, vetter: Vetter, output: str, run_id: str) -> None:
         self._store = store
         self._vetter = vetter
         self._scan_line = store.scan_line

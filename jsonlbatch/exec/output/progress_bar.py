@@ -10,16 +10,13 @@ import statistics
 import sys
 import time
 from collections import deque
-from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
+from jsonlbatch.exec.output.events import Answered, EventBus, Snapshot
 from jsonlbatch.exec.output.run_summary import RunSummary
 from jsonlbatch.redact import redact
 from jsonlbatch.stats import plural
-
-if TYPE_CHECKING:
-    from jsonlbatch.exec.output.events import Answered, Snapshot
 
 _STATUS_EVERY = 10.0  # seconds between repeats of the same "waiting for server" line
 _TTFT_WINDOW = 1000  # the running TTFT median is over this many latest streamed requests
@@ -33,6 +30,14 @@ class Progress:
         self._shown = 0
         self._last_status = (0.0, "")
         self._ttfts: deque[float] = deque(maxlen=_TTFT_WINDOW)
+
+    def listen(self, bus: EventBus, *, streams: bool) -> None:
+        """Subscribe to the run's events: the snapshots, and each answer's TTFT when answers
+        are streamed (only then: no `Answered` is built for the bar alone, and a run the cache
+        answers whole would have one per line)."""
+        bus.subscribe(self.on_snapshot, Snapshot)
+        if streams:
+            bus.subscribe(self.on_answered, Answered)
 
     def record_ttft(self, seconds: float) -> None:
         """Note a streamed request's time to first token (bounded: only the latest are kept)."""

@@ -13,6 +13,8 @@ import asyncio
 import time
 from collections.abc import Callable
 
+import orjson
+
 from jsonlbatch.errors import OutputError
 from jsonlbatch.exec.hooks.store_hook import EarlyAnswers
 from jsonlbatch.exec.output.events import Answered, EventBus, Failed
@@ -22,6 +24,13 @@ from jsonlbatch.jsonl import AppendWriter, OutputLock, filter_lines, repair_tail
 from jsonlbatch.records import Result
 
 FSYNC_EVERY = 5.0  # seconds: durability against power loss without an fsync per line
+
+
+def answered_event(line: bytes) -> Answered:
+    """The `Answered` event of a written answer line (a stored answer, written in a chunk)."""
+    obj = orjson.loads(line)
+    status = (obj.get("response") or {}).get("status_code") or 0
+    return Answered(obj["custom_id"], status, obj.get("metrics") or {})
 
 
 class Recorder:
@@ -133,12 +142,16 @@ class Recorder:
         if early is None or not early.count or self.writer is None:
             return
         self.flush()
+        answered = self.bus.wants(Answered)
         for chunk in early.drain():
             try:
                 self.writer.write(chunk)
             except OutputError as exc:
                 self.on_error(exc)
                 return
+            if answered:  # as for a sent answer: one `Answered` per line, once written
+                for line in chunk.splitlines():
+                    self.bus.emit(answered_event(line))
         self.summary.succeeded += early.count
         self.summary.cache_hits += early.count
         self.summary.schema_valid += early.valid  # the answers the contract accepted

@@ -14,19 +14,32 @@ line at a time; looking an id up indexes the file's line offsets once (about 100
 
 from __future__ import annotations
 
+import html
+import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 import orjson
 
+from jsonlbatch.exec.output.result_display import (
+    CELL_CHARS,
+    COUNT_UP_TO,
+    HTML_ROWS,
+    TEXT_CHARS,
+    cut,
+    table,
+)
 from jsonlbatch.jsonl import iter_lines_at, read_lines_at
 from jsonlbatch.samples import Sample, samples_of
+from jsonlbatch.stats import plural
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Answer:
-    """One response line, typed: what a caller of `execute` reads instead of the JSON."""
+    """One response line, typed: what a caller of `execute` reads instead of the JSON.
+    Prints as one line (its id, the first words or the failure); a small table in a notebook."""
 
     custom_id: str
     ok: bool
@@ -42,6 +55,43 @@ class Answer:
     cached: bool = False  # answered from the answer cache, not sent
     body: Any = None  # the server's response body, as written
     metrics: dict[str, Any] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        if not self.ok:
+            return f"<Answer {self.custom_id} failed {self.failure}>"
+        extra = " (cached)" if self.cached else ""
+        if self.values and self.value is not None:
+            shown = f"value={cut(repr(self.value), TEXT_CHARS)}"
+        else:
+            shown = repr(cut(self.text or "", TEXT_CHARS))
+        more = f" +{len(self.texts) - 1} choices" if len(self.texts) > 1 else ""
+        return f"<Answer {self.custom_id} ok{extra}: {shown}{more}>"
+
+    def _repr_html_(self) -> str:
+        rows: list[tuple[str, Any]] = [("custom_id", self.custom_id), ("ok", self.ok)]
+        if self.ok:
+            rows.append(("text", cut(self.text or "", CELL_CHARS)))
+            if self.values:
+                rows.append(("value", cut(repr(self.value), CELL_CHARS)))
+            if self.valid is not None:
+                rows.append(("schema held", self.valid))
+        else:
+            rows.append(("error", self.failure))
+        if self.usage:
+            rows.append(("usage", ", ".join(f"{k} {v}" for k, v in self.usage.items())))
+        if self.cached:
+            rows.append(("cached", True))
+        return table(rows)
+
+    @property
+    def failure(self) -> str:
+        """The failure in a few words: its code and message, cut ("" when ok)."""
+        if self.ok:
+            return ""
+        error = self.error or {}
+        code = error.get("code") or (f"http_{self.status_code}" if self.status_code else "failed")
+        message = error.get("message")
+        return f"{code}: {cut(message, TEXT_CHARS)}" if message else str(code)
 
     @property
     def text(self) -> str | None:
@@ -108,6 +158,24 @@ class Results(Mapping[str, Answer]):
                     offsets[cid] = offset
             self._offsets = offsets
         return self._offsets
+
+    def __repr__(self) -> str:
+        try:
+            size = os.path.getsize(self.output)
+        except OSError:
+            return f"<Results {self.output}: no such file yet>"
+        if size <= COUNT_UP_TO or self._offsets is not None:
+            return f"<Results {self.output}: {plural(len(self), 'answer')}>"
+        return f"<Results {self.output}: {size / (1 << 20):,.0f} MiB; look answers up by custom_id>"
+
+    def _repr_html_(self) -> str:
+        rows = []
+        for a in islice(self.answers(), HTML_ROWS):
+            what = cut(a.text or "", CELL_CHARS) if a.ok else a.failure
+            value = cut(repr(a.value), CELL_CHARS) if a.ok and a.values else ""
+            rows.append((a.custom_id, "ok" if a.ok else "failed", what, value))
+        shown = table(rows, ("custom_id", "", "text / error", "value"))
+        return f"<p>{html.escape(repr(self))}</p>{shown}"
 
     def __getitem__(self, custom_id: str) -> Answer:
         offset = self._index()[custom_id]

@@ -6,6 +6,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from jsonlbatch.exec.output.result_display import table
 from jsonlbatch.exec.route.server_metrics import ServerStats
 from jsonlbatch.records import Result
 from jsonlbatch.stats import plural
@@ -14,8 +15,11 @@ if TYPE_CHECKING:
     from jsonlbatch.exec.output.run_outcome import Results
 
 
-@dataclass
+@dataclass(repr=False)
 class RunSummary:
+    """What a run did (counts, tokens, time); `format()` is the end-of-run report. Prints as one
+    line; a small table in a notebook (`output/result_display.py`)."""
+
     output: str
     requests: int = 0  # in this job (this shard)
     already_done: int = 0  # had a result before this run
@@ -44,6 +48,44 @@ class RunSummary:
     schema_invalid: int = 0  # lines whose last answer did not
     reasks: int = 0  # asks beyond the first for answers that broke their schema, by this run
     reasks_before: int = 0  # of the lines this run wrote, re-asks answered by an earlier run
+
+    def __repr__(self) -> str:
+        parts = [plural(self.requests, "request"),
+                 f"{self.written} written ({self.succeeded} ok, {self.failed} failed)"]  # fmt: skip
+        if self.already_done:
+            parts.append(f"{self.already_done} already done")
+        if self.cache_hits:
+            parts.append(f"{self.cache_hits} from the cache")
+        if self.interrupted:
+            parts.append("interrupted")
+        if self.budget_stopped:
+            parts.append("stopped by --max-cost")
+        parts.append(f"{self.wall_s:.1f} s")
+        return f"<RunSummary {self.output}: {', '.join(parts)}>"
+
+    def _repr_html_(self) -> str:
+        rows: list[tuple[str, object]] = [
+            ("output", self.output),
+            ("requests", self.requests),
+            ("already done", self.already_done),
+            ("written", f"{self.written} ({self.succeeded} ok, {self.failed} failed)"),
+        ]
+        if self.failures:
+            rows.append(
+                ("failures", ", ".join(f"{k} {n}" for k, n in self.failures.most_common(3)))
+            )
+        if self.cache_hits:
+            rows.append(("from the cache", self.cache_hits))
+        if self.schema_valid or self.schema_invalid:
+            checked = self.schema_valid + self.schema_invalid
+            rows.append(("schema held", f"{self.schema_valid} of {checked}"))
+        rows.append(("tokens", f"{self.prompt_tokens:,} in, {self.completion_tokens:,} out"))
+        rows.append(("wall time", f"{self.wall_s:.1f} s ({self.requests_per_s:.1f} req/s)"))
+        if self.spent is not None:
+            rows.append(("spent", f"${self.spent:.4f}"))
+        if self.interrupted:
+            rows.append(("interrupted", "yes: the same call resumes"))
+        return table(rows)
 
     @property
     def results(self) -> Results:
