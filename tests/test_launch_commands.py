@@ -298,9 +298,13 @@ def test_click_options_map_onto_serve_options() -> None:
         ready_timeout=60.0,
     )
     assert _options_of() is None
-    with pytest.raises(UsageError, match="--tp-size is an option of a server `[a-z]+` launches: it needs --serve"):
+    with pytest.raises(
+        UsageError, match=r"--tp-size is an option of a server `[a-z]+` launches: it needs --serve"
+    ):
         _options_of("--tp-size", "2")
-    with pytest.raises(UsageError, match="--server-api-key is an option of a server `[a-z]+` launches"):
+    with pytest.raises(
+        UsageError, match=r"--server-api-key is an option of a server `[a-z]+` launches"
+    ):
         _options_of("--server-api-key", "abcd")
 
 
