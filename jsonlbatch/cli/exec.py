@@ -81,6 +81,7 @@ _SECTIONS: list[Section] = [
                                  "balance_rel_threshold")),
     ("Several models (routed by body.model)", ("fleet", "endpoint_files")),
     ("Answer cache", ("cache", "cache_mode", "cache_key_url")),
+    ("Hosted code interpreter files", ("files_dir", "require_files", "max_file_bytes")),
     ("Server launch (--serve)", SERVE_NAMES),
     ("Batch API (--batch-api)", BATCH_NAMES),
     ("Watching a run", WATCH_NAMES),
@@ -368,6 +369,27 @@ _EXAMPLES = (
     is_flag=True,
     help="Put the endpoints' URLs in the cache key: only the same servers reuse answers.",
 )
+@click.option(
+    "--files-dir",
+    type=click.Path(file_okay=False),
+    metavar="DIR",
+    help="Collect the files a hosted code interpreter wrote (cited, or listed as the model's) "
+    "into DIR/<custom_id>/ as each answer arrives (docs/files.md).",
+)
+@click.option(
+    "--require-files",
+    is_flag=True,
+    help="With --files-dir: an answer that produced no file fails as no_files (--reask N asks "
+    "again with a feedback turn).",
+)
+@click.option(
+    "--max-file-bytes",
+    type=click.IntRange(min=1),
+    default=ExecOptions.max_file_bytes,
+    show_default=True,
+    metavar="N",
+    help="The largest file --files-dir collects; a larger one fails its request.",
+)
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or notes; errors only.")
 @click.option(
     "--fleet",
@@ -455,6 +477,13 @@ def spec_from_params(
             raise UsageError("--cache does not go with --batch-api")
         if dry_run:
             raise UsageError("--dry-run counts a direct run: leave out --batch-api to count")
+        if kwargs.pop("files_dir", None) or kwargs.pop("require_files", False):
+            raise UsageError(
+                "--files-dir does not go with --batch-api: a code interpreter's container "
+                "expires 20 minutes after its last use, long before a batch's results arrive, "
+                "so its files could not be collected (docs/files.md); run it directly"
+            )
+        kwargs.pop("max_file_bytes", None)
         target = batch_target(urls, headers, batch, {**kwargs, "price": price})
         return RunSpec(requests=requests, output=output, target=target, seams=seams,
                        options=ExecOptions(quiet=kwargs["quiet"]))  # fmt: skip

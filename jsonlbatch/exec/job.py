@@ -35,6 +35,7 @@ from jsonlbatch.exec.hooks.contract_check import AnswerChecker
 from jsonlbatch.exec.hooks.seams import NO_SEAMS, Seams
 from jsonlbatch.exec.hooks.store_hook import EarlyAnswers, Vetter
 from jsonlbatch.exec.output.run_summary import RunSummary
+from jsonlbatch.exec.prepare.file_refs import FileRefs
 from jsonlbatch.exec.prepare.input_scan import InputScan, OutputScan, scan_input, scan_output
 from jsonlbatch.exec.route.endpoints import parse_endpoint
 from jsonlbatch.exec.run_loop import Prepared, Run
@@ -84,6 +85,8 @@ class Job:
         #: scanned, it checks stored answers during the input scan and sent ones in the run.
         self.contract: AnswerChecker | None = None
         self._running: tuple[asyncio.AbstractEventLoop, Run] | None = None  # for `stop`
+        #: The local files its requests name as `file://PATH` (prepare/file_refs.py).
+        self.file_refs = FileRefs()
         self._stop_asked = False
         self.source = self.requests  # what is read: the request file, or a copy of a pipe
         check_output(self.output, [self.requests], exec_lock=False)  # the lock comes next
@@ -165,6 +168,7 @@ class Job:
                 changed=opts.changed,
                 select=select,
                 answer=self.early,
+                refs=self.file_refs,
             )
             if self.early is not None:
                 self.early.settle(self.input, self.source)
@@ -252,7 +256,7 @@ class Job:
                 requests=self.requests, output=self.output, source=self.source,
                 options=self.options, scan=self.input, existing=self.existing, lock=self._lock,
                 checks=self.checks(schemas=bool(self.input.schemas)), contract=self.contract,
-                early=self.early,
+                early=self.early, file_refs=self.file_refs,
             )  # fmt: skip
             run = Run(
                 prepared,

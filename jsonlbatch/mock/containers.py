@@ -24,6 +24,7 @@ import hashlib
 import os
 import re
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -42,11 +43,18 @@ class _Mock(Protocol):
 
     files: FileStore
 
+    @property
+    def stats(self) -> _Counted: ...
+
     def authorized(self, request: web.Request) -> bool: ...
 
     def respond(
         self, body: bytes, status: int = 200, headers: dict[str, str] | None = None
     ) -> web.Response: ...
+
+
+class _Counted(Protocol):
+    requests: Counter[str]  # by path
 
 
 @dataclass
@@ -116,6 +124,7 @@ def _azure_refusal(mock: _Mock, request: web.Request) -> web.Response | None:
 
 def _guarded(mock: _Mock, handler: Any) -> Any:
     async def route(request: web.Request) -> web.StreamResponse:
+        mock.stats.requests[request.path if handler is upload else handler.__name__] += 1
         if not mock.authorized(request):
             return mock.respond(b'{"error": "Unauthorized"}', 401)
         return _azure_refusal(mock, request) or await handler(mock, request)
