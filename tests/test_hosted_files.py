@@ -121,7 +121,9 @@ def test_unusable_reference_is_refused_before_sending(tmp_path, mock, make, word
     path = make(tmp_path)
     if words == "Permission denied" and os.geteuid() == 0:
         pytest.skip("root reads every file")
-    req = write(tmp_path / "req.jsonl", [ci_line("ok", "x", []), ci_line("bad", "y", [f"file://{path}"])])
+    req = write(
+        tmp_path / "req.jsonl", [ci_line("ok", "x", []), ci_line("bad", "y", [f"file://{path}"])]
+    )
     out = tmp_path / "out.jsonl"
     done = cli("exec", str(req), "-o", str(out), "--url", mock.url, "-q")
     assert done.returncode == 1
@@ -162,7 +164,9 @@ def test_hostile_container_fails_the_request_naming_the_file(tmp_path, mock, pro
     assert line["error"]["code"] == code and words in line["error"]["message"]
     assert "r1" in line["error"]["message"]
     assert line["response"]["status_code"] == 200  # the answer is kept: nothing lost
-    assert [p.name for p in fdir.iterdir()] == [".partial"] and not any((fdir / ".partial").iterdir())
+    assert [p.name for p in fdir.iterdir()] == [".partial"] and not any(
+        (fdir / ".partial").iterdir()
+    )
 
 
 @pytest.mark.parametrize("name", ["../../evil.txt", "a%00b.txt", "..", "/etc/passwd"])

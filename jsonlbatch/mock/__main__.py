@@ -60,10 +60,13 @@ _OPTIONS: tuple[tuple[str, str, Callable[[str], Any], str, str], ...] = (
      "the --rpm/--tpm buckets hold S seconds of their rate"),
     ("--rate-limit-headers", "rate_limit_headers", str, "STYLE",
      "header family sent with --rpm/--tpm: openai (also Azure) or anthropic"),
+    ("--container-ttl", "container_ttl", float, "S",
+     "code interpreter containers expire S seconds after their last use (default: never)"),
 )  # fmt: skip
 _SWITCHES = (
     ("--accept-any-model", "accept_any_model", "answer whatever model a request names"),
     ("--reasoning", "reasoning", "add reasoning text (reasoning_content and reasoning)"),
+    ("--uncited-file", "uncited_file", "the code interpreter writes one file it does not cite"),
 )
 
 

@@ -152,6 +152,8 @@ class Collector:
                     name = f"{n}-{stem}"
                 used.add(name)
                 records.append(await self._fetch(custom_id, item, name, stage, endpoint, headers))
+            if records:  # on disk before the folder is in place (and long before its line)
+                await asyncio.to_thread(_sync_folder, stage)
             if records or os.path.lexists(target):
                 with contextlib.suppress(FileNotFoundError):
                     shutil.rmtree(target)  # an earlier attempt's, which has no line
@@ -239,8 +241,6 @@ class Collector:
                                               "bytes (--max-file-bytes)", "file_too_large")  # fmt: skip
                         digest.update(chunk)
                         f.write(chunk)
-                    f.flush()
-                    os.fsync(f.fileno())
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             why = (
                 "stalled (timed out)"
@@ -252,6 +252,22 @@ class Collector:
             raise FilesFailed(f"{shown}: cannot write it: {exc.strerror}", "files_failed") from None
         return {"name": name, "bytes": size, "sha256": digest.hexdigest(),
                 "container_id": item.container_id, "file_id": item.file_id}  # fmt: skip
+
+
+def _sync_folder(folder: str) -> None:
+    """fsync every file of `folder`, then the folder: off the event loop, one hop per answer
+    (an fsync there would hold up every request in flight)."""
+    for name in os.listdir(folder):
+        fd = os.open(os.path.join(folder, name), os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def no_files_verdict(body: dict[str, Any], custom_id: str, asks_left: bool) -> Reject | AskAgain:
