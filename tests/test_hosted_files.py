@@ -253,3 +253,27 @@ def test_kill_9_then_resume_collects_each_file_exactly_once(tmp_path):
             names = sorted(f["name"] for f in line["metrics"]["files"])
             assert sorted(p.name for p in (fdir / cid).iterdir()) == names
         assert server.stats.requests.get("/v1/files", 0) == 3
+
+
+def test_export_report_and_viewer_list_the_collected_files(tmp_path, mock):
+    from jsonlbatch.view.detail import describe
+
+    req = write(tmp_path / "req.jsonl", [ci_line(f"v{i}", f"task {i}", []) for i in range(3)])
+    out, fdir = tmp_path / "out.jsonl", tmp_path / "files"
+    done = cli("exec", str(req), "-o", str(out), "--url", mock.url, "--files-dir", str(fdir), "-q")
+    assert done.returncode == 0, done.stderr
+    table = tmp_path / "table.jsonl"
+    assert cli("export", str(out), "-o", str(table)).returncode == 0
+    rows = [json.loads(x) for x in table.read_text().splitlines()]
+    for row in rows:
+        assert row["container_files"] == [f"{row['custom_id']}/deliverable_{k}.txt" for k in (1, 2)]
+        assert all((fdir / p).is_file() for p in row["container_files"])
+        assert row["container_file_bytes"] == sum(
+            (fdir / p).stat().st_size for p in row["container_files"]
+        )
+    report = cli("report", str(out), "--by", "model")
+    assert report.returncode == 0, report.stderr
+    assert "files collected" in report.stdout and " 6" in report.stdout
+    first = out.read_bytes().splitlines()[0]
+    shown = describe(first)["files"]
+    assert [f["bytes"] for f in shown] == [(fdir / f["path"]).stat().st_size for f in shown]

@@ -65,6 +65,7 @@ class _Line:
     model: str | None = None  # the answer's model, which prices it
     billed: Tokens = _NO_TOKENS  # its usage as billed (cached input apart)
     batch: bool = False  # a batch API's result (`metrics.batch_id`): billed at the batch share
+    files: tuple[int, int] = (0, 0)  # files `exec --files-dir` collected: count, bytes
 
 
 @dataclass
@@ -97,6 +98,8 @@ class RunData:
     itl_gaps: int = 0
     torn_tail: bool = False
     cache_hits: int = 0  # lines answered from exec's answer cache: not sent, not paid for
+    files: int = 0  # files `exec --files-dir` collected (`metrics.files`), and their bytes
+    file_bytes: int = 0
     cache_prompt_tokens: int = 0
     cache_completion_tokens: int = 0
     #: (model, batch result?) -> tokens as billed, of the lines this run paid for
@@ -111,6 +114,8 @@ class RunData:
     def add(self, line: _Line) -> None:
         self.lines += 1
         self.status_codes[line.status] += 1
+        self.files += line.files[0]
+        self.file_bytes += line.files[1]
         if line.attempts is not None:
             self.retries += max(0, line.attempts - 1)
             self.retried += line.attempts > 1
@@ -356,7 +361,16 @@ def _parse(obj: Any, path: str, number: int, problems: list[Problem]) -> _Line |
         run=str(metrics["run"]) if isinstance(metrics.get("run"), str) else None,
         cached=ok and metrics.get("cache") == "hit",
         contract=_contract(metrics),
+        files=_files(metrics.get("files")),
     )
+
+
+def _files(records: Any) -> tuple[int, int]:
+    """How many files a line's `metrics.files` lists, and their bytes (`exec --files-dir`)."""
+    if not isinstance(records, list):
+        return 0, 0
+    sizes = [r.get("bytes") for r in records if isinstance(r, dict)]
+    return len(sizes), sum(b for b in sizes if type(b) is int and b > 0)
 
 
 def _contract(metrics: dict[str, Any]) -> tuple[bool, int] | None:

@@ -122,6 +122,8 @@ class RunStats:
     cache_hits: int  # lines answered from exec's answer cache (`exec --cache`)
     torn_tail: bool
     breakdown: dict[str, dict[str, RunStats]] = field(default_factory=dict)
+    files: int = 0  # files `exec --files-dir` collected, and their bytes
+    file_bytes: int = 0
 
     @property
     def truncated_share(self) -> float | None:
@@ -206,6 +208,8 @@ def summarize(
         untimed=data.untimed,
         cache_hits=data.cache_hits,
         torn_tail=data.torn_tail,
+        files=data.files,
+        file_bytes=data.file_bytes,
     )
     for key, groups in data.groups.items():
         stats.breakdown[key] = {

@@ -151,7 +151,9 @@ class Collector:
                     n += 1
                     name = f"{n}-{stem}"
                 used.add(name)
-                records.append(await self._fetch(custom_id, item, name, stage, endpoint, headers))
+                record = await self._fetch(custom_id, item, name, stage, endpoint, headers)
+                record["path"] = f"{os.path.basename(target)}/{name}"  # under DIR
+                records.append(record)
             if records:  # on disk before the folder is in place (and long before its line)
                 await asyncio.to_thread(_sync_folder, stage)
             if records or os.path.lexists(target):
