@@ -277,3 +277,21 @@ def test_export_report_and_viewer_list_the_collected_files(tmp_path, mock):
     first = out.read_bytes().splitlines()[0]
     shown = describe(first)["files"]
     assert [f["bytes"] for f in shown] == [(fdir / f["path"]).stat().st_size for f in shown]
+
+
+def test_experiment_example_runs_a_condition_in_code_interpreter_mode(tmp_path):
+    example = Path(__file__).parent.parent / "examples/experiments/code_interpreter/experiment.yaml"
+    done = cli("run", str(example), "-q", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    root = tmp_path / "runs" / "exp-ci"
+    for condition in ("a", "b"):
+        results = read_results(root / condition / "responses.jsonl")
+        assert len(results) == 4
+        for cid, line in results.items():
+            assert len(line["metrics"]["files"]) == 2
+            for record in line["metrics"]["files"]:
+                assert (root / condition / "container_files" / record["path"]).is_file()
+            assert cid in {p.name for p in (root / condition / "container_files").iterdir()}
+        sidecar = json.loads((root / condition / "responses.jsonl.files.json").read_text())
+        assert len(sidecar["uploads"]) == 3  # ledger.csv, targets.csv, style.txt
+    assert "files collected" in (root / "report.md").read_text()
