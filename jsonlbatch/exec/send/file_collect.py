@@ -38,7 +38,7 @@ MAX_LISTED = 1000
 MAX_FILE_BYTES = 512 << 20  # one file's cap (`--max-file-bytes`)
 _PAGE = 100
 _CHUNK = 1 << 16
-_ID = re.compile(r"[A-Za-z0-9_.-]{1,200}")
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,199}")  # a server's id, before it goes in a URL
 _UNSAFE = re.compile(r"[^A-Za-z0-9._ ()+,=@-]")
 FEEDBACK = (
     "Your answer did not produce a file. Write the deliverable file(s) to /mnt/data with the "
@@ -206,6 +206,8 @@ class Collector:
             last = page.get("last_id")
             if not page.get("has_more") or not isinstance(last, str) or last == after:
                 return found
+            if not _ID.fullmatch(last):  # a cursor that is not an id never goes in a URL
+                raise FilesFailed(f"{custom_id}: container {cid}'s listing has a bad cursor")
             if seen >= MAX_LISTED or len(found) > self.max_files:
                 raise FilesFailed(
                     f"{custom_id}: container {cid} lists more than {min(seen, MAX_LISTED)} "

@@ -30,7 +30,9 @@ from jsonlbatch.records import Request, Result
 
 #: What the uploads are for (OpenAI: `user_data` serves code interpreter and `input_file`).
 PURPOSE = "user_data"
-_ID = re.compile(r"[A-Za-z0-9_.:-]{1,200}")  # a file id a server gives, before it goes in a path
+_ID = re.compile(
+    r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}"
+)  # a file id a server gives, before it goes in a path
 
 
 class UploadFailed(Exception):
