@@ -295,3 +295,13 @@ def test_experiment_example_runs_a_condition_in_code_interpreter_mode(tmp_path):
         sidecar = json.loads((root / condition / "responses.jsonl.files.json").read_text())
         assert len(sidecar["uploads"]) == 3  # ledger.csv, targets.csv, style.txt
     assert "files collected" in (root / "report.md").read_text()
+
+
+def test_batch_api_refuses_file_references_before_submitting(tmp_path, mock):
+    ref = tmp_path / "r.txt"
+    ref.write_text("x")
+    req = write(tmp_path / "req.jsonl", [ci_line("a", "x", [f"file://{ref}"])])
+    done = cli("exec", str(req), "-o", str(tmp_path / "o.jsonl"), "--url", mock.url, "--batch-api")
+    assert done.returncode == 2, done.stderr
+    assert "direct run only" in done.stderr and "Traceback" not in done.stderr
+    assert uploads(mock) == 0

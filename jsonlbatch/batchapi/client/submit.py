@@ -196,6 +196,12 @@ class Submitter:
         try:
             scan = self.job.prepare()
             try:
+                if self.job.file_refs.by_hash:  # exec/prepare/file_refs.py
+                    raise UsageError(
+                        "file:// references are uploaded by a direct run only (docs/files.md): "
+                        "upload the files yourself and put their ids in the requests, or run "
+                        "without --batch-api"
+                    )
                 self._take_scan(scan)
                 self.provider = choose(
                     self.options.provider or self.state.provider or None,
