@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import subprocess
 import tempfile
 import time
@@ -50,10 +51,14 @@ def uploads(port: int) -> int:
         return json.load(resp)["requests"].get("/v1/files", 0)
 
 
-def timed(command: list[str]) -> float:
+def timed(command: list[str]) -> tuple[float, float]:
+    """Wall seconds of `command`, and the CPU seconds (user + system) it used."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     subprocess.run(command, check=True)
-    return time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    return time.perf_counter() - start, cpu
 
 
 def main() -> None:
@@ -73,11 +78,11 @@ def main() -> None:
             plain = exec_command(requests, folder / "plain.jsonl", url, args.concurrency, "-q",
                                  *cache)  # fmt: skip
             first = uploads(port)
-            base = timed(plain)
+            base, base_cpu = timed(plain)
             plain_uploads = uploads(port) - first
             files = exec_command(requests, folder / "files.jsonl", url, args.concurrency, "-q",
                                  *cache, "--files-dir", str(folder / "files"))  # fmt: skip
-            with_files = timed(files)
+            with_files, files_cpu = timed(files)
             collected = sum(1 for p in (folder / "files").rglob("*") if p.is_file())
             total_uploads = uploads(port) - first
     finally:
@@ -85,8 +90,10 @@ def main() -> None:
         server.wait()
     print(f"tasks {args.tasks}, -c {args.concurrency}, mock latency {args.latency} s")
     print(f"uploads: {plain_uploads} in the first run, {total_uploads} over both runs")
-    print(f"without --files-dir: {base:.2f} s")
-    print(f"with --files-dir:    {with_files:.2f} s ({collected} files collected)")
+    print(f"without --files-dir: {base:.2f} s wall, {base_cpu:.2f} s client CPU")
+    print(f"with --files-dir:    {with_files:.2f} s wall, {files_cpu:.2f} s client CPU "
+          f"({collected} files collected)")  # fmt: skip
+    print(f"collection's client CPU: {1000 * (files_cpu - base_cpu) / args.tasks:.2f} ms a task")
     print(f"collection adds {100 * (with_files - base) / base:+.1f}% wall time")
 
 

@@ -142,6 +142,7 @@ class Collector:
             )  # fmt: skip
         target = os.path.join(self.root, safe_file_name(custom_id))
         stage = tempfile.mkdtemp(dir=self.staging)
+        opened: list[int] = []  # the files' descriptors, kept for one fsync pass at the end
         try:
             records, used = [], set()
             for item in wanted.values():
@@ -151,17 +152,23 @@ class Collector:
                     n += 1
                     name = f"{n}-{stem}"
                 used.add(name)
-                record = await self._fetch(custom_id, item, name, stage, endpoint, headers)
-                record["path"] = f"{os.path.basename(target)}/{name}"  # under DIR
-                records.append(record)
+                path = os.path.join(stage, name)
+                opened.append(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+                record = await self._fetch(custom_id, item, opened[-1], endpoint, headers)
+                path = f"{os.path.basename(target)}/{name}"  # under DIR
+                records.append({"name": name, **record, "path": path})
             if records:  # on disk before the folder is in place (and long before its line)
-                await asyncio.to_thread(_sync_folder, stage)
+                await asyncio.to_thread(_sync_folder, stage, opened)
             if records or os.path.lexists(target):
                 with contextlib.suppress(FileNotFoundError):
                     shutil.rmtree(target)  # an earlier attempt's, which has no line
                 if records:
                     os.replace(stage, target)
+        except OSError as exc:
+            raise FilesFailed(f"{custom_id}: cannot write its files: {exc.strerror}") from None
         finally:
+            for fd in opened:
+                os.close(fd)
             shutil.rmtree(stage, ignore_errors=True)
         self.collected += len(records)
         return records
@@ -217,9 +224,8 @@ class Collector:
             after = last
 
     async def _fetch(
-        self, custom_id: str, item: Found, name: str, stage: str, endpoint: Endpoint,
-        headers: dict[str, str],
-    ) -> dict[str, Any]:  # fmt: skip
+        self, custom_id: str, item: Found, fd: int, endpoint: Endpoint, headers: dict[str, str]
+    ) -> dict[str, Any]:
         shown = f"{custom_id}: file {item.name!r} ({item.file_id})"
         if not _ID.fullmatch(item.file_id):
             raise FilesFailed(f"{shown}: not a file id")
@@ -227,7 +233,6 @@ class Collector:
             raise FilesFailed(f"{shown} is {item.listed_bytes:,} bytes, over the cap of "
                               f"{self.max_bytes:,} (--max-file-bytes)", "file_too_large")  # fmt: skip
         url = endpoint.url_for(f"/v1/containers/{item.container_id}/files/{item.file_id}/content")
-        path = os.path.join(stage, name)
         digest, size = hashlib.sha256(), 0
         try:
             async with await self._get(url, endpoint, headers) as resp:
@@ -237,14 +242,15 @@ class Collector:
                     raise FilesFailed(f"{shown} is {resp.content_length:,} bytes, over the cap "
                                       f"of {self.max_bytes:,} (--max-file-bytes)",
                                       "file_too_large")  # fmt: skip
-                with open(path, "xb") as f:
-                    async for chunk in resp.content.iter_chunked(_CHUNK):
-                        size += len(chunk)
-                        if size > self.max_bytes:
-                            raise FilesFailed(f"{shown} is over the cap of {self.max_bytes:,} "
-                                              "bytes (--max-file-bytes)", "file_too_large")  # fmt: skip
-                        digest.update(chunk)
-                        f.write(chunk)
+                async for chunk in resp.content.iter_chunked(_CHUNK):
+                    size += len(chunk)
+                    if size > self.max_bytes:
+                        raise FilesFailed(f"{shown} is over the cap of {self.max_bytes:,} "
+                                          "bytes (--max-file-bytes)", "file_too_large")  # fmt: skip
+                    digest.update(chunk)
+                    view = memoryview(chunk)
+                    while view:  # a regular file takes it whole; a short write goes on
+                        view = view[os.write(fd, view) :]
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             why = (
                 "stalled (timed out)"
@@ -254,19 +260,15 @@ class Collector:
             raise FilesFailed(f"{shown}: download {why}", "download_failed") from None
         except OSError as exc:
             raise FilesFailed(f"{shown}: cannot write it: {exc.strerror}", "files_failed") from None
-        return {"name": name, "bytes": size, "sha256": digest.hexdigest(),
+        return {"bytes": size, "sha256": digest.hexdigest(),
                 "container_id": item.container_id, "file_id": item.file_id}  # fmt: skip
 
 
-def _sync_folder(folder: str) -> None:
-    """fsync every file of `folder`, then the folder: off the event loop, one hop per answer
-    (an fsync there would hold up every request in flight)."""
-    for name in os.listdir(folder):
-        fd = os.open(os.path.join(folder, name), os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+def _sync_folder(folder: str, opened: list[int]) -> None:
+    """fsync the files written (`opened`), then their folder: off the event loop, one hop per
+    answer (an fsync there would hold up every request in flight)."""
+    for fd in opened:
+        os.fsync(fd)
     fd = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(fd)
