@@ -122,7 +122,17 @@ class Collector:
         self, custom_id: str, body: Any, endpoint: Endpoint, headers: dict[str, str]
     ) -> list[dict[str, Any]]:
         """Fetch the answer's files into `DIR/<custom_id>/`; what was written, one record per
-        file. Raises `FilesFailed` naming the request and the file."""
+        file. Raises `FilesFailed` naming the request and the file, leaving no folder for it
+        (an earlier attempt's, which has no line, goes too)."""
+        try:
+            return await self._collect(custom_id, body, endpoint, headers)
+        except FilesFailed:
+            shutil.rmtree(os.path.join(self.root, safe_file_name(custom_id)), ignore_errors=True)
+            raise
+
+    async def _collect(
+        self, custom_id: str, body: Any, endpoint: Endpoint, headers: dict[str, str]
+    ) -> list[dict[str, Any]]:
         containers, cited = found_in(body)
         for item in cited:
             if item.container_id not in containers:
