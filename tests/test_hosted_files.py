@@ -305,3 +305,10 @@ def test_batch_api_refuses_file_references_before_submitting(tmp_path, mock):
     assert done.returncode == 2, done.stderr
     assert "direct run only" in done.stderr and "Traceback" not in done.stderr
     assert uploads(mock) == 0
+
+
+def test_validate_names_a_reference_file_that_cannot_be_sent(tmp_path):
+    req = write(tmp_path / "req.jsonl", [ci_line("a", "x", [f"file://{tmp_path}/gone.csv"])])
+    done = cli("validate", str(req))
+    assert done.returncode == 1
+    assert "req.jsonl:1" in done.stderr + done.stdout and "gone.csv" in done.stderr + done.stdout
