@@ -78,7 +78,7 @@ def test_uploads_once_per_content_and_collects_every_file(tmp_path, mock):
     again = cli("exec", str(req), "-o", str(out), "--url", mock.url, "--files-dir", str(fdir), "-q")
     assert again.returncode == 0, again.stderr
     assert uploads(mock) == 3
-    assert mock.stats.requests["file_card"] == 3  # each remembered id checked once
+    assert mock.stats.requests["/v1/files/{file_id}"] == 3  # each remembered id checked once
     assert (fdir / "t12" / "deliverable_1.txt").exists()
 
 

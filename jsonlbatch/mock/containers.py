@@ -124,7 +124,8 @@ def _azure_refusal(mock: _Mock, request: web.Request) -> web.Response | None:
 
 def _guarded(mock: _Mock, handler: Any) -> Any:
     async def route(request: web.Request) -> web.StreamResponse:
-        mock.stats.requests[request.path if handler is upload else handler.__name__] += 1
+        resource = request.match_info.route.resource
+        mock.stats.requests[resource.canonical if resource else request.path] += 1  # by route
         if not mock.authorized(request):
             return mock.respond(b'{"error": "Unauthorized"}', 401)
         return _azure_refusal(mock, request) or await handler(mock, request)
