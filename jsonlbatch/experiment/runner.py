@@ -47,7 +47,7 @@ from jsonlbatch.gen.sources import Row, iter_rows, select
 from jsonlbatch.gen.templates import Prompt, RowTemplate, compile_condition
 from jsonlbatch.gen.writer import row_custom_id
 from jsonlbatch.post.outputs import JsonlWriter
-from jsonlbatch.records import RESPONSES_URL
+from jsonlbatch.records import CHAT_URL, RESPONSES_URL
 from jsonlbatch.redact import register_secret
 from jsonlbatch.report.charts import charts_missing
 from jsonlbatch.serve import serving
@@ -283,7 +283,7 @@ class _ConditionRun:
                 think_budget=c.get("think_budget"),
                 suffix=c.get("suffix"),
                 body={**(c.get("params") or {}), **body},
-                **({"url": RESPONSES_URL} if tools is not None else {}),
+                url=RESPONSES_URL if tools is not None else CHAT_URL,
             ) as writer,
         ):
 

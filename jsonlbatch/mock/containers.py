@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import orjson
-from aiohttp import web
+from aiohttp import BodyPartReader, web
 
 #: How many files and bytes the mock keeps at most (a test's uploads, never a disk's worth).
 _MAX_STORED_FILES = 10_000
@@ -140,14 +140,16 @@ async def upload(mock: _Mock, request: web.Request) -> web.StreamResponse:
     store = mock.files
     reader = await request.multipart()
     name, data, purpose = None, None, None
-    async for part in reader:
+    while (part := await reader.next()) is not None:
+        if not isinstance(part, BodyPartReader):
+            continue  # a nested multipart: not what the Files API takes
         if part.name == "file":
-            name = part.filename or "upload"  # type: ignore[union-attr]
-            data = bytes(await part.read())  # type: ignore[union-attr]
+            name = part.filename or "upload"
+            data = bytes(await part.read())
             if len(data) > _MAX_UPLOAD:
                 return _error(mock, 400, "file too large")
         elif part.name == "purpose":
-            purpose = (await part.text()).strip()  # type: ignore[union-attr]
+            purpose = (await part.text()).strip()
     if data is None or not purpose:
         return _error(mock, 400, "both `file` and `purpose` are required")
     if len(store.uploads) >= _MAX_STORED_FILES:

@@ -162,7 +162,8 @@ async def answer_responses(
     await _wait(mock, reply)
     rid = os.urandom(16).hex()
     truncated = reply.finish_reason == "length"
-    text = {"type": "output_text", "text": "".join(reply.content), "annotations": []}
+    text: dict[str, Any] = {"type": "output_text", "text": "".join(reply.content),
+                            "annotations": []}  # fmt: skip
     message = {"type": "message", "id": "msg_" + rid, "status": "completed", "role": "assistant",
                "content": [text]}  # fmt: skip
     before: list[dict[str, Any]] = []

@@ -27,7 +27,15 @@ import aiohttp
 
 from jsonlbatch.errors import AuthenticationError
 from jsonlbatch.exec.exec_options import ExecOptions
-from jsonlbatch.exec.hooks.check_hook import Accept, AskAgain, Check, begin, end, refused
+from jsonlbatch.exec.hooks.check_hook import (
+    Accept,
+    AskAgain,
+    Check,
+    CheckVerdict,
+    begin,
+    end,
+    refused,
+)
 from jsonlbatch.exec.hooks.contract_check import fit_to_context
 from jsonlbatch.exec.output.events import EventBus, RateLimited, Retried, Sent
 from jsonlbatch.exec.output.run_summary import RunSummary
@@ -146,15 +154,12 @@ class Sender:
             nxt = judged.next
             if nxt is Next.ANSWER:
                 assert judged.answer is not None
-                verdict = None
+                verdict: CheckVerdict | None = None
                 if self.files is not None:  # its files collected before the container expires
                     verdict = await self.files.on_answer(judged.answer, tried.endpoint, pool)
-                if verdict is None and self.check is None:
-                    return result
-                if verdict is None:
-                    assert self.check is not None
+                if verdict is None and self.check is not None:
                     verdict = self.check(judged.answer)
-                if isinstance(verdict, Accept):
+                if verdict is None or isinstance(verdict, Accept):
                     return result
                 result = refused(result, verdict, attempt)
                 if not isinstance(verdict, AskAgain) or attempt > self.opts.max_retries:
