@@ -312,3 +312,32 @@ def test_validate_names_a_reference_file_that_cannot_be_sent(tmp_path):
     done = cli("validate", str(req))
     assert done.returncode == 1
     assert "req.jsonl:1" in done.stderr + done.stdout and "gone.csv" in done.stderr + done.stdout
+
+
+def test_a_failed_upload_fails_its_request_naming_the_file(tmp_path):
+    from aiohttp import web
+    from batchutil import serve_app
+
+    from jsonlbatch.mock import create_app
+
+    @web.middleware
+    async def refuse_uploads(request, handler):
+        if request.method == "POST" and request.path == "/v1/files":
+            return web.json_response({"error": {"message": "storage full"}}, status=500)
+        return await handler(request)
+
+    app = create_app(MockConfig())
+    app.middlewares.append(refuse_uploads)
+    url, stop = serve_app(app)
+    try:
+        ref = tmp_path / "ref.csv"
+        ref.write_text("a,b\n")
+        req = write(tmp_path / "req.jsonl", [ci_line("u1", "x", [f"file://{ref}"])])
+        out = tmp_path / "out.jsonl"
+        done = cli("exec", str(req), "-o", str(out), "--url", url, "-q")
+        assert done.returncode == 3 and "Traceback" not in done.stderr
+        error = read_results(out)["u1"]["error"]
+        assert error["code"] == "upload_failed"
+        assert "u1" in error["message"] and "ref.csv" in error["message"]
+    finally:
+        stop()
