@@ -341,3 +341,30 @@ def test_a_failed_upload_fails_its_request_naming_the_file(tmp_path):
         assert "u1" in error["message"] and "ref.csv" in error["message"]
     finally:
         stop()
+
+
+def test_a_reference_gone_between_scan_and_send_fails_its_request(tmp_path):
+    import asyncio
+
+    import aiohttp
+
+    from jsonlbatch.exec.prepare.file_refs import FileRefs
+    from jsonlbatch.exec.route.endpoints import parse_endpoint
+    from jsonlbatch.exec.send.file_uploads import UploadFailed, Uploads
+    from jsonlbatch.records import Request
+
+    ref = tmp_path / "ref.csv"
+    ref.write_text("a")
+    refs = FileRefs()
+    body = ci_line("g", "x", [f"file://{ref}"])["body"]
+    ref.unlink()  # the scan would have refused it; here it goes after the scan
+    assert refs.resolve(body)
+
+    async def send() -> None:
+        async with aiohttp.ClientSession() as session:
+            uploads = Uploads(refs, [str(tmp_path / "side.json")], session, 5.0)
+            endpoint = parse_endpoint("http://127.0.0.1:9/v1")
+            await uploads.swap(Request("g", "/v1/responses", body), endpoint, {})
+
+    with pytest.raises(UploadFailed, match="No such file"):
+        asyncio.run(send())

@@ -23,7 +23,7 @@ import aiohttp
 import orjson
 
 from jsonlbatch.errors import OutputError
-from jsonlbatch.exec.prepare.file_refs import HASHED, FileRefs, file_slots
+from jsonlbatch.exec.prepare.file_refs import HASHED, SCHEME, FileRefs, file_slots
 from jsonlbatch.exec.route.endpoints import Endpoint, describe_exception
 from jsonlbatch.jsonl import rewrite_atomically
 from jsonlbatch.records import Request, Result
@@ -69,9 +69,14 @@ class Uploads:
     async def swap(self, req: Request, endpoint: Endpoint, headers: dict[str, str]) -> Request:
         """`req` with each hashed reference replaced by its file id on `endpoint` (uploaded
         if needed); raises `UploadFailed` naming the file."""
-        slots = [s for s in file_slots(req.body) if str(s[1][s[2]]).startswith(HASHED)]
+        slots = [s for s in file_slots(req.body) if str(s[1][s[2]]).startswith(SCHEME)]
         if not slots:
             return req
+        for _, holder, key in slots:  # a path its scan read but the send could not: gone since
+            value = holder[key]
+            if not value.startswith(HASHED):
+                found = self.refs.reference(value[len(SCHEME) :])
+                raise UploadFailed(found if isinstance(found, str) else f"{value} changed")
         body = orjson.loads(orjson.dumps(req.body))  # the request as read stays as it is
         for _, holder, key in file_slots(body):
             value = holder[key]
