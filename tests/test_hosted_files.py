@@ -368,3 +368,35 @@ def test_a_reference_gone_between_scan_and_send_fails_its_request(tmp_path):
 
     with pytest.raises(UploadFailed, match="No such file"):
         asyncio.run(send())
+
+
+def test_an_input_file_part_is_sent_with_the_uploads_id(tmp_path):
+    with BackgroundMock(MockConfig(record_bodies=4)) as server:
+        ref = tmp_path / "brief.pdf"
+        ref.write_bytes(b"%PDF-1.4 brief")
+        part = {"type": "input_file", "file_id": f"file://{ref}"}
+        body = {"model": "mock", "input": [{"role": "user", "content": [
+            {"type": "input_text", "text": "summarise"}, part]}]}  # fmt: skip
+        line = {"custom_id": "p", "method": "POST", "url": "/v1/responses", "body": body}
+        req = write(tmp_path / "req.jsonl", [line])
+        done = cli("exec", str(req), "-o", str(tmp_path / "o.jsonl"), "--url", server.url, "-q")
+        assert done.returncode == 0, done.stderr
+        (sent,) = list(server.stats.bodies)
+        file_id = sent["input"][0]["content"][1]["file_id"]
+        assert file_id.startswith("file-")
+        client = openai.OpenAI(base_url=server.url, api_key="x")
+        assert client.files.content(file_id).read() == b"%PDF-1.4 brief"
+
+
+def test_the_cache_key_sees_the_content_not_the_path(tmp_path, mock):
+    first, second = tmp_path / "a.csv", tmp_path / "copy.csv"
+    first.write_text("same bytes")
+    second.write_text("same bytes")
+    cache = tmp_path / "cache"
+    for i, path in enumerate((first, second)):
+        req = write(tmp_path / f"req{i}.jsonl", [ci_line("c", "go", [f"file://{path}"])])
+        done = cli("exec", str(req), "-o", str(tmp_path / f"out{i}.jsonl"), "--url", mock.url,
+                   "--cache", str(cache), "-q")  # fmt: skip
+        assert done.returncode == 0, done.stderr
+    assert mock.stats.requests["/v1/responses"] == 1  # the second run: a cache hit
+    assert uploads(mock) == 1
