@@ -164,9 +164,8 @@ def test_hostile_container_fails_the_request_naming_the_file(tmp_path, mock, pro
     assert line["error"]["code"] == code and words in line["error"]["message"]
     assert "r1" in line["error"]["message"]
     assert line["response"]["status_code"] == 200  # the answer is kept: nothing lost
-    assert [p.name for p in fdir.iterdir()] == [".partial"] and not any(
-        (fdir / ".partial").iterdir()
-    )
+    assert [p.name for p in fdir.iterdir()] == [".partial"]
+    assert not [p for p in (fdir / ".partial").rglob("*") if p.is_file()]
 
 
 @pytest.mark.parametrize("name", ["../../evil.txt", "a%00b.txt", "..", "/etc/passwd"])
@@ -400,3 +399,14 @@ def test_the_cache_key_sees_the_content_not_the_path(tmp_path, mock):
         assert done.returncode == 0, done.stderr
     assert mock.stats.requests["/v1/responses"] == 1  # the second run: a cache hit
     assert uploads(mock) == 1
+
+
+def test_files_dir_that_cannot_be_made_is_refused_before_sending(tmp_path, mock):
+    req = write(tmp_path / "req.jsonl", [ci_line("a", "x", [])])
+    (tmp_path / "taken").write_text("a file, not a folder")
+    out = tmp_path / "out.jsonl"
+    done = cli("exec", str(req), "-o", str(out), "--url", mock.url,
+               "--files-dir", str(tmp_path / "taken" / "sub"))  # fmt: skip
+    assert done.returncode != 0 and "--files-dir" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert mock.stats.requests.get("/v1/responses", 0) == 0 and not out.exists()

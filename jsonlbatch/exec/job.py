@@ -39,6 +39,7 @@ from jsonlbatch.exec.prepare.file_refs import FileRefs
 from jsonlbatch.exec.prepare.input_scan import InputScan, OutputScan, scan_input, scan_output
 from jsonlbatch.exec.route.endpoints import parse_endpoint
 from jsonlbatch.exec.run_loop import Prepared, Run
+from jsonlbatch.exec.send.file_collect import open_files_dir
 from jsonlbatch.exec.send.streaming import NO_STREAM_URLS
 from jsonlbatch.jsonl import (
     OutputLock,
@@ -146,6 +147,8 @@ class Job:
                 self.source = spool(self.requests)
             if opts.cache is not None and self.seams.store is None and lock:
                 self._open_cache()  # an unusable folder fails here, before anything runs
+            if opts.files_dir is not None and lock:  # the same for --files-dir
+                open_files_dir(opts.files_dir, self.output)
             prefetch(self.output)
             prefetch(self.source)  # read from disk while the output is scanned
             store = self.seams.the_store

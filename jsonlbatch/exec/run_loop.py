@@ -274,7 +274,7 @@ class Run:
             uploads = Uploads(refs, sidecars, session, opts.timeout)
         collector = None
         if opts.files_dir is not None:
-            collector = Collector(opts.files_dir, session, timeout=opts.timeout,
+            collector = Collector(opts.files_dir, self.job.output, session, timeout=opts.timeout,
                                   stall=opts.stream_stall_timeout,
                                   max_bytes=opts.max_file_bytes)  # fmt: skip
         if uploads is None and collector is None:

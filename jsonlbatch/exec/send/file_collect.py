@@ -29,6 +29,7 @@ from typing import Any
 
 import aiohttp
 
+from jsonlbatch.errors import OutputError
 from jsonlbatch.exec.hooks.check_hook import AskAgain, Reject
 from jsonlbatch.exec.route.endpoints import Endpoint, describe_exception
 
@@ -100,18 +101,34 @@ def found_in(body: Any) -> tuple[set[str], list[Found]]:
     return containers, cited
 
 
+def staging_dir(root: str, output: str) -> str:
+    """Where the run writing `output` stages its files under `root`: one folder per output (two
+    runs of one output never run at once: its lock), so a run empties only its own."""
+    tag = hashlib.sha256(os.path.realpath(output).encode()).hexdigest()[:16]
+    return os.path.join(os.path.abspath(root), ".partial", tag)
+
+
+def open_files_dir(root: str, output: str) -> None:
+    """Make `--files-dir` and its staging folder, emptied of what a killed run left (never a
+    finished folder); an `OutputError` naming the option when that cannot be done."""
+    staging = staging_dir(root, output)
+    try:
+        os.makedirs(staging, exist_ok=True)
+        for name in os.listdir(staging):
+            shutil.rmtree(os.path.join(staging, name), ignore_errors=True)
+    except OSError as exc:
+        raise OutputError(f"--files-dir {root}: cannot use it: {exc.strerror}") from None
+
+
 class Collector:
     """Collects each answer's files into `root` (`--files-dir`)."""
 
     def __init__(
-        self, root: str, session: aiohttp.ClientSession, *, timeout: float, stall: float,
-        max_bytes: int = MAX_FILE_BYTES, max_files: int = MAX_FILES,
+        self, root: str, output: str, session: aiohttp.ClientSession, *, timeout: float,
+        stall: float, max_bytes: int = MAX_FILE_BYTES, max_files: int = MAX_FILES,
     ) -> None:  # fmt: skip
         self.root = os.path.abspath(root)
-        self.staging = os.path.join(self.root, ".partial")
-        os.makedirs(self.staging, exist_ok=True)
-        for name in os.listdir(self.staging):  # left by a killed run: never a finished folder
-            shutil.rmtree(os.path.join(self.staging, name), ignore_errors=True)
+        self.staging = staging_dir(root, output)
         self.session = session
         self.timeout = aiohttp.ClientTimeout(total=timeout, sock_read=stall)
         self.max_bytes = max_bytes
