@@ -324,7 +324,7 @@ _EXAMPLES = (
     show_default=True,
     metavar="N",
     help="Ask again, at most N times, when an answer breaks its request's JSON schema "
-    "(a fresh sample with a new seed).",
+    "(a fresh sample with a new seed), or with --require-files produced no file.",
 )
 @click.option(
     "--reask-feedback",
