@@ -305,7 +305,7 @@ def _sync_folder(folder: str, opened: list[int]) -> None:
 
 def no_files_verdict(body: dict[str, Any], custom_id: str, asks_left: bool) -> Reject | AskAgain:
     """`--require-files`: an answer that left no file fails as `no_files`; with re-asks left,
-    it is asked again with a short feedback turn (the answer's text, then why)."""
+    it is asked again with a short feedback turn (a user turn after its input saying why)."""
     reject = Reject(f"{custom_id}: the answer produced no file (--require-files)", "no_files",
                     keep=True)  # fmt: skip
     if not asks_left:
