@@ -182,7 +182,12 @@ def test_server_chosen_names_stay_inside_dir(tmp_path, mock, name):
         assert "/" not in f["name"] and "\0" not in f["name"] and f["name"] not in (".", "..")
 
 
-def test_require_files_fails_no_files_then_reask_and_retry_failed(tmp_path, mock):
+def test_require_files_fails_no_files_then_reask_and_retry_failed(tmp_path):
+    with BackgroundMock(MockConfig(record_bodies=8)) as mock:
+        _require_files_then_reask(tmp_path, mock)
+
+
+def _require_files_then_reask(tmp_path: Path, mock: BackgroundMock) -> None:
     req = write(tmp_path / "req.jsonl", [ci_line("n", "mock:no-files please", [])])
     out, fdir = tmp_path / "out.jsonl", tmp_path / "files"
     args = ("exec", str(req), "-o", str(out), "--url", mock.url, "--files-dir", str(fdir), "-q")
@@ -196,6 +201,12 @@ def test_require_files_fails_no_files_then_reask_and_retry_failed(tmp_path, mock
     assert done.returncode == 3
     assert mock.stats.requests["/v1/responses"] - before == 3
     assert read_results(out)["n"]["metrics"]["attempts"] == 3
+    asked = list(mock.stats.bodies)[-3:]
+    assert asked[0]["input"] == "mock:no-files please"  # the first ask, as the line says
+    for body in asked[1:]:  # each re-ask: the input, then one short feedback turn
+        assert body["input"][0] == {"role": "user", "content": "mock:no-files please"}
+        assert body["input"][-1]["role"] == "user"
+        assert "did not produce a file" in body["input"][-1]["content"]
 
 
 def test_batch_api_refuses_files_dir_saying_why(tmp_path, mock):
