@@ -109,10 +109,19 @@ def check_use(ctx: click.Context, command: click.Command, params: dict[str, Any]
         )
 
 
+#: Why an option does not go with a provider's batch, where the reason is not plain.
+_NOT_IN_A_BATCH = {
+    "files_dir": "a code interpreter's container expires 20 minutes after its last use, long "
+    "before a batch's results arrive, so its files could not be collected (docs/files.md); "
+    "run it directly",
+}
+
+
 def _refusal(param: click.Parameter, target: str) -> str:
     flag, users = _flag(param), uses(str(param.name))
     if target == BATCH:
-        return f"{flag} does not go with --batch-api"
+        why = _NOT_IN_A_BATCH.get(str(param.name))
+        return f"{flag} does not go with --batch-api" + (f": {why}" if why else "")
     if param.name == "urls":
         return "--url goes with --serve or alone: a fleet's URLs come from its file"
     if users == {BATCH}:

@@ -16,6 +16,7 @@ from jsonlbatch.exec.hooks.tool_call_parser import PARSERS as TOOL_CALL_PARSERS
 from jsonlbatch.exec.prepare.input_scan import CHANGED_POLICIES
 from jsonlbatch.exec.route.router import RouteOptions
 from jsonlbatch.exec.send.body_caps import MAX_RESPONSE_BYTES, STREAM_STALL_S
+from jsonlbatch.exec.send.file_collect import MAX_FILE_BYTES
 from jsonlbatch.records import is_priority
 
 DEFAULT_CONCURRENCY = 256  # requests in flight when none is given and nothing is tuned
@@ -68,6 +69,9 @@ class ExecOptions:
     #: Read tool calls written as text into `tool_calls` (exec/hooks/tool_call_parser.py):
     #: "hermes" (<tool_call>{...}</tool_call>), or None: answers kept as sent.
     parse_tool_calls: str | None = None
+    files_dir: str | None = None  # collect hosted code interpreter files (send/file_collect.py)
+    require_files: bool = False  # an answer that produced no file fails as `no_files`
+    max_file_bytes: int = MAX_FILE_BYTES  # the largest file --files-dir collects
 
     def __post_init__(self) -> None:
         self.route_options()  # checks the routing options
@@ -97,6 +101,15 @@ class ExecOptions:
             raise UsageError(
                 f"--reask {self.reask} needs --max-retries {self.reask} or more: each re-ask "
                 "is an attempt of its request"
+            )
+        if self.require_files and self.files_dir is None:
+            raise UsageError("--require-files needs --files-dir DIR (where the files go)")
+        if self.max_file_bytes < 1:
+            raise UsageError("--max-file-bytes must be at least 1")
+        if self.files_dir is not None and self.cache is not None and self.cache_mode != "write":
+            raise UsageError(
+                "--files-dir with --cache: a cached answer's container has expired, so its "
+                "files cannot be collected; use --cache-mode write, or no --cache"
             )
         if self.reask_feedback and not self.reask:
             raise UsageError("--reask-feedback says how to re-ask: give --reask N too")

@@ -36,9 +36,11 @@ from jsonlbatch.exec.hooks.seams import CACHE_AND_STORE, NO_SEAMS, Seams
 from jsonlbatch.exec.hooks.store_hook import EarlyAnswers, Vetter
 from jsonlbatch.exec.hooks.tool_call_parser import ToolCallParser
 from jsonlbatch.exec.output.run_summary import RunSummary
+from jsonlbatch.exec.prepare.file_refs import FileRefs
 from jsonlbatch.exec.prepare.input_scan import InputScan, OutputScan, scan_input, scan_output
 from jsonlbatch.exec.route.endpoints import parse_endpoint
 from jsonlbatch.exec.run_loop import Prepared, Run
+from jsonlbatch.exec.send.file_collect import open_files_dir
 from jsonlbatch.exec.send.streaming import NO_STREAM_URLS
 from jsonlbatch.jsonl import (
     OutputLock,
@@ -90,6 +92,8 @@ class Job:
         self.contract: AnswerChecker | None = None
         #: the loop the run goes on and what stops it there (`stop`, `stoppable`)
         self._running: tuple[asyncio.AbstractEventLoop, Callable[[], None]] | None = None
+        #: The local files its requests name as `file://PATH` (prepare/file_refs.py).
+        self.file_refs = FileRefs()
         self._stop_asked = False
         self.source = self.requests  # what is read: the request file, or a copy of a pipe
         check_output(self.output, [self.requests], exec_lock=False)  # the lock comes next
@@ -149,6 +153,8 @@ class Job:
                 self.source = spool(self.requests)
             if opts.cache is not None and self.seams.store is None and lock:
                 self._open_cache()  # an unusable folder fails here, before anything runs
+            if opts.files_dir is not None and lock:  # the same for --files-dir
+                open_files_dir(opts.files_dir, self.output)
             prefetch(self.output)
             prefetch(self.source)  # read from disk while the output is scanned
             store = self.seams.the_store
@@ -171,6 +177,7 @@ class Job:
                 changed=opts.changed,
                 select=select,
                 answer=self.early,
+                refs=self.file_refs,
             )
             if self.early is not None:
                 self.early.settle(self.input, self.source)
@@ -260,7 +267,7 @@ class Job:
                 requests=self.requests, output=self.output, source=self.source,
                 options=self.options, scan=self.input, existing=self.existing, lock=self._lock,
                 checks=self.checks(schemas=bool(self.input.schemas)), contract=self.contract,
-                early=self.early,
+                early=self.early, file_refs=self.file_refs,
             )  # fmt: skip
             run = Run(
                 prepared,

@@ -44,6 +44,7 @@ from jsonlbatch.exec.output.events import EventBus, Snapshot
 from jsonlbatch.exec.output.progress_bar import Progress
 from jsonlbatch.exec.output.recorder import Recorder
 from jsonlbatch.exec.output.run_summary import RunSummary
+from jsonlbatch.exec.prepare.file_refs import FileRefs, has_refs
 from jsonlbatch.exec.prepare.input_scan import InputScan, OutputScan, stat_input
 from jsonlbatch.exec.route import adaptive_concurrency as adaptive
 from jsonlbatch.exec.route.endpoints import Endpoint
@@ -53,6 +54,9 @@ from jsonlbatch.exec.route.preflight import preflight
 from jsonlbatch.exec.route.router import ordered_lines
 from jsonlbatch.exec.route.server_metrics import compare, keep_servers, scrape_all
 from jsonlbatch.exec.send.budget import Budget, BudgetReached, Meter, spent_in_output
+from jsonlbatch.exec.send.file_collect import Collector
+from jsonlbatch.exec.send.file_uploads import Uploads, sidecar_paths
+from jsonlbatch.exec.send.hosted_files import HostedFiles
 from jsonlbatch.exec.send.priority import sign_of
 from jsonlbatch.exec.send.rate_limits import RateLimiter
 from jsonlbatch.exec.send.sender import Sender, Stop
@@ -75,6 +79,7 @@ class Prepared:
     checks: Check | None  # every check an answer passes (`Job.checks`)
     contract: AnswerChecker  # the answer contract's journal is closed with the run
     early: EarlyAnswers | None = None  # lines answered during the scan, waiting to be written
+    file_refs: FileRefs | None = None  # the `file://` files its lines name (prepare/file_refs.py)
 
 
 class Run:
@@ -245,7 +250,7 @@ class Run:
                 self.sender = Sender(
                     opts=self.opts, session=session, pools=pools, meter=self.meter,
                     stopping=self.stopping, summary=self.summary, bus=self.bus,
-                    check=self.job.checks,
+                    check=self.job.checks, files=self._hosted_files(session),
                 )  # fmt: skip
                 await self._send_all()
                 if not self.signals and self.abort is None:
@@ -258,6 +263,22 @@ class Run:
                 task.cancel()
             await asyncio.gather(ticker, syncer, *tuners, return_exceptions=True)
             await pools.close()
+
+    def _hosted_files(self, session: aiohttp.ClientSession) -> HostedFiles | None:
+        """The uploads of the lines' `file://` files and `--files-dir`'s collector, if any."""
+        opts, refs = self.opts, self.job.file_refs
+        uploads = None
+        if refs is not None and refs.by_hash:
+            sidecars = sidecar_paths(self.job.output, opts.cache)
+            uploads = Uploads(refs, sidecars, session, opts.timeout)
+        collector = None
+        if opts.files_dir is not None:
+            collector = Collector(opts.files_dir, self.job.output, session, timeout=opts.timeout,
+                                  stall=opts.stream_stall_timeout,
+                                  max_bytes=opts.max_file_bytes)  # fmt: skip
+        if uploads is None and collector is None:
+            return None
+        return HostedFiles(uploads, collector, opts.require_files, opts.reask)
 
     async def _send_all(self) -> None:
         store = self.store
@@ -304,6 +325,9 @@ class Run:
         """A pending line as the request to send (after `--model`), with its fingerprint."""
         obj = orjson.loads(raw)
         url, body = obj["url"], obj["body"]
+        refs = self.job.file_refs
+        if refs is not None and has_refs(raw) and not refs.resolve(body):
+            raw = orjson.dumps(obj)  # its files by content (`file://sha256:`), not by path
         mark = fingerprint(raw, url, body)  # of the request as the file asks it
         if self.model_override is not None:
             body["model"] = self.model_override

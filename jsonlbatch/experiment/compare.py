@@ -44,6 +44,7 @@ def write_comparison(
                 "prompt_tokens": run.prompt_tokens,
                 "completion_tokens": run.completion_tokens,
                 "truncated": run.truncated,
+                "container_files": run.files,  # exec's files_dir: deliverables collected
             }
     written = []
     for fmt in formats:
@@ -99,6 +100,7 @@ def _table(rows: dict[str, dict[str, Any]]) -> list[str]:
     voted = any(rows[n].get("post.votes", {}).get("accuracy") for n in names)
     filed = any("post.files" in rows[n] for n in names)
     patched = any("post.patches" in rows[n] for n in names)
+    collected = any(rows[n].get("container_files") for n in names)
     if judged:
         head += ["judge passed", "by round", "mean rounds"]
     if voted:
@@ -107,6 +109,8 @@ def _table(rows: dict[str, dict[str, Any]]) -> list[str]:
         head += ["files written"]
     if patched:
         head += ["instances with a patch"]
+    if collected:
+        head += ["files collected"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for name in names:
         row = rows[name]
@@ -137,6 +141,8 @@ def _table(rows: dict[str, dict[str, Any]]) -> list[str]:
         if patched:
             p = row.get("post.patches")
             cells.append(f"{p['predictions']}/{p['instances']}" if p else "-")
+        if collected:
+            cells.append(_cell(row.get("container_files")))
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 

@@ -28,6 +28,7 @@ from typing import Any
 
 from jsonlbatch.errors import UsageError
 from jsonlbatch.exec.front_door import Target, Urls
+from jsonlbatch.experiment.code_interpreter import interpreter_tools
 from jsonlbatch.experiment.compare import write_comparison
 from jsonlbatch.experiment.exec_runs import send
 from jsonlbatch.experiment.judge import JudgeConfig, run_judge
@@ -47,6 +48,7 @@ from jsonlbatch.gen.sources import Row, iter_rows, select
 from jsonlbatch.gen.templates import Prompt, RowTemplate, compile_condition
 from jsonlbatch.gen.writer import row_custom_id
 from jsonlbatch.post.outputs import JsonlWriter
+from jsonlbatch.records import CHAT_URL, RESPONSES_URL
 from jsonlbatch.redact import register_secret
 from jsonlbatch.report.charts import charts_missing
 from jsonlbatch.serve.fleet import serve_options
@@ -57,7 +59,8 @@ _GEN_KEYS = (
     "model", "system", "suffix", "temperature", "top_p", "top_k", "min_p", "max_tokens", "seed",
     "stop", "n", "samples", "greedy_first", "no_think", "think_budget", "params",
 )  # fmt: skip
-_EXEC_KEYS = ("concurrency", "timeout", "max_retries", "ready_timeout", "stream")
+_EXEC_KEYS = ("concurrency", "timeout", "max_retries", "ready_timeout", "stream",
+              "require_files", "reask")  # fmt: skip
 #: The field of rows.jsonl holding each data row's custom_id (its group, with samples).
 ROW_ID = "_row_id"
 
@@ -199,6 +202,8 @@ class _ConditionRun:
             options["api_key"] = self.api_key
         if self.exp.cache is not None:  # one answer cache for every condition and judge round
             options["cache"] = self.exp.cache
+        if step and step.settings.get("files_dir"):  # code interpreter deliverables, per task
+            options["files_dir"] = os.path.join(os.path.dirname(self.responses), "container_files")
         return options
 
     # -- steps ---------------------------------------------------------------------------------
@@ -265,6 +270,9 @@ class _ConditionRun:
         if c.get("stop") is not None:
             body["stop"] = [c["stop"]] if isinstance(c["stop"], str) else c["stop"]
         custom_id = RowTemplate(data["id"], name="data.id") if data.get("id") else None
+        columns = c.get("code_interpreter")
+        columns = [columns] if isinstance(columns, str) else columns
+        tools = interpreter_tools(columns, data["file"]) if columns is not None else None
         with (
             JsonlWriter(self.rows) as kept,
             RequestWriter(
@@ -277,6 +285,7 @@ class _ConditionRun:
                 think_budget=c.get("think_budget"),
                 suffix=c.get("suffix"),
                 body={**(c.get("params") or {}), **body},
+                url=RESPONSES_URL if tools is not None else CHAT_URL,
             ) as writer,
         ):
 
@@ -285,7 +294,7 @@ class _ConditionRun:
                     kept.write({**row.data, ROW_ID: row_custom_id(row, custom_id)})
                     yield row
 
-            write_requests(keep(rows), writer, prompt, custom_id=custom_id)
+            write_requests(keep(rows), writer, prompt, custom_id=custom_id, extra=tools)
         s = writer.summary
         return {"requests": s.requests, "prompts": s.prompts}
 

@@ -81,6 +81,8 @@ _CONDITION = {
     "no_think": _BOOL,
     "think_budget": _INT,
     "params": _MAP,
+    # the Responses API with a code interpreter; the data columns holding reference files
+    "code_interpreter": _STRS,
 }
 _STEPS: dict[str, dict[str, str]] = {
     "exec": {
@@ -89,6 +91,9 @@ _STEPS: dict[str, dict[str, str]] = {
         "max_retries": _INT,
         "ready_timeout": _NUM,
         "stream": _BOOL,
+        "files_dir": _BOOL,  # collect code interpreter deliverables into <condition>/files/
+        "require_files": _BOOL,
+        "reask": _INT,
     },
     "judge": {
         "template": _PATH,

@@ -15,7 +15,7 @@ import math
 import os
 import tempfile
 from array import array
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -411,12 +411,14 @@ def write_requests(
     custom_id: RowTemplate | None = None,
     schema_field: str | None = None,
     model: RowTemplate | None = None,
+    extra: Callable[[Row], Mapping[str, Any]] | None = None,
 ) -> None:
     """One prompt per row into `writer`; errors name the row. The id is the rendered
     `custom_id` template, else the row's natural key (a response's id), else its index.
     `schema_field` names the column holding each row's answer schema (an empty cell: the
     writer's schema, if any). `model` renders each row's model (`--model "{{ model }}"`): one
-    request file for a fleet, instead of a `gen` per model joined with `cat`."""
+    request file for a fleet, instead of a `gen` per model joined with `cat`. `extra(row)` gives
+    more of the row's body (an experiment's code interpreter tool with the row's files)."""
     check_prompt(prompt, writer.url)  # a usage error up front, not one per row
     first = writer.summary.prompts
     row_of_prompt = array("q")  # 8 bytes a row: names the earlier row of a repeated id
@@ -438,6 +440,8 @@ def write_requests(
             if not name:
                 raise InputError("no model", [row.problem(None, "--model renders empty here")])
             per_row["model"] = name
+        if extra is not None:
+            per_row.update(extra(row))
         try:
             writer.add(cid, content, schema=schema, **per_row)
         except RequestError as exc:

@@ -63,10 +63,13 @@ _OPTIONS: tuple[tuple[str, str, Callable[[str], Any], str, str], ...] = (
     ("--tool-call-format", "tool_call_format", str, "FORMAT",
      "how tool calls are written: structured (tool_calls) or hermes (<tool_call> text in "
      "the content, as a model served without a tool parser)"),
+    ("--container-ttl", "container_ttl", float, "S",
+     "code interpreter containers expire S seconds after their last use (default: never)"),
 )  # fmt: skip
 _SWITCHES = (
     ("--accept-any-model", "accept_any_model", "answer whatever model a request names"),
     ("--reasoning", "reasoning", "add reasoning text (reasoning_content and reasoning)"),
+    ("--uncited-file", "uncited_file", "the code interpreter writes one file it does not cite"),
 )
 
 

@@ -22,7 +22,7 @@ import orjson
 from aiohttp import web
 
 from jsonlbatch.errors import UsageError
-from jsonlbatch.mock import content, hermes_calls, hosted
+from jsonlbatch.mock import containers, content, hermes_calls, hosted
 from jsonlbatch.mock.gpu import GpuEngine, GpuModel
 from jsonlbatch.mock.limits import MockLimits, add_headers
 from jsonlbatch.records import check_messages
@@ -74,6 +74,8 @@ class MockConfig:
     rate_limit_headers: str = "openai"  # or "anthropic"
     record_bodies: int = 0  # keep the last N request bodies received (GET /mock/bodies)
     tool_call_format: str = "structured"  # or "hermes": calls as <tool_call> text (hermes_calls.py)
+    container_ttl: float | None = None  # code interpreter containers expire (mock/containers.py)
+    uncited_file: bool = False  # the interpreter writes one file its answer does not cite
 
     def __post_init__(self) -> None:
         if isinstance(self.served_models, str):
@@ -227,6 +229,7 @@ class _Mock:
             config.fail_rate + config.rate_limit_rate + config.drop_rate + config.hang_rate > 0
         )
         self.stats.bodies = deque(maxlen=config.record_bodies)
+        self.files = containers.FileStore(config.container_ttl)
         self.key = config.api_key.encode() if config.api_key else None
         self.served = frozenset(config.served_models)
         self.step_delay = 1.0 / config.tokens_per_second if config.tokens_per_second else 0.0
@@ -559,6 +562,9 @@ def create_app(config: MockConfig) -> web.Application:
     add.add_post("/v1/embeddings", mock.embeddings)
     for path, check, answer in hosted.ROUTES:
         add.add_post(path, mock.hosted_route(check, answer))
+    for path in ("/openai/responses", "/openai/v1/responses"):  # Azure OpenAI's paths
+        add.add_post(path, mock.hosted_route(hosted.check_responses, hosted.answer_responses))
+    containers.add_routes(app, mock)
     add.add_get("/v1/models", mock.models_list)
     add.add_get("/v1/models/{model:.+}", mock.model_card)
     add.add_get("/health", mock.health)

@@ -20,7 +20,7 @@ import orjson
 from aiohttp import web
 
 from jsonlbatch.contract import SchemaError, declared_schema, with_schema
-from jsonlbatch.mock import content
+from jsonlbatch.mock import containers, content
 from jsonlbatch.records import CHAT_URL, MESSAGES_URL, RESPONSES_URL, check_messages
 
 
@@ -29,6 +29,7 @@ class _Mock(Protocol):
     response maker. A protocol here, so this module does not import the app that imports it."""
 
     step_delay: float
+    files: containers.FileStore
 
     @property
     def config(self) -> _Config: ...
@@ -46,6 +47,9 @@ class _Config(Protocol):
 
     @property
     def break_json(self) -> float: ...
+
+    @property
+    def uncited_file(self) -> bool: ...
 
 
 #: Words whose presence flags a moderation input (deterministic, so tests can predict it).
@@ -158,15 +162,28 @@ async def answer_responses(
     await _wait(mock, reply)
     rid = os.urandom(16).hex()
     truncated = reply.finish_reason == "length"
-    text = {"type": "output_text", "text": "".join(reply.content), "annotations": []}
+    text: dict[str, Any] = {"type": "output_text", "text": "".join(reply.content),
+                            "annotations": []}  # fmt: skip
     message = {"type": "message", "id": "msg_" + rid, "status": "completed", "role": "assistant",
                "content": [text]}  # fmt: skip
+    before: list[dict[str, Any]] = []
+    tool = containers.wants_interpreter(body)
+    if tool is not None:  # the hosted code interpreter (mock/containers.py)
+        prompt_text = " ".join(str(m["content"]) for m in as_chat(body)["messages"])
+        ran = containers.run_interpreter(
+            mock.files, tool, prompt_text, text["text"], mock.config.uncited_file
+        )
+        if isinstance(ran, str):
+            error = {"error": {"message": ran, "type": "invalid_request_error", "param": "tools",
+                               "code": None}}  # fmt: skip
+            return mock.respond(orjson.dumps(error), 400)
+        before, text["text"], text["annotations"] = ran
     output = reply.completion_tokens
     payload = {
         "id": "resp_" + rid, "object": "response", "created_at": int(time.time()),
         "status": "incomplete" if truncated else "completed",
         "incomplete_details": {"reason": "max_output_tokens"} if truncated else None,
-        "model": model, "output": [message],
+        "model": model, "output": [*before, message],
         # echoed from the request with the API's defaults, as OpenAI answers them: the SDK's
         # `Response` requires these three
         "parallel_tool_calls": body.get("parallel_tool_calls", True),

@@ -63,11 +63,14 @@ COLUMNS: dict[str, type] = {
 KIND_COLUMNS: dict[str, dict[str, type]] = {
     "embedding": {"dimensions": int},
     "moderation": {"flagged": bool, "categories": list},
+    # what `exec --files-dir` collected (metrics.files): DIR-relative paths, and their bytes
+    "container_files": {"container_files": list, "container_file_bytes": int},
 }
 #: What marks each kind's answers in a line's bytes (a cheap search, not a parse): a key of the
 #: response body that an answer's own JSON is unlikely to have (`flagged` alone is a plausible
 #: field of a user's schema, recorded in `metrics.contract`).
-_KIND_MARKS = {"embedding": b'"embedding"', "moderation": b'"category_scores"'}
+_KIND_MARKS = {"embedding": b'"embedding"', "moderation": b'"category_scores"',
+               "container_files": b'"files":[{"name"'}  # fmt: skip
 VOTE_COLUMNS: dict[str, type] = {"voted_answer": str, "gold": str, "correct": bool}
 PATCH_COLUMNS: dict[str, type] = {"patch": str, "patch_status": str}
 FILE_COLUMNS: dict[str, type] = {"files": list}
@@ -324,6 +327,13 @@ def _row(samples: list[Sample], key: KeyFunc, per: str) -> dict[str, Any]:
         "ttft_s": _number(metrics.get("ttft_s"), float),
         **details,
     }
+    collected = metrics.get("files")
+    if isinstance(collected, list):  # exec --files-dir: where each file went under DIR
+        records = [r for r in collected if isinstance(r, dict)]
+        row["container_files"] = [str(r.get("path") or r.get("name")) for r in records]
+        row["container_file_bytes"] = sum(
+            r["bytes"] for r in records if type(r.get("bytes")) is int and r["bytes"] > 0
+        )
     return row
 
 

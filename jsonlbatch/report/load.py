@@ -68,6 +68,7 @@ class _Line:
     batch: bool = False  # a batch API's result (`metrics.batch_id`): billed at the batch share
     tool_names: list[str] = field(default_factory=list)  # the calls the answer made, by name
     turn: tuple[int, bool] | None = None  # a calls file's line: (turn, an ask?) (conversations.py)
+    files: tuple[int, int] = (0, 0)  # files `exec --files-dir` collected: count, bytes
 
 
 @dataclass
@@ -100,6 +101,8 @@ class RunData:
     itl_gaps: int = 0
     torn_tail: bool = False
     cache_hits: int = 0  # lines answered from exec's answer cache: not sent, not paid for
+    files: int = 0  # files `exec --files-dir` collected (`metrics.files`), and their bytes
+    file_bytes: int = 0
     cache_prompt_tokens: int = 0
     cache_completion_tokens: int = 0
     #: (model, batch result?) -> tokens as billed, of the lines this run paid for
@@ -123,6 +126,8 @@ class RunData:
             else:
                 self.turn_lines[turn] += 1
         self.status_codes[line.status] += 1
+        self.files += line.files[0]
+        self.file_bytes += line.files[1]
         if line.attempts is not None:
             self.retries += max(0, line.attempts - 1)
             self.retried += line.attempts > 1
@@ -374,7 +379,16 @@ def _parse(obj: Any, path: str, number: int, problems: list[Problem]) -> _Line |
         contract=_contract(metrics),
         tool_names=names,
         turn=turn_of(cid) if isinstance(cid, str) else None,
+        files=_files(metrics.get("files")),
     )
+
+
+def _files(records: Any) -> tuple[int, int]:
+    """How many files a line's `metrics.files` lists, and their bytes (`exec --files-dir`)."""
+    if not isinstance(records, list):
+        return 0, 0
+    sizes = [r.get("bytes") for r in records if isinstance(r, dict)]
+    return len(sizes), sum(b for b in sizes if type(b) is int and b > 0)
 
 
 def _contract(metrics: dict[str, Any]) -> tuple[bool, int] | None:

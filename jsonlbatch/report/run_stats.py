@@ -127,6 +127,8 @@ class RunStats:
     #: a calls file (conversations.py): conversations by their number of turns, and the asks
     turns: dict[int, int] = field(default_factory=dict)
     asks: int = 0
+    files: int = 0  # files `exec --files-dir` collected, and their bytes
+    file_bytes: int = 0
 
     @property
     def conversations(self) -> int:
@@ -218,6 +220,8 @@ def summarize(
         tool_calls=dict(data.tool_calls.most_common()),
         turns=turns_per_conversation(data.turn_lines),
         asks=data.asks,
+        files=data.files,
+        file_bytes=data.file_bytes,
     )
     for key, groups in data.groups.items():
         stats.breakdown[key] = {

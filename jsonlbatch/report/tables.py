@@ -235,6 +235,11 @@ def _outcomes(runs: list[RunStats]) -> Table:
             ("requests re-asked", "count", lambda r: r.reasked),
             ("re-asks", "count", lambda r: r.reasks),
         ]
+    if any(r.files for r in runs):  # exec --files-dir
+        rows += [
+            ("files collected", "count", lambda r: r.files),
+            ("file bytes", "count", lambda r: r.file_bytes),
+        ]
     notes = []
     if any(run.cache_hits for run in runs):
         rows.append(("from the answer cache", "count", lambda r: r.cache_hits))

@@ -157,6 +157,19 @@ def _choice(sample: Sample) -> dict[str, Any]:
     }
 
 
+def collected_files(metrics: Any) -> list[dict[str, Any]]:
+    """The files `exec --files-dir` collected for the line (`metrics.files`): each one's path
+    under that folder and its size, for the pane's list."""
+    records = metrics.get("files") if isinstance(metrics, dict) else None
+    found = []
+    for record in records if isinstance(records, list) else ():
+        if isinstance(record, dict):
+            size = record.get("bytes")
+            found.append({"path": redact(str(record.get("path") or record.get("name"))),
+                          "bytes": size if type(size) is int else None})  # fmt: skip
+    return found
+
+
 def describe(
     raw: bytes, request_raw: bytes | None = None, *, line: int = 0, link: MediaLink | None = None
 ) -> dict[str, Any]:
@@ -179,6 +192,7 @@ def describe(
     out["custom_id"] = redact(obj["custom_id"])
     metrics = obj.get("metrics")
     out["metrics"] = redact_json(metrics) if isinstance(metrics, dict) else None
+    out["files"] = collected_files(metrics)
     request_body = None
     if request_raw is not None:
         try:

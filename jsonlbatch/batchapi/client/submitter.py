@@ -100,6 +100,12 @@ class Submitter:
 
     async def _run(self) -> None:
         scan = self.job.input if self.job.input is not None else self.job.prepare()
+        if self.job.file_refs.by_hash:  # exec/prepare/file_refs.py
+            raise UsageError(
+                "file:// references are uploaded by a direct run only (docs/files.md): "
+                "upload the files yourself and put their ids in the requests, or run "
+                "without --batch-api"
+            )
         self._take_scan(scan)
         self.provider = choose(
             self.batch.provider or self.state.provider or None, self.url, scan.urls

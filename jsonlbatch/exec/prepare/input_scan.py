@@ -23,6 +23,7 @@ from jsonlbatch.errors import MAX_PROBLEMS, InputError, Problem, problems_text
 from jsonlbatch.exec.hooks.tool_contract import check_tool_schemas
 
 # the output pass, re-exported: callers ask `scan` for both passes
+from jsonlbatch.exec.prepare.file_refs import FileRefs, has_refs
 from jsonlbatch.exec.prepare.resume_scan import (  # the output pass: callers ask `scan` for both passes
     BATCH_LINES,
     LOW32,
@@ -87,6 +88,7 @@ def scan_input(
     select: Callable[[str], bool] | None = None,
     name: str | None = None,
     answer: Callable[[dict[str, Any], bytes, bool], bool] | None = None,
+    refs: FileRefs | None = None,
 ) -> InputScan:
     """Validate the request file and work out what still has to be sent.
 
@@ -102,6 +104,8 @@ def scan_input(
     name in messages, when `path` is a copy (of a pipe). `answer(obj, raw, pending)` sees
     every line that parses, in file order, and may answer a checked pending one (True: it is
     counted in `answered`, not `pending`): the answer cache's look-up, made in this one pass.
+    `refs` reads each `file://PATH` a line names as its file's hash (`file_refs.py`) before
+    anything else sees the line; a path that cannot be sent is a problem of its line.
     """
     if changed not in CHANGED_POLICIES:
         raise ValueError(f"changed must be one of {CHANGED_POLICIES}")
@@ -128,6 +132,7 @@ def scan_input(
                 break
             continue
         cid: Any = obj.get("custom_id") if type(obj) is dict else None  # a str when checked
+        unusable = refs.resolve(obj.get("body")) if refs and cid and has_refs(raw) else []
         at = done_slot(cid) if any_done and type(cid) is str else -1
         kept_failure = at < 0 and any_failed and type(cid) is str and failed_slot(cid) >= 0
         if at >= 0 or (kept_failure and not retry_failed):
@@ -168,7 +173,7 @@ def scan_input(
             and answer(obj, raw, True)
         )
         if not answered:
-            found = check_request(obj, require_model=require_model)
+            found = check_request(obj, require_model=require_model) + unusable
             if not found and not SCHEMA_KEYS.isdisjoint(obj["body"]):  # it may declare one
                 found = check_declared(obj["url"], obj["body"])
                 found = found or check_tool_schemas(obj["url"], obj["body"])

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import orjson
 
 from jsonlbatch.errors import MAX_PROBLEMS, InputError, Problem, UsageError
+from jsonlbatch.exec.prepare.file_refs import FileRefs
 from jsonlbatch.exec.prepare.input_scan import find_duplicates, scan_input
 from jsonlbatch.idset import IdSet
 from jsonlbatch.jsonl import is_regular, iter_lines, spool
@@ -43,7 +44,7 @@ def validate_file(path: str | os.PathLike[str], kind: str = "auto") -> Validatio
             return _validate_responses(source, name)
         report = ValidationReport(name, kind)
         try:
-            scan = scan_input(source, name=name)
+            scan = scan_input(source, name=name, refs=FileRefs())  # file:// files too
         except InputError as exc:
             if not exc.problems:  # unreadable, not a file of lines: no report to give
                 raise

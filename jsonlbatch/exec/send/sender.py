@@ -27,7 +27,15 @@ import aiohttp
 
 from jsonlbatch.errors import AuthenticationError
 from jsonlbatch.exec.exec_options import ExecOptions
-from jsonlbatch.exec.hooks.check_hook import Accept, AskAgain, Check, begin, end, refused
+from jsonlbatch.exec.hooks.check_hook import (
+    Accept,
+    AskAgain,
+    Check,
+    CheckVerdict,
+    begin,
+    end,
+    refused,
+)
 from jsonlbatch.exec.hooks.contract_check import fit_to_context
 from jsonlbatch.exec.output.events import EventBus, RateLimited, Retried, Sent
 from jsonlbatch.exec.output.run_summary import RunSummary
@@ -36,6 +44,7 @@ from jsonlbatch.exec.route.endpoint_pool import EndpointPool
 from jsonlbatch.exec.route.endpoints import Endpoint
 from jsonlbatch.exec.route.model_pools import ModelPools
 from jsonlbatch.exec.send.budget import BudgetReached, Meter, Ticket
+from jsonlbatch.exec.send.hosted_files import HostedFiles
 from jsonlbatch.exec.send.priority import Payloads
 from jsonlbatch.exec.send.retry import Backoff, batch_cap
 from jsonlbatch.exec.send.streaming import STREAM_URLS, stream_body
@@ -81,6 +90,7 @@ class Sender:
         summary: RunSummary,
         bus: EventBus,
         check: Check | None = None,
+        files: HostedFiles | None = None,
     ) -> None:
         self.opts = opts
         self.pools = pools
@@ -89,6 +99,7 @@ class Sender:
         self.summary = summary
         self.bus = bus
         self.check = check
+        self.files = files  # file:// uploads, --files-dir (hosted_files.py)
         cap = batch_cap(opts.backoff_base) if opts.backoff_cap is None else opts.backoff_cap
         self.backoff = Backoff(opts.backoff_base, cap)
         self.transport = Transport(session, timeout=opts.timeout, limit=opts.max_response_bytes,
@@ -112,6 +123,8 @@ class Sender:
                 raise
             finally:
                 end(self.check, req)
+                if self.files is not None:
+                    self.files.end(req)
                 fitted = self._fitted.pop(req.custom_id, None)
             if fitted is not None:
                 result.metrics["fit_context"] = fitted
@@ -125,6 +138,11 @@ class Sender:
 
     async def _attempts(self, req: Request, pool: EndpointPool, ticket: Ticket) -> Result:
         """Send one request until it succeeds, fails for good, or runs out of retries."""
+        if self.files is not None:  # its file:// references uploaded, their ids in place
+            prepared = await self.files.prepare(req, pool)
+            if isinstance(prepared, Result):
+                return prepared
+            req = prepared
         asking = self._asking(req, pool)
         attempt = 0
         failed_on: set[Endpoint] = set()  # its retries go elsewhere while there is an elsewhere
@@ -135,11 +153,13 @@ class Sender:
             result = judged.result
             nxt = judged.next
             if nxt is Next.ANSWER:
-                if self.check is None:
-                    return result
                 assert judged.answer is not None
-                verdict = self.check(judged.answer)
-                if isinstance(verdict, Accept):
+                verdict: CheckVerdict | None = None
+                if self.files is not None:  # its files collected before the container expires
+                    verdict = await self.files.on_answer(judged.answer, tried.endpoint, pool)
+                if verdict is None and self.check is not None:
+                    verdict = self.check(judged.answer)
+                if verdict is None or isinstance(verdict, Accept):
                     return result
                 result = refused(result, verdict, attempt)
                 if not isinstance(verdict, AskAgain) or attempt > self.opts.max_retries:

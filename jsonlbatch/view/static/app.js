@@ -367,6 +367,10 @@ function requestView(data, { compact = false } = {}) {
   }
   if (data.error) parts.push(turn("error", el("pre", { class: "wrap" }, el("code", { text: data.error })), "error"));
   for (const choice of data.choices || []) parts.push(answerBlock(choice));
+  if (data.files && data.files.length) {  // exec --files-dir: what the container wrote
+    const rows = data.files.map((f) => el("tr", {}, el("td", { text: f.path }), el("td", { text: f.bytes === null ? "?" : `${fmt(f.bytes)} bytes` })));
+    parts.push(el("div", { class: "files" }, el("div", { class: "meta", text: `files (${data.files.length})` }), el("table", {}, el("tbody", {}, ...rows))));
+  }
   if (!compact && data.metrics) {
     const rows = Object.entries(data.metrics).map(([k, v]) => el("tr", {}, el("td", { text: k }), el("td", { text: typeof v === "object" ? JSON.stringify(v) : String(v) })));
     parts.push(el("details", {}, el("summary", { text: "metrics" }), el("table", {}, el("tbody", {}, ...rows))));
