@@ -59,6 +59,7 @@ _SECTIONS: list[Section] = [
                                  "balance_rel_threshold")),
     ("Several models (routed by body.model)", ("fleet", "endpoint_files")),
     ("Answer cache", ("cache", "cache_mode", "cache_key_url")),
+    ("Hosted code interpreter files", ("files_dir", "require_files", "max_file_bytes")),
     ("Server launch (--serve)", SERVE_NAMES),
     ("Batch API (--batch-api)", BATCH_NAMES),
     ("Watching a run", WATCH_NAMES),
@@ -75,7 +76,7 @@ _BRIEF = (
     "max_retries", "price", "max_cost",
     "route",
     "fleet", "endpoint_files",
-    "cache",
+    "cache", "files_dir",
     "backend", "model_path", "served_model_name", "tp_size", "dp_size", "dp_mode",
     "context_length", "reasoning_parser", "server_args", "restart", "ray_address",
     "batch_api", "poll_interval",
@@ -298,7 +299,7 @@ _EXAMPLES = (
     show_default=True,
     metavar="N",
     help="Ask again, at most N times, when an answer breaks its request's JSON schema "
-    "(a fresh sample with a new seed).",
+    "(a fresh sample with a new seed), or with --require-files produced no file.",
 )
 @click.option(
     "--reask-feedback",
@@ -349,6 +350,27 @@ _EXAMPLES = (
     "--cache-key-url",
     is_flag=True,
     help="Put the endpoints' URLs in the cache key: only the same servers reuse answers.",
+)
+@click.option(
+    "--files-dir",
+    type=click.Path(file_okay=False),
+    metavar="DIR",
+    help="Collect the files a hosted code interpreter wrote (cited, or listed as the model's) "
+    "into DIR/<custom_id>/ as each answer arrives (docs/files.md).",
+)
+@click.option(
+    "--require-files",
+    is_flag=True,
+    help="With --files-dir: an answer that produced no file fails as no_files (--reask N asks "
+    "again with a feedback turn).",
+)
+@click.option(
+    "--max-file-bytes",
+    type=click.IntRange(min=1),
+    default=ExecOptions.max_file_bytes,
+    show_default=True,
+    metavar="N",
+    help="The largest file --files-dir collects; a larger one fails its request.",
 )
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or notes; errors only.")
 @click.option(
