@@ -31,6 +31,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "exec_",
         "Send the REQUESTS file (OpenAI Batch JSONL) and write one result line per request.",
     ),
+    "rollout": (
+        "jsonlbatch.cli.rollout",
+        "rollout_command",
+        "Run each request as a conversation with tools, to its end (agent rollouts).",
+    ),
     "post": (
         "jsonlbatch.cli.post",
         "post",
