@@ -75,6 +75,7 @@ class Rollout:
         self._complete = False
         self._error: BaseException | None = None
         self._runs: dict[str, _Run] = {}  # the live conversations' counters, by id
+        self._closed = False
 
     # -- RequestSource -------------------------------------------------------------------------
 
@@ -145,10 +146,12 @@ class Rollout:
         return self._complete
 
     async def close(self) -> None:
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        self._closed = True  # a conversation that goes on after its cancel sends nothing
+        while self._tasks:
+            tasks = list(self._tasks)
+            for task in tasks:
+                task.cancel()
+            await asyncio.wait(tasks)
         if self._journal is not None:
             self._journal.close()
         self.summary.unfinished = (
@@ -352,6 +355,8 @@ class Rollout:
             return Result(request.custom_id, response.get("status_code"), response.get("body"),
                           request_id=response.get("request_id"), error=recorded.get("error"),
                           metrics=metrics)  # fmt: skip
+        if self._closed:
+            raise asyncio.CancelledError
         waiter: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
         self._waiting[request.custom_id] = waiter
         self._outbox.put_nowait(request)

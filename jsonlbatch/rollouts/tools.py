@@ -18,7 +18,7 @@ import os
 import sys
 import traceback
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,8 +81,10 @@ def _from_names(names: Mapping[str, Any], origin: str, module: str | None) -> To
     tools: dict[str, Callable[..., Any]] = {}
     hooks: dict[str, Callable[..., Any]] = {}
     for name, value in names.items():
-        if name.startswith("_") or not callable(value) or isinstance(value, type):
+        if not callable(value):
             continue
+        if module is not None and (name.startswith("_") or isinstance(value, type)):
+            continue  # a file's helpers and classes; a dict says what it means
         if module is not None and getattr(value, "__module__", module) != module:
             continue  # imported into the file (`from json import dumps`), not one of its tools
         (hooks if name in HOOKS else tools)[name] = value
@@ -134,14 +136,30 @@ async def call_tool(
             return ToolOutcome(f"error: bad arguments for {name}: {exc}", True)
     try:
         if inspect.iscoroutinefunction(fn):
-            value = await asyncio.wait_for(fn(**arguments), timeout)
+            value = await _within(fn(**arguments), timeout)
         else:  # in a thread (the context goes with it): a slow tool holds no other call up
-            value = await asyncio.wait_for(asyncio.to_thread(fn, **arguments), timeout)
-    except asyncio.TimeoutError:
+            value = await _within(asyncio.to_thread(fn, **arguments), timeout)
+    except TimeoutError:
         return ToolOutcome(f"error: {name} timed out after {timeout:g}s (--tool-timeout)", True)
     except Exception as exc:  # the tool's own failure: the model is told, the run goes on
         return ToolOutcome(f"error: {name} raised {type(exc).__name__}: {exc}", True)
     return as_content(name, value)
+
+
+async def _within(work: Coroutine[Any, Any, Any], timeout: float | None) -> Any:
+    """`work`'s value, or `TimeoutError` after `timeout` seconds. Not `asyncio.wait_for`: on
+    Python 3.10 and 3.11 it swallows a cancellation that meets the work's end, and a rollout
+    stopped then would wait for a conversation that goes on."""
+    task = asyncio.ensure_future(work)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    if not done:
+        task.cancel()  # a thread cannot be stopped: its result is dropped
+        raise TimeoutError
+    return task.result()
 
 
 def as_content(name: str, value: Any) -> ToolOutcome:
