@@ -17,7 +17,7 @@ TOOLS = [
             "topic": {"type": "string"}}}}},
 ]  # fmt: skip
 
-TOOLS_PY = '''
+TOOLS_PY = """
 import os
 import jsonlbatch
 
@@ -38,7 +38,7 @@ async def expert(topic="none"):
     answer = await conv.ask({"model": "mock", "max_tokens": 4,
                              "messages": [{"role": "user", "content": topic}]})
     return answer.text
-'''
+"""
 
 
 def write_requests(

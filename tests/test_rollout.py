@@ -76,7 +76,9 @@ def test_the_library_takes_a_dict_or_a_module_and_exec_option_names(tmp_path, mo
     summary = asyncio.run(jsonlbatch.arollout(requests, out, tools=module, url=url, quiet=True,
                                               max_turns=3))  # fmt: skip
     assert summary.ended == 6
-    assert [c["messages"] for c in lines(out)] == [c["messages"] for c in lines(tmp_path / "a.jsonl")] or (
+    assert [c["messages"] for c in lines(out)] == [
+        c["messages"] for c in lines(tmp_path / "a.jsonl")
+    ] or (
         sorted(json.dumps(c["messages"]) for c in lines(out))
         == sorted(json.dumps(c["messages"]) for c in lines(tmp_path / "a.jsonl"))
     )
@@ -106,7 +108,7 @@ def test_no_barrier_a_fast_conversation_goes_on_while_a_slow_tool_runs(tmp_path,
 def test_state_per_conversation_and_final_state_user_turn(tmp_path, mock_server):
     url = mock_server(tool_rate=0.7)
     requests = write_requests(tmp_path / "req.jsonl", 5, tools=TOOLS[:1])
-    text = '''
+    text = """
 import jsonlbatch
 
 def new_state(line):
@@ -123,7 +125,7 @@ def user_turn(messages):
 
 def final_state(state):
     return state
-'''
+"""
     tools = write_tools(tmp_path, text)
     summary = jsonlbatch.rollout(requests, tmp_path / "conv.jsonl", tools=tools, urls=[url],
                                  quiet=True)  # fmt: skip
@@ -152,7 +154,7 @@ def test_tool_failures_become_error_messages_and_are_counted(tmp_path, mock_serv
     names = ["raises", "missing", "hangs", "not_json", "asks_nobody", "absent"]
     tools = [{"type": "function", "function": {"name": n, "parameters": schema}} for n in names]
     requests = write_requests(tmp_path / "req.jsonl", 24, tools=tools)
-    text = '''
+    text = """
 import asyncio
 import jsonlbatch
 
@@ -171,7 +173,7 @@ def not_json(x=None):
 async def asks_nobody(x=None):
     conv = jsonlbatch.current_conversation()
     await conv.ask({"model": "nobody-serves-this", "messages": [{"role": "user", "content": "?"}]})
-'''
+"""
     out = tmp_path / "conv.jsonl"
     done = cli("rollout", str(requests), "-o", str(out), "--tools",
                str(write_tools(tmp_path, text)), "--url", url, "--tool-timeout", "0.3",

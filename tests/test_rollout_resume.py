@@ -17,7 +17,7 @@ import jsonlbatch
 from jsonlbatch.mock import BackgroundMock, MockConfig
 from tests.rollout_helpers import TOOLS, TOOLS_PY, by_id, lines, write_requests, write_tools
 
-STATEFUL = '''
+STATEFUL = """
 import os
 import jsonlbatch
 
@@ -41,7 +41,7 @@ async def expert(topic="none"):
 
 def final_state(state):
     return state
-'''
+"""
 
 
 def _comparable(path: Path) -> dict[str, dict]:

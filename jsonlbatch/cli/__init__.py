@@ -31,11 +31,6 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "exec_",
         "Send the REQUESTS file (OpenAI Batch JSONL) and write one result line per request.",
     ),
-    "rollout": (
-        "jsonlbatch.cli.rollout",
-        "rollout_command",
-        "Run each request as a conversation with tools, to its end (agent rollouts).",
-    ),
     "post": (
         "jsonlbatch.cli.post",
         "post",
@@ -57,6 +52,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "Run EXPERIMENT_FILE (YAML): gen, exec, judge rounds, post (votes, files, patches) for "
         "each condition, then one report comparing them; plain files under RUNS/<experiment "
         "id>/.",
+    ),
+    "rollout": (
+        "jsonlbatch.cli.rollout",
+        "rollout_command",
+        "Run each request as a conversation with tools, to its end (agent rollouts).",
     ),
     "serve": (
         "jsonlbatch.cli.serve",

@@ -35,8 +35,8 @@ from jsonlbatch.errors import (
 )
 from jsonlbatch.exec.exec_options import AUTO_MAX_CONCURRENCY, ExecOptions
 from jsonlbatch.exec.hooks.check_hook import Check
-from jsonlbatch.exec.hooks.request_source import RequestSource
 from jsonlbatch.exec.hooks.contract_check import AnswerChecker
+from jsonlbatch.exec.hooks.request_source import RequestSource
 from jsonlbatch.exec.hooks.seams import Seams
 from jsonlbatch.exec.hooks.store_hook import (
     EarlyAnswers,
@@ -277,7 +277,9 @@ class Run:
             queue: asyncio.Queue[Request | None] = asyncio.Queue(maxsize=2 * self.n_workers)
             self.queues.append((queue, self.n_workers))
             self.readers.append(asyncio.ensure_future(self._feed(queue, source)))
-            self.workers += [asyncio.ensure_future(self._work(queue)) for _ in range(self.n_workers)]
+            self.workers += [
+                asyncio.ensure_future(self._work(queue)) for _ in range(self.n_workers)
+            ]
             try:
                 await self._wait([*self.readers, *self.workers])
             finally:

@@ -38,4 +38,13 @@ if TYPE_CHECKING:
 
 __getattr__, __dir__ = lazy(__name__, _LAZY)
 
-__all__ = sorted(_LAZY)
+__all__ = [
+    "AskAnswer",
+    "AskFailed",
+    "Conversation",
+    "Rollout",
+    "RolloutSummary",
+    "Toolbox",
+    "current_conversation",
+    "load_tools",
+]

@@ -12,7 +12,6 @@ state and checked), so a resumed conversation ends as an uninterrupted one does.
 from __future__ import annotations
 
 import asyncio
-import time
 from array import array
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
@@ -34,7 +33,7 @@ from jsonlbatch.rollouts.journal import (
     finished_ids,
 )
 from jsonlbatch.rollouts.rollout_summary import RolloutSummary, Tally
-from jsonlbatch.rollouts.tools import ToolOutcome, Toolbox, as_content, call_tool
+from jsonlbatch.rollouts.tools import Toolbox, ToolOutcome, as_content, call_tool
 
 #: Model calls a conversation may make when --max-turns is not given.
 DEFAULT_MAX_TURNS = 20
@@ -242,9 +241,7 @@ class Rollout:
                 return "completed", None
             conv.messages.append(said)
 
-    async def _tool(
-        self, conv: Conversation, run: _Run, i: int, call: Any
-    ) -> dict[str, Any]:
+    async def _tool(self, conv: Conversation, run: _Run, i: int, call: Any) -> dict[str, Any]:
         function = call.get("function") if isinstance(call, dict) else None
         function = function if isinstance(function, dict) else {}
         name, arguments = function.get("name"), function.get("arguments")
@@ -344,13 +341,12 @@ class Rollout:
             self.summary.replayed += 1
             metrics = recorded.get("metrics") or {}
             mark = metrics.get("fingerprint")
-            if check and isinstance(mark, str) and request.fingerprint is not None:
-                if mark[:8] != request.fingerprint[:8]:
-                    raise Diverged(
-                        f"{request.custom_id} asks other than what {self.calls_path} answered "
-                        "(the tools or the request changed since): the conversation cannot "
-                        "resume"
-                    )
+            fresh = request.fingerprint
+            if check and isinstance(mark, str) and fresh is not None and mark[:8] != fresh[:8]:
+                raise Diverged(
+                    f"{request.custom_id} asks other than what {self.calls_path} answered "
+                    "(the tools or the request changed since): the conversation cannot resume"
+                )
             response = recorded.get("response") or {}
             return Result(request.custom_id, response.get("status_code"), response.get("body"),
                           request_id=response.get("request_id"), error=recorded.get("error"),

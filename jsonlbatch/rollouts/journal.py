@@ -13,6 +13,7 @@ when it runs again and dropped when it ends.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections import defaultdict
 from collections.abc import Iterator
@@ -164,7 +165,5 @@ class Journal:
 
     def close(self) -> None:
         for writer in (self.tools, self.conversations):
-            try:
+            with contextlib.suppress(OutputError):  # what was written stays; a resume reads it
                 writer.close()
-            except OutputError:
-                pass

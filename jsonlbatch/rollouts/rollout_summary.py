@@ -81,8 +81,7 @@ class RolloutSummary:
             + (f", {self.unfinished} unfinished (run again to go on)" if self.unfinished else ""),
             f"  {plural(self.turns, 'model turn')}, {plural(self.asks, 'ask')}, "
             f"{plural(self.tool_calls, 'tool call')} ({plural(self.tool_errors, 'tool error')})"
-            + (f"; {self.replayed} answered calls read back from the calls file"
-               if self.replayed else ""),  # fmt: skip
+            + (f"; {self.replayed} answered calls read back" if self.replayed else ""),
             f"  conversations: {self.output}; calls: {self.calls_path}; "
             f"tool journal: {self.tools_path}",
         ]

@@ -111,9 +111,7 @@ class ToolOutcome:
     error: bool = False
 
 
-async def call_tool(
-    box: Toolbox, name: Any, arguments: Any, timeout: float | None
-) -> ToolOutcome:
+async def call_tool(box: Toolbox, name: Any, arguments: Any, timeout: float | None) -> ToolOutcome:
     """Run one tool call; every failure (unknown name, arguments that are not a JSON object or
     do not fit, an exception, a timeout, a result that is not JSON) becomes an error message
     the model sees, never the run's end."""

@@ -40,9 +40,9 @@ from jsonlbatch.records import check_request, request_crc, request_head_ok
 __all__ = [
     "CHANGED_POLICIES",
     "InputScan",
-    "edited",
     "OutputScan",
     "check_output_file",
+    "edited",
     "find_duplicates",
     "line_custom_id",
     "scan_input",
