@@ -4,7 +4,6 @@ over 127.0.0.1 (issue 43, items 1-5)."""
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import types
 
@@ -76,12 +75,8 @@ def test_the_library_takes_a_dict_or_a_module_and_exec_option_names(tmp_path, mo
     summary = asyncio.run(jsonlbatch.arollout(requests, out, tools=module, url=url, quiet=True,
                                               max_turns=3))  # fmt: skip
     assert summary.ended == 6
-    assert [c["messages"] for c in lines(out)] == [
-        c["messages"] for c in lines(tmp_path / "a.jsonl")
-    ] or (
-        sorted(json.dumps(c["messages"]) for c in lines(out))
-        == sorted(json.dumps(c["messages"]) for c in lines(tmp_path / "a.jsonl"))
-    )
+    first = {c["custom_id"]: c["messages"] for c in lines(tmp_path / "a.jsonl")}
+    assert {c["custom_id"]: c["messages"] for c in lines(out)} == first  # same conversations
     with pytest.raises(jsonlbatch.UsageError, match="unknown option 'concurrencyy'"):
         jsonlbatch.rollout(requests, tmp_path / "c.jsonl", tools={"lookup": lookup}, url=url,
                            concurrencyy=3)  # fmt: skip
@@ -261,3 +256,27 @@ def test_the_mock_calls_a_tool_under_auto_at_its_rate_and_deterministically():
         assert compose(b).tool_call is None  # the default: text, as before
         assert compose({**b, "tool_choice": "none"}, tool_rate=1.0).tool_call is None
     assert 80 < calls < 160
+
+
+def test_arguments_that_are_not_a_json_object_are_the_models_error_not_the_runs():
+    from jsonlbatch.rollouts.tools import call_tool, load_tools
+
+    box = load_tools({"lookup": lambda q: q})
+    bad = asyncio.run(call_tool(box, "lookup", '{"q": ', None))
+    assert bad.error and bad.content.startswith("error: the arguments of lookup are not JSON")
+    listed = asyncio.run(call_tool(box, "lookup", "[1, 2]", None))
+    assert listed.error and "must be a JSON object" in listed.content
+    good = asyncio.run(call_tool(box, "lookup", '{"q": "x"}', None))
+    assert (good.content, good.error) == ("x", False)
+
+
+def test_a_hook_that_raises_fails_its_conversation_naming_the_hook(tmp_path, mock_server):
+    requests = write_requests(tmp_path / "req.jsonl", 2, tools=TOOLS[:1])
+    text = "def new_state(line):\n    raise KeyError('db')\n\ndef lookup(q):\n    return q\n"
+    out = tmp_path / "conv.jsonl"
+    done = cli("rollout", str(requests), "-o", str(out), "--tools",
+               str(write_tools(tmp_path, text)), "--url", mock_server())  # fmt: skip
+    assert done.returncode == 3 and "Traceback" not in done.stderr
+    for conv in lines(out):
+        assert conv["status"] == "failed"
+        assert conv["error"]["message"] == "new_state raised KeyError: 'db'"
