@@ -180,3 +180,24 @@ def lines_whole(path: Path) -> list[dict]:
     """The whole lines of a file a kill may have torn."""
     text = path.read_text() if path.exists() else ""
     return [json.loads(line) for line in text.splitlines(keepends=True) if line.endswith("\n")]
+
+
+def test_a_rerun_tool_whose_ask_differs_from_the_recorded_one_fails_not_misanswers(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv("ROLLOUT_TEST_LOG", str(tmp_path / "ran.log"))
+    requests = write_requests(tmp_path / "req.jsonl", 6, tools=TOOLS[1:])
+    tools = write_tools(tmp_path)
+    out = tmp_path / "conv.jsonl"
+    with BackgroundMock(MockConfig(tool_rate=1.0)) as mock:
+        jsonlbatch.rollout(requests, out, tools=tools, urls=[mock.url], quiet=True, max_turns=2)
+        out.write_text("")  # rebuilt from the journals ...
+        (tmp_path / "conv.tools.jsonl").write_text("")  # ... as if every tool was running
+        write_tools(tmp_path, TOOLS_PY.replace("[{\"role\": \"user\", \"content\": topic}]",
+                                               "[{\"role\": \"user\", \"content\": 'new'}]"))  # fmt: skip
+        sent = _requests_at(mock)
+        jsonlbatch.rollout(requests, out, tools=tools, urls=[mock.url], quiet=True, max_turns=2)
+        assert _requests_at(mock) == sent  # the recorded ask was not answered by a new one
+    for conv in lines(out):
+        assert conv["status"] == "failed"
+        assert "#t1.ask1 asks other than what" in conv["error"]["message"]

@@ -22,6 +22,11 @@ class AskFailed(JsonlbatchError):
     """An `ask` whose call failed (its line in the calls file says why)."""
 
 
+class Diverged(JsonlbatchError):
+    """A resumed conversation does not retrace its recorded path (its tools changed): it
+    fails, rather than take another question's answer or another tool result."""
+
+
 @dataclass
 class AskAnswer:
     """The answer to an `ask`: the server's JSON body, and its first choice's text."""

@@ -24,7 +24,7 @@ from jsonlbatch.idset import IdSet
 from jsonlbatch.jsonl import read_lines_at
 from jsonlbatch.records import Request, Result, check_request, fingerprint
 from jsonlbatch.rollouts import context
-from jsonlbatch.rollouts.context import AskAnswer, AskFailed, Conversation
+from jsonlbatch.rollouts.context import AskAnswer, AskFailed, Conversation, Diverged
 from jsonlbatch.rollouts.journal import (
     Journal,
     ResumeIndex,
@@ -39,10 +39,6 @@ from jsonlbatch.rollouts.tools import Toolbox, ToolOutcome, as_content, call_too
 DEFAULT_MAX_TURNS = 20
 #: Seconds a tool may run when --tool-timeout is not given.
 DEFAULT_TOOL_TIMEOUT = 300.0
-
-
-class Diverged(JsonlbatchError):
-    """A resumed conversation does not retrace its recorded path (its tools changed)."""
 
 
 class Rollout:

@@ -25,6 +25,7 @@ from typing import Any
 import orjson
 
 from jsonlbatch.errors import InputError, UsageError
+from jsonlbatch.rollouts.context import Diverged
 
 #: Names TOOLS.py may define that are hooks of the run, not tools a model calls.
 HOOKS = ("user_turn", "new_state", "final_state")
@@ -139,6 +140,8 @@ async def call_tool(box: Toolbox, name: Any, arguments: Any, timeout: float | No
             value = await _within(asyncio.to_thread(fn, **arguments), timeout)
     except TimeoutError:
         return ToolOutcome(f"error: {name} timed out after {timeout:g}s (--tool-timeout)", True)
+    except Diverged:  # an ask that is not the one recorded: the conversation cannot go on
+        raise
     except Exception as exc:  # the tool's own failure: the model is told, the run goes on
         return ToolOutcome(f"error: {name} raised {type(exc).__name__}: {exc}", True)
     return as_content(name, value)
