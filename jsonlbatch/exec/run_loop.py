@@ -274,12 +274,10 @@ class Run:
     async def _send_all(self) -> None:
         store, source = self.store, self.source
         if source is not None:
-            queue: asyncio.Queue[Request | None] = asyncio.Queue(maxsize=2 * self.n_workers)
-            self.queues.append((queue, self.n_workers))
-            self.readers.append(asyncio.ensure_future(self._feed(queue, source)))
-            self.workers += [
-                asyncio.ensure_future(self._work(queue)) for _ in range(self.n_workers)
-            ]
+            fed: asyncio.Queue[Request | None] = asyncio.Queue(maxsize=2 * self.n_workers)
+            self.queues.append((fed, self.n_workers))
+            self.readers.append(asyncio.ensure_future(self._feed(fed, source)))
+            self.workers += [asyncio.ensure_future(self._work(fed)) for _ in range(self.n_workers)]
             try:
                 await self._wait([*self.readers, *self.workers])
             finally:

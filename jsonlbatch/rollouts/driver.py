@@ -111,7 +111,8 @@ class Rollout:
         self._journal = Journal(self.output, self.tools_path)
         self._index = ResumeIndex.read(self.calls_path, self.tools_path, self._finished)
         self._finished = IdSet()  # no longer needed: pending lines are the unfinished ones
-        self._outbox = outbox = asyncio.Queue()
+        outbox: asyncio.Queue[Request | None] = asyncio.Queue()
+        self._outbox = outbox
         more = True
         while True:
             while more and len(self._tasks) < self.live:

@@ -91,7 +91,13 @@ def _from_names(names: Mapping[str, Any], origin: str, module: str | None) -> To
         (hooks if name in HOOKS else tools)[name] = value
     if not tools and not hooks:
         raise UsageError(f"{origin} defines no tool function")
-    return Toolbox(tools, origin=origin, **hooks)
+    return Toolbox(
+        tools,
+        user_turn=hooks.get("user_turn"),
+        new_state=hooks.get("new_state"),
+        final_state=hooks.get("final_state"),
+        origin=origin,
+    )
 
 
 def _where(exc: BaseException, path: str) -> str:
