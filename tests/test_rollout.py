@@ -280,3 +280,19 @@ def test_a_hook_that_raises_fails_its_conversation_naming_the_hook(tmp_path, moc
     for conv in lines(out):
         assert conv["status"] == "failed"
         assert conv["error"]["message"] == "new_state raised KeyError: 'db'"
+
+
+def test_a_request_line_that_is_not_a_chat_request_is_refused_naming_its_line(
+    tmp_path, mock_server
+):
+    requests = write_requests(tmp_path / "req.jsonl", 3)
+    text = requests.read_text().splitlines()
+    text[1] = text[1].replace('"url": "/v1/chat/completions"', '"url": "/v1/embeddings"')
+    text[1] = text[1].replace('"body": {', '"body": {"input": "x", ')
+    requests.write_text("\n".join(text) + "\n")
+    out = tmp_path / "conv.jsonl"
+    done = cli("rollout", str(requests), "-o", str(out), "--tools",
+               str(write_tools(tmp_path, "def lookup(q):\n    return q\n")), "--url", mock_server())  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert f"{requests}:2: url: a rollout runs chat conversations" in done.stderr
+    assert not out.exists()

@@ -18,11 +18,11 @@ from typing import Any
 
 import orjson
 
-from jsonlbatch.errors import InputError, JsonlbatchError
+from jsonlbatch.errors import MAX_PROBLEMS, InputError, JsonlbatchError, Problem, problems_text
 from jsonlbatch.exec.prepare.input_scan import NO_FINGERPRINT, InputScan, OutputScan, edited
 from jsonlbatch.idset import IdSet
-from jsonlbatch.jsonl import read_lines_at
-from jsonlbatch.records import Request, Result, check_request, fingerprint
+from jsonlbatch.jsonl import iter_lines_at
+from jsonlbatch.records import CHAT_URL, Request, Result, check_request, fingerprint
 from jsonlbatch.rollouts import context
 from jsonlbatch.rollouts.context import AskAnswer, AskFailed, Conversation, Diverged
 from jsonlbatch.rollouts.journal import (
@@ -79,10 +79,16 @@ class Rollout:
         the calls file answered it, as exec refuses an edited request."""
         self._finished = finished_ids(self.output)
         values = existing.ok.values() if existing.fingerprinted else None
-        pending, changed = array("Q"), []
-        for offset, raw in zip(scan.pending, read_lines_at(scan.path, scan.pending), strict=True):
+        pending, changed, problems = array("Q"), [], []
+        wanted = set(scan.pending)  # the lines of this run (a shard's), checked by exec
+        for number, offset, raw in iter_lines_at(scan.path):
+            if offset not in wanted:
+                continue
             obj = orjson.loads(raw)
             cid = obj["custom_id"]
+            if obj["url"] != CHAT_URL and len(problems) < MAX_PROBLEMS:
+                problems.append(Problem(scan.path, number, "url", f"a rollout runs chat "
+                                        f"conversations ({CHAT_URL}), not {obj['url']}"))  # fmt: skip
             at = existing.ok.slot(call_id(cid, 1)) if values is not None else -1
             if at >= 0 and values is not None:
                 stored = values[at]
@@ -92,6 +98,8 @@ class Rollout:
                 scan.already_done += 1
             else:
                 pending.append(offset)
+        if problems:
+            raise InputError(f"{scan.path}: {problems_text(problems)}; nothing was sent", problems)
         if changed:
             shown = ", ".join(changed[:5]) + (", ..." if len(changed) > 5 else "")
             raise InputError(
