@@ -4,6 +4,7 @@ over 127.0.0.1 (issue 43, items 1-5)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import types
 
@@ -11,7 +12,7 @@ import pytest
 
 import jsonlbatch
 from jsonlbatch.mock.content import compose
-from tests.rollout_helpers import TOOLS, by_id, cli, lines, write_requests, write_tools
+from tests.rollout_helpers import TOOLS, TOOLS_PY, by_id, cli, lines, write_requests, write_tools
 
 
 @pytest.fixture
@@ -151,6 +152,7 @@ def test_tool_failures_become_error_messages_and_are_counted(tmp_path, mock_serv
     requests = write_requests(tmp_path / "req.jsonl", 24, tools=tools)
     text = """
 import asyncio
+import json
 import jsonlbatch
 
 def raises(x=None):
@@ -296,3 +298,27 @@ def test_a_request_line_that_is_not_a_chat_request_is_refused_naming_its_line(
     assert done.returncode == 1, done.stderr
     assert f"{requests}:2: url: a rollout runs chat conversations" in done.stderr
     assert not out.exists()
+
+
+def test_asks_are_routed_by_model_through_the_same_run(tmp_path, mock_server):
+    """An agent and an expert model on servers of their own (`--endpoints`): the agent's
+    turns go to one, the tool's asks to the other, in one run."""
+    agent = mock_server(served_models=("agent",), tool_rate=1.0)
+    expert = mock_server(served_models=("expert",))
+    endpoints = tmp_path / "endpoints.json"
+    endpoints.write_text(json.dumps({"agent": {"urls": [agent]}, "expert": {"urls": [expert]}}))
+    requests = write_requests(tmp_path / "req.jsonl", 5, tools=TOOLS[1:], model="agent")
+    tools = write_tools(tmp_path, TOOLS_PY.replace('"model": "mock"', '"model": "expert"'))
+    out = tmp_path / "conv.jsonl"
+    done = cli("rollout", str(requests), "-o", str(out), "--tools", str(tools), "--endpoints",
+               str(endpoints), "--max-turns", "2", "-q",
+               env={**os.environ, "ROLLOUT_TEST_LOG": str(tmp_path / "ran.log")})  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    calls = by_id(tmp_path / "conv.calls.jsonl")
+    asks = {cid: line for cid, line in calls.items() if ".ask" in cid}
+    assert len(asks) == 5 and all(a["response"]["body"]["model"] == "expert" for a in asks.values())
+    turns = [line for cid, line in calls.items() if ".ask" not in cid]
+    assert all(t["response"]["body"]["model"] == "agent" for t in turns)
+    for conv in lines(out):  # each expert's answer went back to the agent as the tool result
+        tool_message = next(m for m in conv["messages"] if m["role"] == "tool")
+        assert tool_message["content"].startswith("mock-")
