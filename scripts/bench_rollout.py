@@ -34,6 +34,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 TOOL = {"type": "function", "function": {"name": "lookup", "parameters": {
     "type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}}}  # fmt: skip
 
@@ -45,10 +47,8 @@ def _draw(*parts: Any) -> int:
 def plan(task: str, turn: int, latency: float, slow: float) -> tuple[int, float]:
     """(turns of the conversation, this call's latency): the server's script, also used to
     compute the paths the benchmark compares against."""
-    if task.startswith("turns="):
-        turns = int(task.split("=")[1].split()[0])
-    else:
-        turns = 1 + _draw(task) % 9
+    fixed = task.startswith("turns=")
+    turns = int(task.split("=")[1].split()[0]) if fixed else 1 + _draw(task) % 9
     delay = slow if _draw(task, turn) % 100 < 5 else latency
     return turns, delay
 
@@ -63,7 +63,7 @@ def serve(port: int, latency: float, slow: float) -> None:
         return web.json_response({"object": "list", "data": [{"id": "m", "object": "model"}]})
 
     async def chat(request: web.Request) -> web.Response:
-        body = await request.json()
+        body = orjson.loads(await request.read())
         messages = body["messages"]
         task = next(m["content"] for m in messages if m["role"] == "user")
         done = sum(m["role"] == "assistant" for m in messages)
@@ -77,11 +77,11 @@ def serve(port: int, latency: float, slow: float) -> None:
             finish = "tool_calls"
         else:
             message, finish = {"role": "assistant", "content": "done"}, "stop"
-        return web.json_response({
+        return web.Response(content_type="application/json", body=orjson.dumps({
             "id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
             "choices": [{"index": 0, "message": message, "finish_reason": finish}],
             "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
-        })  # fmt: skip
+        }))  # fmt: skip
 
     app = web.Application(client_max_size=64 << 20)
     app.router.add_get("/v1/models", models)
