@@ -322,3 +322,24 @@ def test_asks_are_routed_by_model_through_the_same_run(tmp_path, mock_server):
     for conv in lines(out):  # each expert's answer went back to the agent as the tool result
         tool_message = next(m for m in conv["messages"] if m["role"] == "tool")
         assert tool_message["content"].startswith("mock-")
+
+
+def test_an_ask_to_a_model_no_pool_serves_is_the_tools_error_not_the_runs_end(
+    tmp_path, mock_server
+):
+    agent = mock_server(served_models=("agent",), tool_rate=1.0)
+    endpoints = tmp_path / "endpoints.json"
+    endpoints.write_text(json.dumps({"agent": {"urls": [agent]}}))
+    requests = write_requests(tmp_path / "req.jsonl", 3, tools=TOOLS[1:], model="agent")
+    tools = write_tools(tmp_path, TOOLS_PY.replace('"model": "mock"', '"model": "expert"'))
+    out = tmp_path / "conv.jsonl"
+    done = cli("rollout", str(requests), "-o", str(out), "--tools", str(tools), "--endpoints",
+               str(endpoints), "--max-turns", "2", "-q",
+               env={**os.environ, "ROLLOUT_TEST_LOG": str(tmp_path / "ran.log")})  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    for conv in lines(out):
+        tool_message = next(m for m in conv["messages"] if m["role"] == "tool")
+        assert "model 'expert' is unavailable" in tool_message["content"]
+        assert conv["tool_errors"] >= 1
+    asks = [line for line in lines(tmp_path / "conv.calls.jsonl") if ".ask" in line["custom_id"]]
+    assert len(asks) == 3 and all(a["error"]["code"] == "model_unavailable" for a in asks)
