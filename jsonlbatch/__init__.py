@@ -45,6 +45,10 @@ _LAZY = {
     "execute": "jsonlbatch.cli.library",
     "build_spec": "jsonlbatch.cli.library",
     "validate_file": "jsonlbatch.exec",
+    # rollouts: conversations with tools on the same front door (cli/rollout.py)
+    "rollout": "jsonlbatch.cli.rollout",
+    "arollout": "jsonlbatch.cli.rollout",
+    "current_conversation": "jsonlbatch.rollouts",
     "GenSummary": "jsonlbatch.gen",
     "RequestWriter": "jsonlbatch.gen",
     "ServeOptions": "jsonlbatch.serve",
@@ -57,6 +61,7 @@ _LAZY = {
 if TYPE_CHECKING:  # what the lazy names are, for type checkers and IDEs
     from jsonlbatch import post, report
     from jsonlbatch.cli.library import aexecute, build_spec, execute
+    from jsonlbatch.cli.rollout import arollout, rollout
     from jsonlbatch.exec import (
         ExecOptions,
         Job,
@@ -66,6 +71,7 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and IDEs
         validate_file,
     )
     from jsonlbatch.gen import GenSummary, RequestWriter
+    from jsonlbatch.rollouts import current_conversation
     from jsonlbatch.serve import ServeOptions, serving
 
 
@@ -93,10 +99,13 @@ __all__ = [
     "UsageError",
     "ValidationReport",
     "aexecute",
+    "arollout",
     "build_spec",
+    "current_conversation",
     "execute",
     "post",
     "report",
+    "rollout",
     "serving",
     "validate_file",
 ]

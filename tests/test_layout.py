@@ -22,6 +22,7 @@ CORE = {
 }  # fmt: skip
 STAGES = {
     "gen", "exec", "serve", "post", "report", "mock", "experiment", "batchapi", "cache", "view",
+    "rollouts",
 }  # fmt: skip
 #: For each stage, the other stages it may import. Everything else between stages is a mistake.
 ALLOWED = {
@@ -43,6 +44,9 @@ ALLOWED = {
     # The viewer shows the report's headline and charts for the files it serves, and reads a
     # live run through exec's event stream (exec --view, --metrics-port).
     "view": {"report", "exec"},
+    # Rollouts run on exec's front door and run loop: the driver is a request source of an
+    # exec run (exec/hooks/request_source.py), its calls file exec's output.
+    "rollouts": {"exec"},
 }
 
 

@@ -53,6 +53,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "each condition, then one report comparing them; plain files under RUNS/<experiment "
         "id>/.",
     ),
+    "rollout": (
+        "jsonlbatch.cli.rollout",
+        "rollout_command",
+        "Run each request as a conversation with tools, to its end (agent rollouts).",
+    ),
     "serve": (
         "jsonlbatch.cli.serve",
         "serve",

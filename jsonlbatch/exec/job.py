@@ -163,7 +163,9 @@ class Job:
                 self.output, reask=opts.reask, feedback=opts.reask_feedback,
                 done=(self.existing.ok, self.existing.failed), enabled=opts.schema_check,
             )  # fmt: skip
-            if store is not None and lock and store.answers_early and not opts.cache_key_url:
+            source = self.seams.source  # a rollout: its requests are made as it goes
+            if (store is not None and lock and store.answers_early and not opts.cache_key_url
+                    and source is None):  # fmt: skip
                 vetter = Vetter(store, self.checks(schemas=True))
                 self.early = EarlyAnswers(store, vetter, self.output, os.urandom(4).hex())
             if store is not None and len(self.existing.ok):
@@ -172,7 +174,7 @@ class Job:
                 self.source,
                 name=self.requests,
                 require_model=opts.model is None,
-                existing=self.existing,
+                existing=self.existing if source is None else None,
                 retry_failed=opts.retry_failed,
                 changed=opts.changed,
                 select=select,
@@ -181,6 +183,8 @@ class Job:
             )
             if self.early is not None:
                 self.early.settle(self.input, self.source)
+            if source is not None:  # what it has finished, what changed since
+                source.prepare(self.input, self.existing)
         except BaseException:
             self.close()
             raise

@@ -7,6 +7,10 @@ on-answer check); the result is given to the store, then to `recorder.Recorder`,
 line. Around that, `main` opens the HTTP session, has the pools built (`model_pools.build_pools`),
 runs the preflight (`preflight.py`), ticks the event stream (`events.py`) and stops cleanly on
 Ctrl-C, a budget stop or a fatal error.
+
+A run whose requests come from a source (`Seams.source`, `request_source.py`: a rollout) has
+`_feed` in place of `_read`: the same queue, workers, checks and recorder, and each result
+handed back to the source after its line is queued.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from jsonlbatch.errors import (
 from jsonlbatch.exec.exec_options import AUTO_MAX_CONCURRENCY, ExecOptions
 from jsonlbatch.exec.hooks.check_hook import Check
 from jsonlbatch.exec.hooks.contract_check import AnswerChecker
+from jsonlbatch.exec.hooks.request_source import RequestSource
 from jsonlbatch.exec.hooks.seams import Seams
 from jsonlbatch.exec.hooks.store_hook import (
     AnswerStore,
@@ -111,7 +116,10 @@ class Run:
             pending=len(self.scan.pending) + self.scan.answered,
         )
         self.bus = EventBus()
-        self.progress = Progress(len(self.scan.pending) + self.scan.answered, quiet=opts.quiet)
+        #: Where the requests come from when not from the file's lines (a rollout).
+        self.source = seams.source
+        total = len(self.scan.pending) + self.scan.answered if self.source is None else None
+        self.progress = Progress(total, quiet=opts.quiet)
         if not opts.quiet:
             self.progress.listen(self.bus, streams=opts.stream)
         for callback, types in seams.subscribers:
@@ -196,6 +204,9 @@ class Run:
             self._snapshot(final=True)
             self.progress.close()
             self.summary.wall_s = time.monotonic() - started
+        if self.source is not None:  # counted in calls made, not in lines of the file
+            self.summary.pending = self.summary.written + (not self.source.complete)
+            self.summary.requests = self.summary.already_done + self.summary.pending
         if self.abort is not None:
             raise self.abort
         if self.signals and self.summary.remaining:
@@ -281,7 +292,17 @@ class Run:
         return HostedFiles(uploads, collector, opts.require_files, opts.reask)
 
     async def _send_all(self) -> None:
-        store = self.store
+        store, source = self.store, self.source
+        if source is not None:
+            fed: asyncio.Queue[Request | None] = asyncio.Queue(maxsize=2 * self.n_workers)
+            self.queues.append((fed, self.n_workers))
+            self.readers.append(asyncio.ensure_future(self._feed(fed, source)))
+            self.workers += [asyncio.ensure_future(self._work(fed)) for _ in range(self.n_workers)]
+            try:
+                await self._wait([*self.readers, *self.workers])
+            finally:
+                await source.close()
+            return
         if store is not None and not store.counts_copies:
             self.repeats = occurrences(self.job.source)  # identical requests told apart
         if store is not None and self.early is not None:
@@ -295,7 +316,10 @@ class Run:
             self.queues.append((queue, n_workers))
             self.readers.append(asyncio.ensure_future(self._read(queue, n_workers, offsets)))
             self.workers += [asyncio.ensure_future(self._work(queue)) for _ in range(n_workers)]
-        tasks = [*self.readers, *self.workers]
+        await self._wait([*self.readers, *self.workers])
+
+    async def _wait(self, tasks: list[asyncio.Task[None]]) -> None:
+        """Until every reader and worker ends; the first error is raised, the rest cancelled."""
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
             for task in done:
@@ -356,6 +380,35 @@ class Run:
         for _ in range(n_workers):
             await queue.put(None)
 
+    async def _feed(self, queue: asyncio.Queue[Request | None], source: RequestSource) -> None:
+        """`_read` for a run whose requests come from `source`: the file's pending lines are
+        its input; what it yields goes onto the same queue, as it becomes ready."""
+        self._check_source()
+        lines = ordered_lines(self.job.source, self.pending, self.opts.route_options())
+        async for request in source.requests(lines, self._request):
+            await queue.put(request)
+            if self.stopping.is_set():
+                break
+        for _ in range(self.n_workers):
+            await queue.put(None)
+
+    def _before_send(self, request: Request) -> Result | None:
+        """A source's request (a turn, an `ask`) that needs no sending: a model no pool takes
+        (a failed call for the source to see, not the run's end), or a stored answer."""
+        try:
+            assert self.pools is not None
+            self.pools.route(request.body)
+        except UsageError as exc:
+            return unavailable(request, exc)
+        if self.store is None:
+            return None
+        stored = self.store.lookup(request, 0)
+        if stored is None:
+            return None
+        stored.custom_id = request.custom_id
+        assert self.vetter is not None
+        return stored if self.vetter(request, stored) else None
+
     async def _work(self, queue: asyncio.Queue[Request | None]) -> None:
         sender, store, repeats = self.sender, self.store, self.repeats
         assert sender is not None
@@ -364,9 +417,11 @@ class Run:
             if request is None or self.stopping.is_set():
                 return
             try:
-                result = await sender.send(request)
-                if store is not None:  # looked up before sending began (`_answer`)
-                    store.store(request, repeats.get(request.custom_id, 0), result)
+                result = self._before_send(request) if self.source is not None else None
+                if result is None:
+                    result = await sender.send(request)
+                    if store is not None:  # looked up before sending began (`_answer`)
+                        store.store(request, repeats.get(request.custom_id, 0), result)
             except BudgetReached:
                 self._stop_for_budget()
                 return
@@ -388,6 +443,8 @@ class Run:
         # last in metrics, where a resume reads it without decoding the line
         result.metrics["fingerprint"] = request.fingerprint
         self.recorder.emit(result)
+        if self.source is not None:
+            self.source.answered(request, result)
 
     def _store_notes(self) -> None:
         for note in self.store.notes() if self.store is not None else ():

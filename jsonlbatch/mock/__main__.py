@@ -47,6 +47,9 @@ _OPTIONS: tuple[tuple[str, str, Callable[[str], Any], str, str], ...] = (
     ("--break-json", "break_json", float, "F",
      "share of answers to schema requests broken (fences, prose, a missing field, a wrong "
      "type, cut short, trailing text), drawn per request and seed"),
+    ("--tool-rate", "tool_rate", float, "F",
+     "share of requests offering tools with tool_choice auto that call one (drawn per request: "
+     "a test conversation ends by itself)"),
     ("--api-key", "api_key", str, "KEY",
      f"require this key on /v1/* (default: ${MOCK_API_KEY_ENV}, else none)"),
     ("--max-model-len", "max_model_len", int, "N",

@@ -37,6 +37,7 @@ _RATES = (
     "hang_rate",
     "stream_error_rate",
     "break_json",
+    "tool_rate",
 )
 _DURATIONS = ("latency", "latency_jitter", "warmup")
 _UNAUTHORIZED = orjson.dumps({"error": "Unauthorized"})
@@ -62,6 +63,7 @@ class MockConfig:
     hang_rate: float = 0.0  # share never answered: held until the client gives up
     stream_error_rate: float = 0.0
     break_json: float = 0.0  # share of schema answers broken (content.json_answer), by request
+    tool_rate: float = 0.0  # share of "auto" tool requests that call a tool (content.compose)
     api_key: str | None = None
     max_model_len: int | None = None
     warmup: float = 0.0
@@ -407,6 +409,7 @@ class _Mock:
                 default_max_tokens=limit,
                 reasoning=reasoning,
                 break_json=self.config.break_json,
+                tool_rate=self.config.tool_rate,
             )
             for i in range(count)
         ]

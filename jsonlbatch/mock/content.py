@@ -89,6 +89,7 @@ def compose(
     default_max_tokens: int = DEFAULT_MAX_TOKENS,
     reasoning: bool = False,
     break_json: float = 0.0,
+    tool_rate: float = 0.0,
 ) -> Reply:
     """The reply for choice `index` of a chat or completions request.
 
@@ -96,7 +97,10 @@ def compose(
     them are reasoning. A smaller token budget cuts reasoning first, then content, exactly as a
     thinking model runs out of budget (finish_reason "length"). A forced tool call is never cut.
     A request that declares a JSON schema gets a JSON answer that holds it (`json_answer`), as
-    long as it is, broken at the rate `break_json`.
+    long as it is, broken at the rate `break_json`. With `tool_rate`, that share of requests
+    offering tools without forcing one (`tool_choice` "auto" or absent) calls one of them,
+    drawn from the request's meaning: the same conversation takes the same path every run,
+    and a longer one ends by itself (each turn draws anew).
     """
     seed = _choice_seed(body, index)
     natural = default_max_tokens
@@ -104,7 +108,7 @@ def compose(
     total = natural if budget is None else min(budget, natural)
     thinking = min(natural // 2 if reasoning else 0, total)
     reasoning_pieces = _words(seed + b"r", thinking, "reason-")
-    tool = _forced_tool(body)
+    tool = _forced_tool(body) or _chosen_tool(body, seed, tool_rate)
     if tool is not None:
         return Reply(reasoning_pieces, [], _tool_call(tool, seed), "tool_calls")
     schema = _schema(body)
@@ -368,6 +372,18 @@ def _forced_tool(body: dict[str, Any]) -> dict[str, Any] | None:
         name = function_name(choice)
         return next((f for f in functions if f.get("name") == name), None)
     return None
+
+
+def _chosen_tool(body: dict[str, Any], seed: bytes, rate: float) -> dict[str, Any] | None:
+    """The function an "auto" request calls at `rate` (`--tool-rate`), if any."""
+    tools, choice = body.get("tools"), body.get("tool_choice", "auto")
+    if rate <= 0 or choice != "auto" or not isinstance(tools, list):
+        return None
+    functions = [t["function"] for t in tools if function_name(t) is not None]
+    draw = int.from_bytes(hashlib.blake2b(seed + b"auto", digest_size=8).digest(), "big")
+    if not functions or draw / 2**64 >= rate:
+        return None
+    return functions[draw % len(functions)]
 
 
 def _tool_call(function: dict[str, Any], seed: bytes) -> ToolCall:

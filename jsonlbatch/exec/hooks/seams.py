@@ -6,7 +6,9 @@ Each seam is a small protocol in a module of its own, with a default that change
 - `store`: a before-send lookup and after-answer store (`store_hook.py`): an answer cache;
 - `pools`: per-model endpoint pools (`model_pools.py`): a request goes where `body.model` says;
 - `subscribers`: listeners of the event stream (`events.py`): viewers, metrics exporters;
-- `concurrency`: a concurrency controller per endpoint (`endpoint_concurrency.py`).
+- `concurrency`: a concurrency controller per endpoint (`endpoint_concurrency.py`);
+- `source`: requests made while the run goes instead of read from its file
+  (`request_source.py`): a rollout's turns.
 
     Job("requests.jsonl", "responses.jsonl", options, seams=Seams(check=my_check)).run()
 
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jsonlbatch.exec.hooks.check_hook import AnswerCheck, Check, CheckFunction, as_check
+from jsonlbatch.exec.hooks.request_source import RequestSource
 from jsonlbatch.exec.hooks.store_hook import AnswerStore, SimpleStore, as_store
 from jsonlbatch.exec.route.endpoint_concurrency import ConcurrencyController
 from jsonlbatch.exec.route.model_pools import PoolSpec, check_specs
@@ -47,6 +50,8 @@ class Seams:
     )
     #: Makes each endpoint's controller, given the endpoint's name; None: a fixed limit.
     concurrency: Callable[[str], ConcurrencyController] | None = None
+    #: Where the requests come from; None: the request file's pending lines.
+    source: RequestSource | None = None
 
     def __post_init__(self) -> None:
         if self.check is not None:

@@ -23,7 +23,7 @@ _TTFT_WINDOW = 1000  # the running TTFT median is over this many latest streamed
 
 
 class Progress:
-    def __init__(self, total: int, *, quiet: bool = False) -> None:
+    def __init__(self, total: int | None, *, quiet: bool = False) -> None:
         self.total = total
         self.quiet = quiet
         self.bar: tqdm | None = None

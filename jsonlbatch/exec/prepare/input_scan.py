@@ -44,6 +44,7 @@ __all__ = [
     "InputScan",
     "OutputScan",
     "check_output_file",
+    "edited",
     "find_duplicates",
     "line_custom_id",
     "scan_input",
@@ -141,9 +142,7 @@ def scan_input(
                 stored = done_values[at] if check_fps else NO_FINGERPRINT
                 if stored == NO_FINGERPRINT:
                     scan.unfingerprinted += 1
-                elif stored & LOW32 != crc32(raw) and (stored >> 32) & LOW32 != request_crc(
-                    obj.get("url"), obj.get("body")
-                ):  # neither the same line nor the same request re-serialised: edited
+                elif edited(stored, raw, obj):
                     scan.changed += 1
                     if len(scan.changed_ids) < 5:
                         scan.changed_ids.append(cid)
@@ -227,6 +226,15 @@ def scan_input(
     if existing is not None and select is None:
         scan.foreign = len(ok) + len(failed) - scan.already_done - len(scan.replace)
     return scan
+
+
+def edited(stored: int, raw: bytes, obj: dict[str, Any]) -> bool:
+    """Whether a request line differs from the one its result's fingerprint (`stored`, as
+    `OutputScan.ok` holds it) was taken from: neither the same line nor the same request
+    re-serialised."""
+    return stored & LOW32 != crc32(raw) and (stored >> 32) & LOW32 != request_crc(
+        obj.get("url"), obj.get("body")
+    )
 
 
 def stat_input(path: str | os.PathLike[str]) -> os.stat_result:
