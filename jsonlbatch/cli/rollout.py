@@ -163,7 +163,8 @@ _EXAMPLES = (
 _SECTIONS = [("Rollout", ("tools", "max_turns", "tool_timeout")), *exec_.sections]
 _BRIEF = ("tools", "max_turns", "tool_timeout", "output", "quiet", "urls", "model", "api_key",
           "concurrency", "timeout", "max_retries", "price", "max_cost", "fleet",
-          "endpoint_files", "cache", "backend", "model_path", "config")  # fmt: skip
+          "endpoint_files", "cache", "backend", "model_path", "server_args", "parse_tool_calls",
+          "config")  # fmt: skip
 
 
 def _run(requests: str, output: str, tools: str, max_turns: int, tool_timeout: float,
