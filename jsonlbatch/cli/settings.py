@@ -183,6 +183,8 @@ def _owners(key: str, section: str) -> str:
     from jsonlbatch.cli import COMMANDS as TABLE
 
     flag = "--" + key.lstrip("-")
+    if any(flag in p.opts for p in _command(section).params if isinstance(p, click.Option)):
+        return ""  # the section's own option that is no setting (a deprecated spelling)
     for name in TABLE:
         if name == section:
             continue
