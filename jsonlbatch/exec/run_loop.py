@@ -54,7 +54,7 @@ from jsonlbatch.exec.route.router import ordered_lines
 from jsonlbatch.exec.route.server_metrics import compare, keep_servers, scrape_all
 from jsonlbatch.exec.send.budget import Budget, BudgetReached, Meter, spent_in_output
 from jsonlbatch.exec.send.priority import sign_of
-from jsonlbatch.exec.send.rate_limits import RateLimiter
+from jsonlbatch.exec.send.pacing import Pacing
 from jsonlbatch.exec.send.sender import Sender, Stop
 from jsonlbatch.jsonl import OutputLock
 from jsonlbatch.records import Request, Result, fingerprint
@@ -117,7 +117,7 @@ class Run:
             spent = spent_in_output(job.output, opts.price) if opts.max_cost is not None else 0.0
             budget = Budget(opts.price, opts.max_cost, spent)
             self.summary.spent_before = spent
-        self.meter = Meter(RateLimiter(opts.rpm, opts.tpm, learn=opts.rate_limits), budget)
+        self.meter = Meter(Pacing.of(opts), budget)
         self.stopping = asyncio.Event()
         self.abort: JsonlbatchError | None = None
         self.signals = 0
