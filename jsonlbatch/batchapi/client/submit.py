@@ -65,6 +65,7 @@ from jsonlbatch.errors import Interrupted, UsageError
 from jsonlbatch.exec.job import ExecOptions, Job
 from jsonlbatch.exec.output.run_outcome import Results
 from jsonlbatch.exec.prepare.input_scan import InputScan, OutputScan, line_custom_id
+from jsonlbatch.exec.route.credentials import check_url_credentials, clean_headers, clean_secret
 from jsonlbatch.exec.route.endpoints import parse_endpoint
 from jsonlbatch.exec.send.retry import Backoff
 from jsonlbatch.jsonl import (
@@ -106,6 +107,9 @@ class SubmitOptions:
     max_cost: float | None = None
 
     def __post_init__(self) -> None:
+        self.api_key = clean_secret(self.api_key, "--api-key (or $OPENAI_API_KEY)")
+        self.headers = clean_headers(self.headers)
+        check_url_credentials([self.url], self.api_key, self.headers)
         if (self.max_requests is not None and self.max_requests < 1) or (
             self.max_bytes is not None and self.max_bytes < 1
         ):

@@ -42,7 +42,6 @@ import math
 import time
 from collections.abc import Mapping
 
-from jsonlbatch.exec.send.token_bucket import Bucket, Cost
 from jsonlbatch.exec.send.rate_limit_headers import (
     ANTHROPIC_HEADERS,
     OPENAI_HEADERS,
@@ -50,6 +49,7 @@ from jsonlbatch.exec.send.rate_limit_headers import (
     parse_reset,
     server_now,
 )
+from jsonlbatch.exec.send.token_bucket import Bucket, Cost
 
 _SHORT = {
     "requests": "rpm",
