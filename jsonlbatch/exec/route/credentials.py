@@ -36,6 +36,8 @@ def clean_secret(value: str | None, option: str) -> str | None:
     (both forms) and never shown."""
     if value is None:
         return None
+    if not isinstance(value, str):  # not quoted back: it may be a key of another type
+        raise UsageError(f"{option} must be a string, got {type(value).__name__}")
     register_secret(value)
     if value.endswith("\r\n"):
         value = value[:-2]
@@ -59,13 +61,17 @@ def _refuse_controls(value: str, option: str) -> None:
 def clean_headers(headers: Mapping[str, str], option: str = "--header") -> dict[str, str]:
     """Extra request headers with each value cleaned as `clean_secret` does and each name
     checked to be a header name."""
+    if not isinstance(headers, Mapping):
+        raise UsageError(f"{option} must be a mapping of names to values")
     cleaned = {}
     for name, value in headers.items():
-        if not _TOKEN.fullmatch(name):
+        if not isinstance(name, str) or not _TOKEN.fullmatch(name):
             raise UsageError(
-                f"{option} {redact(name)!r}: a header name is letters, digits and "
+                f"{option} {redact(str(name))!r}: a header name is letters, digits and "
                 "!#$%&'*+-.^_`|~ only"
             )
+        if value is None:
+            raise UsageError(f"{option} {name}: a header's value must be a string, got None")
         cleaned[name] = clean_secret(value, f"{option} {name}") or ""
     return cleaned
 
