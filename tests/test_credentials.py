@@ -100,3 +100,12 @@ def test_url_userinfo_with_an_api_key_is_a_usage_error_not_a_traceback(
     # userinfo alone is HTTP Basic auth: still sent
     done = cli("exec", str(_requests(tmp_path)), "-o", str(out), "--url", url, "-q")
     assert done.returncode == 0, done.stderr
+
+
+def test_a_launched_servers_key_is_checked_too(tmp_path: Path) -> None:
+    out = tmp_path / "out.jsonl"
+    done = cli("exec", str(_requests(tmp_path)), "-o", str(out), "--serve", "mock", "-q",
+               "--server-api-key", f"{KEY}\r\nX-Evil: 1")  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "--server-api-key (or $JSONLBATCH_SERVER_API_KEY) holds a control" in done.stderr
+    assert "Traceback" not in done.stderr and KEY not in done.stderr and not out.exists()
