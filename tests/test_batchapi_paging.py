@@ -5,6 +5,7 @@ loop; a listing under way gives way to a stop at once."""
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -128,3 +129,77 @@ def test_a_listing_under_way_gives_way_to_a_stop_at_once() -> None:
         return await unless_stopped(asyncio.sleep(0, result=7), asyncio.Event())
 
     assert asyncio.run(finished()) == 7
+
+
+@pytest.mark.slow
+def test_exec_batch_api_looking_for_a_lost_batch_ends_on_a_looping_list_and_on_sigterm(
+    tmp_path, mock_server
+) -> None:
+    """The re-run after a crash around a create lists the provider's batches to find the one it
+    may have made. A provider whose list repeats its cursor ends the run with a clear error (it
+    made 109,610 list requests in 40 s before); one that pages slowly for ever with new cursors
+    gives way to SIGTERM at once."""
+    import subprocess
+
+    import orjson
+    from batchapiutil import BatchServer
+    from batchutil import exec_cli, start_exec, write_requests
+
+    fast = ("--batch-api", "--poll-interval", "0.1")
+    server = BatchServer(tmp_path / "state", mock_server(latency=0.5)).start()
+    requests, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write_requests(requests, 4)
+    state_path = out.with_name(out.name + ".batch-api.json")
+    try:
+        proc = start_exec(requests, out, "--url", server.url, *fast)
+        deadline = time.monotonic() + 60
+        while not (state_path.exists() and any(
+            p.get("batch_id") for p in orjson.loads(state_path.read_bytes())["parts"]
+        )):  # fmt: skip
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        proc.kill()
+        proc.wait()
+    finally:
+        server.kill()
+    state = orjson.loads(state_path.read_bytes())
+    state["parts"][0]["batch_id"] = None  # as if the crash came before the id was saved
+    assert state["parts"][0]["creating_since"]
+    state_path.write_bytes(orjson.dumps(state))
+
+    calls: Counter[str] = Counter()
+    mode = {"slow": False}
+
+    async def batches(request: web.Request) -> web.Response:
+        calls["list"] += 1
+        if mode["slow"]:
+            await asyncio.sleep(0.2)
+        cursor = f"cursor-{calls['list']}" if mode["slow"] else "cursor-1"
+        return web.json_response({"object": "list", "data": [_batch(calls["list"])],
+                                  "has_more": True, "last_id": cursor})  # fmt: skip
+
+    app = web.Application()
+    app.router.add_get("/v1/batches", batches)
+    url, stop = serve_app(app)
+    try:
+        done = exec_cli(requests, out, "--url", url, *fast)
+        assert done.returncode == 1, done.stderr
+        assert "gives the cursor 'cursor-1' again" in done.stderr
+        assert "Traceback" not in done.stderr and calls["list"] == 2
+        mode["slow"] = True
+        proc = start_exec(requests, out, "--url", url, *fast)
+        deadline = time.monotonic() + 60
+        while calls["list"] < 8:  # paging, with new cursors each time
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+        assert time.monotonic() - sent < 5.0  # bounded, not a speed target: it ignored it before
+        assert proc.returncode == 130, proc.stderr.read() if proc.stderr else ""
+    finally:
+        stop()
