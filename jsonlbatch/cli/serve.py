@@ -197,9 +197,8 @@ def serve(
         for name in ("host", "server_api_key"):  # the front's own, not a launch's
             kwargs.pop(name)
         serve_options_from_kwargs(kwargs)  # any other server option is a mistake
-        front.runner.urls, front.runner.api_key = [upstream], clean_secret(
-            upstream_api_key, "--upstream-api-key (or $JSONLBATCH_UPSTREAM_API_KEY)"
-        )
+        key = clean_secret(upstream_api_key, "--upstream-api-key (or $JSONLBATCH_UPSTREAM_API_KEY)")
+        front.runner.urls, front.runner.api_key = [upstream], key
         _run_front(front, quiet)
         return
     options = serve_options_from_kwargs(kwargs)

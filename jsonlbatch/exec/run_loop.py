@@ -53,8 +53,8 @@ from jsonlbatch.exec.route.preflight import preflight
 from jsonlbatch.exec.route.router import ordered_lines
 from jsonlbatch.exec.route.server_metrics import compare, keep_servers, scrape_all
 from jsonlbatch.exec.send.budget import Budget, BudgetReached, Meter, spent_in_output
-from jsonlbatch.exec.send.priority import sign_of
 from jsonlbatch.exec.send.pacing import Pacing
+from jsonlbatch.exec.send.priority import sign_of
 from jsonlbatch.exec.send.sender import Sender, Stop
 from jsonlbatch.jsonl import OutputLock
 from jsonlbatch.records import Request, Result, fingerprint
