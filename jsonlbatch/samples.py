@@ -370,3 +370,50 @@ def split_id(
     if best <= 0:
         return custom_id, None
     return custom_id[:best], custom_id[best + width :]
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading one line, bounded
+
+#: A line longer than this is measured before it is decoded (shorter ones cost too little).
+_MEASURE_FROM = 4 << 20
+#: JSON objects and arrays one response line may hold. A real one holds a few hundred (128
+#: choices with tool calls); decoding costs ~500 bytes of memory per object, so a line of a
+#: million choices (100 MB) would take a gigabyte to read.
+MAX_CONTAINERS = 100_000
+# A JSON string, escapes included: what is inside one is no structure.
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+
+
+class LineTooLarge(orjson.JSONDecodeError):
+    """A line that would take too much memory to decode; readers report it like bad JSON."""
+
+    def __str__(self) -> str:
+        return self.msg
+
+
+def load_line(raw: bytes) -> Any:
+    """One JSONL line decoded, as `orjson.loads`; a line with more than `MAX_CONTAINERS` JSON
+    objects and arrays raises `LineTooLarge` (an `orjson.JSONDecodeError`) instead of taking
+    gigabytes: report, export and post read every response line through here. Only the
+    braces and brackets outside strings count (a 50 MB answer full of code is one string); the
+    count stops as soon as it is over, so it costs a fraction of the decoding it saves."""
+    if len(raw) > _MEASURE_FROM and raw.count(b"{") + raw.count(b"[") > MAX_CONTAINERS:
+        containers, end = 0, 0
+        for string in _STRING.finditer(raw):
+            containers += raw.count(b"{", end, string.start()) + raw.count(
+                b"[", end, string.start()
+            )
+            end = string.end()
+            if containers > MAX_CONTAINERS:
+                break
+        else:
+            containers += raw.count(b"{", end) + raw.count(b"[", end)
+        if containers > MAX_CONTAINERS:
+            raise LineTooLarge(
+                f"a {len(raw) / 1e6:,.0f} MB line with more than {MAX_CONTAINERS:,} JSON objects "
+                "and arrays (a response line holds a few hundred); not read",
+                "",
+                0,
+            )
+    return orjson.loads(raw)

@@ -30,7 +30,7 @@ from jsonlbatch.exec.output.events import EventBus, RateLimited, Retried, Sent
 from jsonlbatch.exec.output.run_summary import RunSummary
 from jsonlbatch.exec.route.model_pools import PoolSpec, build_pools, parse_endpoints
 from jsonlbatch.exec.send.budget import Meter
-from jsonlbatch.exec.send.rate_limits import RateLimiter
+from jsonlbatch.exec.send.pacing import Pacing
 from jsonlbatch.exec.send.sender import Sender
 from jsonlbatch.records import Request
 
@@ -201,7 +201,7 @@ async def sender(
     async with aiohttp.ClientSession(trust_env=False) as session:
         pools = build_pools(session, specs=specs, urls=opts.urls, by_url=by_url, keys={},
                             opts=opts, controller=None, watchdog=watchdog)  # fmt: skip
-        meter = Meter(RateLimiter(opts.rpm, opts.tpm, learn=opts.rate_limits))
+        meter = Meter(Pacing.of(opts))
         made = Sender(
             opts=opts, session=session, pools=pools, meter=meter, stopping=stopping,
             summary=summary, bus=bus, check=as_check(check) if check is not None else None,

@@ -131,6 +131,10 @@ def test_a_settings_file_sets_a_hidden_knob_by_config_and_by_env(tmp_path, mock_
         ),
         ("exec:\n  stream: yes please\n", "settings.yaml:2: exec.stream: must be a boolean"),
         ("exec:\n  backoff: -1\n", "settings.yaml:2: exec.backoff: -1.0 is not in the range"),
+        (
+            "exec:\n  max-response-bytes: -1\n",
+            "settings.yaml:2: exec.max-response-bytes: -1 must be between 1KiB and 1TiB",
+        ),
         ("exec:\n  route: fastest\n", "settings.yaml:2: exec.route: 'fastest' is not one of"),
         ("exce:\n  timeout: 3\n", "settings.yaml:1: exce: unknown key; did you mean 'exec'?"),
         ("exec:\n  no-cache: true\n", "settings.yaml:2: exec.no-cache: unknown key"),

@@ -31,7 +31,7 @@ from jsonlbatch.exec.route.model_pools import PoolSpec, build_pools, parse_endpo
 from jsonlbatch.exec.send import rate_limits as limits
 from jsonlbatch.exec.send.body_caps import TOO_LARGE
 from jsonlbatch.exec.send.budget import Meter
-from jsonlbatch.exec.send.rate_limits import RateLimiter
+from jsonlbatch.exec.send.pacing import Pacing
 from jsonlbatch.exec.send.retry import Backoff, batch_cap, retry_after_of
 from jsonlbatch.exec.send.sender import Sender
 from jsonlbatch.exec.send.transport import Broken, Health, Next, Reply, Transport, judge
@@ -159,7 +159,7 @@ async def _with_sender(
                             controller=None, watchdog=None)  # fmt: skip
         bus, events = EventBus(), []
         bus.subscribe(events.append, Sent, Retried)
-        meter = Meter(RateLimiter(learn=opts.rate_limits))
+        meter = Meter(Pacing.of(opts))
         sender = Sender(opts=opts, session=session, pools=pools, meter=meter,
                         stopping=asyncio.Event(), summary=RunSummary("out"), bus=bus)  # fmt: skip
         try:

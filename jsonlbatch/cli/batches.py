@@ -10,7 +10,7 @@ from jsonlbatch.batchapi.client.batch_status import batches_of
 from jsonlbatch.cli.params import HttpUrl
 from jsonlbatch.cli.sections import Sectioned
 from jsonlbatch.exec.job import run_coroutine
-from jsonlbatch.redact import register_secret
+from jsonlbatch.exec.route.credentials import clean_secret
 
 _COMMON = [
     click.argument("output", type=click.Path(dir_okay=False)),
@@ -49,8 +49,7 @@ def batches() -> None:
 
 
 def _show(output: str, url: str | None, api_key: str | None, cancel: bool) -> None:
-    if api_key:
-        register_secret(api_key)
+    api_key = clean_secret(api_key, "--api-key (or $OPENAI_API_KEY)")
     rows = run_coroutine(batches_of(output, url=url, api_key=api_key, cancel=cancel))
     for row in rows:
         merged = f"merged into {output}" if row["merged"] else "not merged yet"

@@ -62,15 +62,16 @@ class ByteSize(click.ParamType):
               "gib": 1 << 30, "kb": 10**3, "mb": 10**6, "gb": 10**9}  # fmt: skip
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if isinstance(value, int):
-            return value
-        text = str(value).strip().lower()
-        number = text.rstrip("kmgib")
-        unit = text[len(number) :]
-        try:
-            size = int(float(number) * self._UNITS[unit])
-        except (ValueError, KeyError, OverflowError):
-            self.fail(f"{value!r} is not a size such as 64MiB or 1048576.", param, ctx)
+        if isinstance(value, int) and not isinstance(value, bool):
+            size = value  # a number from a settings file or a default: checked all the same
+        else:
+            text = str(value).strip().lower()
+            number = text.rstrip("kmgib")
+            unit = text[len(number) :]
+            try:
+                size = int(float(number) * self._UNITS[unit])
+            except (ValueError, KeyError, OverflowError):
+                self.fail(f"{value!r} is not a size such as 64MiB or 1048576.", param, ctx)
         if not (1 << 10) <= size <= (1 << 40):
             self.fail(f"{value!r} must be between 1KiB and 1TiB.", param, ctx)
         return size

@@ -26,6 +26,7 @@ from jsonlbatch.cli.serve_options import (
 )
 from jsonlbatch.cli.settings import settings_option
 from jsonlbatch.errors import Interrupted, UsageError
+from jsonlbatch.exec.route.credentials import clean_secret
 from jsonlbatch.redact import register_secret
 from jsonlbatch.serve.backends import ServeOptions
 from jsonlbatch.serve.start import serving
@@ -203,7 +204,8 @@ def serve(
                 f"--batch-port {kwargs['port']})"
             )
         serve_options_from_kwargs(kwargs)  # any other server option is a mistake
-        front.runner.urls, front.runner.api_key = [upstream], upstream_api_key
+        key = clean_secret(upstream_api_key, "--upstream-api-key (or $JSONLBATCH_UPSTREAM_API_KEY)")
+        front.runner.urls, front.runner.api_key = [upstream], key
         _run_front(front, quiet)
         return
     options = serve_options_from_kwargs(kwargs)

@@ -14,6 +14,7 @@ from jsonlbatch.cost import Price
 from jsonlbatch.errors import UsageError
 from jsonlbatch.exec.hooks.tool_call_parser import PARSERS as TOOL_CALL_PARSERS
 from jsonlbatch.exec.prepare.input_scan import CHANGED_POLICIES
+from jsonlbatch.exec.route.credentials import check_url_credentials, clean_headers, clean_secret
 from jsonlbatch.exec.route.router import RouteOptions
 from jsonlbatch.exec.send.body_caps import MAX_RESPONSE_BYTES, STREAM_STALL_S
 from jsonlbatch.exec.send.file_collect import MAX_FILE_BYTES
@@ -75,6 +76,9 @@ class ExecOptions:
 
     def __post_init__(self) -> None:
         self.route_options()  # checks the routing options
+        self.api_key = clean_secret(self.api_key, "--api-key (or $OPENAI_API_KEY)")
+        self.headers = clean_headers(self.headers)
+        check_url_credentials(self.urls, self.api_key, self.headers)
         if self.concurrency == "auto" or self.concurrency is None:
             pass
         elif not isinstance(self.concurrency, int) or self.concurrency < 1:

@@ -62,8 +62,8 @@ from jsonlbatch.exec.send.budget import Budget, BudgetReached, Meter, spent_in_o
 from jsonlbatch.exec.send.file_collect import Collector
 from jsonlbatch.exec.send.file_uploads import Uploads, sidecar_paths
 from jsonlbatch.exec.send.hosted_files import HostedFiles
+from jsonlbatch.exec.send.pacing import Pacing
 from jsonlbatch.exec.send.priority import sign_of
-from jsonlbatch.exec.send.rate_limits import RateLimiter
 from jsonlbatch.exec.send.sender import Sender, Stop
 from jsonlbatch.jsonl import OutputLock
 from jsonlbatch.records import Request, Result, fingerprint
@@ -129,7 +129,7 @@ class Run:
             spent = spent_in_output(job.output, opts.price) if opts.max_cost is not None else 0.0
             budget = Budget(opts.price, opts.max_cost, spent)
             self.summary.spent_before = spent
-        self.meter = Meter(RateLimiter(opts.rpm, opts.tpm, learn=opts.rate_limits), budget)
+        self.meter = Meter(Pacing.of(opts), budget)
         self.stopping = asyncio.Event()
         self.abort: JsonlbatchError | None = None
         self.signals = 0

@@ -12,6 +12,7 @@ an unreadable score never passes.
 from __future__ import annotations
 
 import ast
+import math
 import operator
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -32,7 +33,10 @@ _COMPARE: dict[type[ast.cmpop], Callable[[Any, Any], bool]] = {
 #: A pass rule is a few comparisons: these bounds keep a hostile one from the recursion limit.
 MAX_RULE_CHARS = 2000
 MAX_RULE_DEPTH = 32
-_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+# one unbounded repeat per run of digits: `\d+\.?\d*` backtracks quadratically over a long one
+_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
+#: An extracted value longer than this is compared as text, not read as a number.
+MAX_NUMBER_CHARS = 400
 
 
 def coerce(value: str | None) -> Any:
@@ -41,8 +45,10 @@ def coerce(value: str | None) -> Any:
     if value is None:
         return None
     text = value.strip()
-    if _NUMBER.fullmatch(text):
+    if len(text) <= MAX_NUMBER_CHARS and _NUMBER.fullmatch(text):
         number = float(text)
+        if not math.isfinite(number):  # `1e400000`: too large to be a number here
+            return text
         return (
             int(number)
             if number.is_integer() and "." not in text and "e" not in text.lower()

@@ -37,6 +37,7 @@ from jsonlbatch.post.files import MANIFEST, sample_dir
 from jsonlbatch.post.media_placeholders import row_without_base64
 from jsonlbatch.post.responses import KeyFunc, Sample, check_responses, read_responses, split_key
 from jsonlbatch.post.table_io import TableWriter, open_table, table_format
+from jsonlbatch.samples import load_line
 
 PER = ("request", "choice")
 _SAMPLE = re.compile(r"^[^0-9]+([0-9]+)$")  # the separator, then ASCII digits only
@@ -286,7 +287,7 @@ def _lines(path: str, required: Sequence[str]) -> Iterator[dict[str, Any]]:
     problems: list[Problem] = []
     for number, raw in iter_lines(path):
         try:
-            obj = orjson.loads(raw)
+            obj = load_line(raw)
         except orjson.JSONDecodeError as exc:
             problems.append(Problem.bad_json(path, number, exc))
             continue

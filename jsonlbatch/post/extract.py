@@ -5,6 +5,13 @@ Extractors are tried in order as fallbacks (e.g. `boxed`, then `answer-is`, then
 lets win over a real answer. Normalizers make equal answers equal (`1,000` = `1000` = `1000.0`,
 `\\dfrac` = `\\frac`, `$...$`, a trailing period, case and spacing of text) and are pluggable:
 a registered name or any `module:function`.
+
+Answer text is a model's: any length, any shape. Every extractor and the default normalizer run
+in time linear in the text (no regular expression here has two unbounded repeats that can take
+the same characters, and no loop re-slices the text per step), JSON that nests past the
+interpreter's recursion limit is no JSON, and a value too large to normalise (longer than
+`MAX_NORMAL_CHARS`, or a number whose exponent is beyond `MAX_DIGITS`: `1e400000`, a
+million-digit integer) stays as text, case-folded and its spacing collapsed.
 """
 
 from __future__ import annotations
@@ -26,10 +33,19 @@ DEFAULT_EXTRACTORS = ("boxed", "answer-is", "last-number")
 Extractor = Callable[[str], "str | None"]
 Normalizer = Callable[[str], str]
 
+#: A normalised answer is compared, counted and written per sample: longer than this, it is
+#: text (an answer of a vote is a number, a letter, a short expression).
+MAX_NORMAL_CHARS = 4000
+#: Digits a canonical number may have before or after its point (Python's int-to-text limit is
+#: 4,300 digits; `1e400000` written out is 400,001 of them).
+MAX_DIGITS = 4000
+
 _NUMBER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?|-?\d*\.?\d+")
-_ANSWER_IS = re.compile(r"(?:final answer|the answer)\s*(?:is|:)\s*:?\s*(.+)", re.IGNORECASE)
+# Whitespace runs are matched by one `\s*` each, never two in a row: `\s*:?\s*` over a
+# megabyte of newlines backtracks quadratically.
+_ANSWER_IS = re.compile(r"(?:final answer|the answer)\s*(?:is|:)\s*(?::\s*)?(.+)", re.IGNORECASE)
 _CHOICE_AFTER = re.compile(
-    r"answer\s*(?:is|:)?\s*:?\s*\**\s*\(?([A-E])\)?(?![A-Za-z])", re.IGNORECASE
+    r"answer\s*(?:is\s*)?(?::\s*)?(?:\*+\s*)?\(?([A-E])\)?(?![A-Za-z])", re.IGNORECASE
 )
 _CHOICE_PAREN = re.compile(r"\(([A-E])\)")
 _CHOICE_ALONE = re.compile(r"^\s*\**\(?([A-E])\)?[.:)]?\**\s*$")
@@ -140,7 +156,7 @@ def _json_candidates(text: str) -> list[Any]:
     for start in reversed(starts):
         try:
             return [decoder.raw_decode(text, start)[0]]
-        except ValueError:
+        except (ValueError, RecursionError):  # nested past the recursion limit: not JSON here
             continue
     return []
 
@@ -244,7 +260,7 @@ _LATEX_NOISE = (
     "^{\\circ}",
     "\\displaystyle",
 )
-_PLAIN_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)(e[+-]?\d+)?", re.IGNORECASE)
+_PLAIN_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:e[+-]?\d+)?", re.IGNORECASE)
 _GROUPED = re.compile(r"[+-]?\d{1,3}(,\d{3})+(\.\d*)?")
 _FRACTION = re.compile(r"(-?)(\d+)/(\d+)")
 
@@ -260,6 +276,8 @@ def canonical_number(text: str) -> str | None:
         value = Decimal(s)
     except InvalidOperation:
         return None
+    if abs(value.adjusted()) > MAX_DIGITS or len(value.as_tuple().digits) > MAX_DIGITS:
+        return None  # too large to write out: it stays as text
     if value == value.to_integral_value():
         return str(int(value))
     return format(value.normalize(), "f")
@@ -267,6 +285,8 @@ def canonical_number(text: str) -> str | None:
 
 def normalize_answer(answer: str) -> str:
     """The default normalizer: numbers canonical, LaTeX spelling unified, text case-folded."""
+    if len(answer) > MAX_NORMAL_CHARS:
+        return normalize_text(answer)  # too large to normalise: it stays as text
     s = answer.strip()
     for opening, closing in (("$", "$"), ("\\(", "\\)"), ("\\[", "\\]")):
         while (

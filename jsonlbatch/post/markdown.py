@@ -73,7 +73,7 @@ def json_chunks(text: str, fences: Iterable[Fence]) -> Iterator[Any]:
     for chunk in (text.strip(), *(f.text for f in fences if f.language == "json")):
         try:
             value = json.loads(chunk)
-        except ValueError:
+        except (ValueError, RecursionError):  # a model's JSON nested past the recursion limit
             continue
         yield value
 

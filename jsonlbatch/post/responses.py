@@ -35,6 +35,7 @@ from jsonlbatch.samples import (
     Sample,
     as_text,
     is_answer_line,
+    load_line,
     lookup,
     samples_of,
     split_key,
@@ -88,7 +89,7 @@ def _lines(paths: Sequence[str]) -> Iterator[tuple[int, str, int, dict[str, Any]
     for source, path in enumerate(paths):
         for lineno, start, raw in iter_lines_at(path):  # shared BOM handling and read errors
             try:
-                obj = orjson.loads(raw)
+                obj = load_line(raw)
             except orjson.JSONDecodeError as exc:
                 torn = _torn(path, start, raw)
                 yield (

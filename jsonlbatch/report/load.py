@@ -26,7 +26,7 @@ from jsonlbatch.jsonl import ends_with_newline, iter_lines
 from jsonlbatch.prices import Tokens, tokens_of
 from jsonlbatch.records import check_response, is_failure, json_object, reasoning_tokens
 from jsonlbatch.report.conversations import tool_names, turn_of
-from jsonlbatch.samples import chat_usage, hosted_choices
+from jsonlbatch.samples import chat_usage, hosted_choices, load_line
 
 #: Per-request columns, each an `array('d')` aligned with the successful requests.
 COLUMNS = ("e2e", "ttft", "decode", "tpot", "itl", "prompt", "completion", "reasoning", "end")
@@ -280,7 +280,7 @@ class _JsonLines:
                     self.problems,
                 )
             try:
-                obj = orjson.loads(raw)
+                obj = load_line(raw)
             except orjson.JSONDecodeError as exc:
                 pending = Problem.bad_json(self.path, number, exc)
             else:

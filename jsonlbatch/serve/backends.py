@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from importlib.machinery import PathFinder
 
 from jsonlbatch.errors import UsageError
+from jsonlbatch.exec.route.credentials import clean_secret
 from jsonlbatch.extras import MissingExtra
-from jsonlbatch.redact import redact, register_secret
+from jsonlbatch.redact import redact
 
 BACKEND_NAMES = ("mock", "vllm", "sglang")
 MOCK_NAME = "mock"  # what the mock lists in /v1/models when no --served-model-name pins one
@@ -86,7 +87,10 @@ class ServeOptions:
             raise UsageError(f"--serve {self.backend} needs --model-path")
         if self.backend == "sglang" and len(self.served_model_name) > 1:
             raise UsageError("SGLang serves one name: give --served-model-name once")
-        register_secret(self.api_key)
+        # a key with a newline would be refused in the first request's header, as a traceback
+        self.api_key = clean_secret(
+            self.api_key, "--server-api-key (or $JSONLBATCH_SERVER_API_KEY)"
+        )
 
     @property
     def served_names(self) -> tuple[str, ...]:

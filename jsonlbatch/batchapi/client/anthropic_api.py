@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 
 from jsonlbatch.batchapi.client.batch_api import BatchApi, RemoteError, _quoted
+from jsonlbatch.batchapi.client.paging import Pages
 from jsonlbatch.batchapi.client.result_merge import ResultsGuard
 from jsonlbatch.batchapi.client.safe_names import is_plain_id
 from jsonlbatch.batchapi.formats.batch_objects import epoch_of, new_id
@@ -119,6 +120,7 @@ class AnthropicBatchApi(BatchApi):
         wanted = -1 if count is None else count
         found = []
         after: str | None = None
+        pages = Pages(f"GET {self.endpoint.name}{_BASE}")
         while True:
             query = {"limit": "100", **({"after_id": after} if after else {})}
             page = await self._call("GET", _BASE, query=query)
@@ -133,9 +135,9 @@ class AnthropicBatchApi(BatchApi):
                     break
                 if batch["request_counts"]["total"] == wanted:
                     found.append(batch)
-            if older or not page.get("has_more") or not data:
+            if older or not page.get("has_more"):
                 break
-            after = page.get("last_id")
+            after = pages.next(page.get("last_id"), len(data))
         if len(found) > 1:
             ids = ", ".join(b["id"] for b in found)
             raise RemoteError(

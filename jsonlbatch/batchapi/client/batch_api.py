@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import aiohttp
 import orjson
 
+from jsonlbatch.batchapi.client.paging import Pages
 from jsonlbatch.batchapi.client.result_merge import ResultsGuard
 from jsonlbatch.batchapi.client.safe_names import is_plain_id
 from jsonlbatch.batchapi.formats.batch_objects import ACTIVE, TERMINAL
@@ -324,7 +325,7 @@ class BatchApi:
 
     async def _pages(self, path: str, query: dict[str, str]) -> AsyncIterator[dict[str, Any]]:
         after: str | None = None
-        seen: set[str] = set()  # a cursor that comes back would page forever
+        pages = Pages(f"GET {self.endpoint.name}{path}")
         while True:
             page = await self._call(
                 "GET", path, query={**query, **({"after": after} if after else {})}
@@ -337,13 +338,11 @@ class BatchApi:
                 )
             for obj in data:
                 yield obj
-            if not data or not page.get("has_more"):
+            if not page.get("has_more"):
                 return
-            last = data[-1]
+            last = data[-1] if data else None
             after = page.get("last_id") or (last.get("id") if isinstance(last, dict) else None)
-            if not isinstance(after, str) or after in seen:
-                return
-            seen.add(after)
+            after = pages.next(after, len(data))  # a cursor that comes back would page forever
 
 
 def _quoted(remote_id: str) -> str:

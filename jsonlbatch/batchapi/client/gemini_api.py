@@ -20,6 +20,7 @@ from typing import Any
 import orjson
 
 from jsonlbatch.batchapi.client.batch_api import BatchApi, RemoteError
+from jsonlbatch.batchapi.client.paging import Pages
 from jsonlbatch.batchapi.client.result_merge import ResultsGuard
 from jsonlbatch.batchapi.formats.batch_objects import epoch_of, new_id
 from jsonlbatch.batchapi.formats.gemini_format import chat_to_gemini, gemini_to_chat_response
@@ -151,7 +152,8 @@ class GeminiBatchApi(BatchApi):
     ) -> dict[str, Any] | None:
         wanted = display_name(metadata)
         token = ""
-        for _ in range(1000):  # bounded: a token that never ends would page forever
+        pages = Pages(f"GET {self.endpoint.name}/{self.version}/batches")
+        while True:
             path = f"{self.version}/batches"
             url = (
                 self._at(path)
@@ -171,7 +173,8 @@ class GeminiBatchApi(BatchApi):
             token = page.get("nextPageToken") or ""
             if not token:
                 return None
-        return None
+            # Google's lists may give an empty page with a token to go on: the token is progress
+            token = pages.next(token, len(jobs), empty_ok=True)
 
     def _job(self, obj: Any, what: str) -> dict[str, Any]:
         """A Gemini batch job (an operation) in OpenAI's batch shape."""

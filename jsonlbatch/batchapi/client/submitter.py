@@ -32,6 +32,7 @@ from tqdm import tqdm
 
 from jsonlbatch.batchapi.client.batch_api import BatchProvider, QuotaExceeded, api_path
 from jsonlbatch.batchapi.client.batch_parts import check_lines, write_parts
+from jsonlbatch.batchapi.client.paging import Stopped, unless_stopped
 from jsonlbatch.batchapi.client.part_merge import PartMerge
 from jsonlbatch.batchapi.client.providers import choose, open_api
 from jsonlbatch.batchapi.client.result_merge import (
@@ -232,6 +233,8 @@ class Submitter:
                 break
             try:
                 await self._start(api, part)
+            except Stopped:  # SIGTERM while a listing was under way: nothing was made
+                break
             except QuotaExceeded as exc:
                 waiting = [p for p in self.state.open_parts if p.batch_id is None]
                 for p in waiting:
@@ -269,7 +272,7 @@ class Submitter:
         folder = self.state.folder
         if part.batch_id is None and part.file_id is None:
             if part.uploading:  # a crash during an earlier upload: did it arrive?
-                found = await api.find_file(part.filename)
+                found = await unless_stopped(api.find_file(part.filename), self.stopping)
                 part.file_id = found["id"] if found else None
             if part.file_id is None:
                 part.uploading = True
@@ -281,8 +284,9 @@ class Submitter:
         if part.batch_id is None:
             found = None
             if part.creating_since is not None:  # a crash around an earlier create
-                found = await api.find_batch(
-                    part.metadata, part.creating_since - 600, count=part.count
+                found = await unless_stopped(
+                    api.find_batch(part.metadata, part.creating_since - 600, count=part.count),
+                    self.stopping,
                 )
             if found is None:
                 part.creating_since = time.time()

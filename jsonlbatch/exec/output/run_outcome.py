@@ -9,7 +9,8 @@
 An `Answer` is one line, read through the same reader `post`, `report` and `export` use
 (`samples.samples_of`): the text of each choice, the value the answer contract read under the
 request's schema, its verdict, the failure, the token counts. Iterating costs memory for one
-line at a time; looking an id up indexes the file's line offsets once (about 100 bytes a line).
+line at a time; looking an id up indexes the file's line offsets once (about 100 bytes a line),
+and again, or on from where it ended, when another process changed the file (`Results`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 
 import orjson
 
+from jsonlbatch.errors import InputError, OutputError
 from jsonlbatch.exec.output.result_display import (
     CELL_CHARS,
     COUNT_UP_TO,
@@ -31,7 +33,7 @@ from jsonlbatch.exec.output.result_display import (
     cut,
     table,
 )
-from jsonlbatch.jsonl import iter_lines_at, read_lines_at
+from jsonlbatch.jsonl import BOM, iter_lines_at, read_lines_at, refuse_non_jsonl
 from jsonlbatch.samples import Sample, samples_of
 from jsonlbatch.stats import plural
 
@@ -140,23 +142,34 @@ class Answer:
 
 class Results(Mapping[str, Answer]):
     """An output file's answers by custom_id, read on use (see the module doc). The last line
-    of an id wins, as for every reader of a resumed file."""
+    of an id wins, as for every reader of a resumed file.
+
+    The file may change under it: a resumed run appends, `exec --retry-failed` (or `merge`)
+    replaces it atomically. Each use compares the file with the one indexed (device, inode,
+    size, modification time): lines appended since are indexed on from where the index ended, a
+    file replaced or shrunk is indexed again, and a lookup checks that the line at the offset is
+    the id asked for (indexing again once when it is not) before it answers.
+    """
 
     def __init__(self, output: str) -> None:
         self.output = output
         self._offsets: dict[str, int] | None = None
+        self._stamp: tuple[int, int, int, int] = (0, 0, 0, 0)  # dev, inode, size, mtime
+        self._indexed_to = 0  # where the last complete line indexed ends
 
     def _index(self) -> dict[str, int]:
-        if self._offsets is None:
-            offsets: dict[str, int] = {}
-            for _, offset, raw in iter_lines_at(self.output):
-                try:
-                    cid = orjson.loads(raw).get("custom_id")
-                except (orjson.JSONDecodeError, AttributeError):
-                    continue  # a torn last line: the next run repairs it
-                if isinstance(cid, str):
-                    offsets[cid] = offset
-            self._offsets = offsets
+        try:
+            st = os.stat(self.output)
+        except OSError as exc:
+            raise InputError(f"cannot read {self.output}: {exc.strerror}") from None
+        stamp = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        if self._offsets is not None and stamp == self._stamp:
+            return self._offsets
+        same_file = stamp[:2] == self._stamp[:2] and st.st_size >= self._stamp[2]
+        if self._offsets is None or not same_file:
+            self._offsets, self._indexed_to = {}, 0
+        self._scan(self._offsets)
+        self._stamp = stamp
         return self._offsets
 
     def __repr__(self) -> str:
@@ -177,13 +190,47 @@ class Results(Mapping[str, Answer]):
         shown = table(rows, ("custom_id", "", "text / error", "value"))
         return f"<p>{html.escape(repr(self))}</p>{shown}"
 
+    def _scan(self, offsets: dict[str, int]) -> None:
+        """Index the lines from `_indexed_to` on. A last line without its newline (being
+        written, or a torn tail) is indexed when it parses but scanned again next time."""
+        try:
+            f = open(self.output, "rb")  # noqa: SIM115 - closed by the with below
+        except OSError as exc:
+            raise InputError(f"cannot read {self.output}: {exc.strerror}") from None
+        with f:
+            if self._indexed_to == 0:
+                refuse_non_jsonl(f, self.output, InputError)
+            f.seek(self._indexed_to)
+            offset = self._indexed_to
+            for raw in f:
+                start = offset
+                offset += len(raw)
+                if start == 0 and raw.startswith(BOM):  # as iter_lines_at reads it
+                    raw, start = raw[len(BOM) :], len(BOM)
+                cid = _custom_id(raw)
+                if cid is not None:
+                    offsets[cid] = start
+                if raw.endswith(b"\n"):
+                    self._indexed_to = offset
+
     def __getitem__(self, custom_id: str) -> Answer:
-        offset = self._index()[custom_id]
-        (raw,) = read_lines_at(self.output, [offset])
-        return Answer.of_line(orjson.loads(raw))
+        for _ in range(2):
+            offset = self._index()[custom_id]
+            (raw,) = read_lines_at(self.output, [offset])
+            try:
+                obj = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                obj = None
+            if isinstance(obj, dict) and obj.get("custom_id") == custom_id:
+                return Answer.of_line(obj)
+            self._offsets = None  # rewritten in place since it was indexed: index it again
+        raise OutputError(
+            f"{self.output} changed while {custom_id!r} was being read (is another process "
+            "rewriting it?); read the results again once it is done"
+        )
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._index())
+        return iter(list(self._index()))
 
     def __len__(self) -> int:
         return len(self._index())
@@ -195,6 +242,15 @@ class Results(Mapping[str, Answer]):
                 yield Answer.of_line(orjson.loads(raw))
             except (orjson.JSONDecodeError, AttributeError):
                 continue
+
+
+def _custom_id(raw: bytes) -> str | None:
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None  # a torn last line: the next run repairs it
+    cid = obj.get("custom_id") if isinstance(obj, dict) else None
+    return cid if isinstance(cid, str) else None
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """What a run spends, and the one place a request is metered: rate limits and `--max-cost`.
 
-`Meter` is all the executor's workers see of pacing and cost. Per request: `start` (estimate its
-tokens, reserve its worst-case cost), then per attempt `before_send` (wait for the rate limits)
+`Meter` is all the executor's workers see of pacing and cost. Per request: `start` (its endpoint
+group's rate limiter, `pacing.py`; estimate its tokens, reserve its worst-case cost), then per attempt `before_send` (wait for the rate limits)
 and `after_answer` (learn from headers, slow down on a 429), and `finish` (settle the real
 usage) or `abandon` (not sent after all). When nothing is limited or priced, each of these is a
 few attribute checks.
@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from typing import Any
 
 import orjson
 
 from jsonlbatch.cost import UNCAPPED_OUTPUT_TOKENS, Price, estimate_prompt_tokens, max_output_tokens
 from jsonlbatch.exec.output.run_summary import RunSummary
-from jsonlbatch.exec.send.rate_limits import Cost, RateLimiter
+from jsonlbatch.exec.send.pacing import Pacing
+from jsonlbatch.exec.send.rate_limits import RateLimiter
+from jsonlbatch.exec.send.token_bucket import Cost
 from jsonlbatch.jsonl import iter_lines
 from jsonlbatch.records import Request, Result
 
@@ -179,10 +181,13 @@ def _num(value: Any) -> float:
 class Ticket:
     """One request's metering state between `Meter.start` and `Meter.finish`."""
 
-    __slots__ = ("body", "cost", "raw_prompt", "reserved", "sent")
+    __slots__ = ("body", "cost", "limiter", "raw_prompt", "reserved", "sent")
 
-    def __init__(self, body: dict[str, Any], cost: Cost, reserved: float = 0.0) -> None:
+    def __init__(
+        self, body: dict[str, Any], cost: Cost, limiter: RateLimiter, reserved: float = 0.0
+    ) -> None:
         self.body = body
+        self.limiter = limiter  # its endpoint group's
         self.cost = cost  # _UNIT until a token count is needed
         self.reserved = reserved
         self.raw_prompt = 0  # the character estimate, before the learned correction
@@ -192,14 +197,15 @@ class Ticket:
 class Meter:
     """Rate limits and budget for every worker of one run."""
 
-    def __init__(self, limiter: RateLimiter, budget: Budget | None = None) -> None:
-        self.limiter = limiter
+    def __init__(self, pacing: Pacing, budget: Budget | None = None) -> None:
+        self.pacing = pacing
         self.budget = budget
 
-    async def start(self, req: Request) -> Ticket:
-        """Estimate a request and reserve its worst-case cost, waiting while requests in flight
-        hold the rest of the budget; raises `BudgetReached`."""
-        ticket = Ticket(req.body, _UNIT)
+    async def start(self, req: Request, group: Hashable = None) -> Ticket:
+        """Estimate a request sent to endpoint group `group` (its pool) and reserve its
+        worst-case cost, waiting while requests in flight hold the rest of the budget; raises
+        `BudgetReached`."""
+        ticket = Ticket(req.body, _UNIT, self.pacing.group(group))
         budget = self.budget
         if budget is not None:
             cost = self._estimate(ticket)
@@ -210,7 +216,7 @@ class Meter:
 
     def _estimate(self, ticket: Ticket) -> Cost:
         if ticket.cost is _UNIT:
-            limiter = self.limiter
+            limiter = ticket.limiter
             ticket.raw_prompt = estimate_prompt_tokens(ticket.body)
             prompt = ticket.raw_prompt * limiter.prompt_scale
             cap = max_output_tokens(ticket.body)
@@ -218,7 +224,7 @@ class Meter:
         return ticket.cost
 
     async def before_send(self, ticket: Ticket) -> None:
-        limiter = self.limiter
+        limiter = ticket.limiter
         if limiter.active and limiter.gated:
             await limiter.first_answer()
         if limiter.active:
@@ -231,20 +237,20 @@ class Meter:
     def after_answer(
         self, ticket: Ticket, status: int, headers: Mapping[str, str], retry_after: float | None
     ) -> None:
-        self.limiter.answered(status, headers, ticket.sent, retry_after, ticket.cost)
+        ticket.limiter.answered(status, headers, ticket.sent, retry_after, ticket.cost)
 
     def no_answer(self, ticket: Ticket) -> None:
         """An attempt that got no HTTP answer (the limiter counts every request it sent)."""
-        self.limiter.unanswered(ticket.sent)
+        ticket.limiter.unanswered(ticket.sent)
 
     def finish(self, ticket: Ticket, result: Result) -> None:
         metrics = result.metrics
         prompt = metrics.get("prompt_tokens", 0) if result.ok else 0
         completion = metrics.get("completion_tokens", 0) if result.ok else 0
         if ticket.cost is not _UNIT:
-            self.limiter.settle(ticket.cost, prompt, completion, ok=result.ok)
+            ticket.limiter.settle(ticket.cost, prompt, completion, ok=result.ok)
             if result.ok and ticket.raw_prompt and prompt:
-                self.limiter.calibrate(ticket.raw_prompt, prompt)
+                ticket.limiter.calibrate(ticket.raw_prompt, prompt)
         if self.budget is not None:  # under a schema: every ask is paid for, kept or not
             used = paid_usage(metrics) or (prompt, completion)
             self.budget.settle(ticket.reserved, *used)
@@ -257,13 +263,13 @@ class Meter:
 
     def summarize(self, summary: RunSummary) -> None:
         """Put what the meter saw into the run's summary: 429s, the limits in force, spend."""
-        summary.rate_limited = self.limiter.rate_limited
-        summary.limits = self.limiter.describe()
+        summary.rate_limited = self.pacing.rate_limited
+        summary.limits = self.pacing.describe()
         if self.budget is not None:
             summary.spent = self.budget.spent
 
     def status(self) -> str:
-        parts = [self.limiter.status()]
+        parts = [self.pacing.status()]
         if self.budget is not None:
             parts.append(self.budget.status())
         return " ".join(p for p in parts if p)

@@ -1,7 +1,8 @@
 """Pacing against a provider's limits: token buckets, limits learned from headers, 429 slowdown.
 
-One `RateLimiter` serves every worker and endpoint of a run, so the limits are global, as the
-provider counts them. It keeps up to four continuously refilled buckets, one per kind of limit
+One `RateLimiter` serves every worker of one endpoint group (a model's replicas: what a provider
+limits together; `pacing.Pacing` keeps one per group), so one model's 429s never hold another's
+requests. It keeps up to four continuously refilled buckets, one per kind of limit
 (requests, tokens, input tokens, output tokens), each holding at most one second of its rate so
 that a run never bursts past what the provider can take at once. A request takes its cost from
 every bucket before it is sent (allowed to go into debt, so one request larger than a bucket
@@ -19,7 +20,8 @@ and its `Retry-After` delays that request alone (its sender waits it out). The e
 rate-limit headers on the 429, or a high share of 429s (`HIGH_SHARE`) among the answers to the
 first `DECIDE_EVERY` requests sent since the last change (all of them, however fast each came
 back: `_weigh`). Then sending is throttled to half the
-rate, and a 429's `Retry-After` holds every request (nothing is sent before it) when the
+rate, and a 429's `Retry-After` holds every request of the group (nothing is sent before it,
+each request held at most `hold_cap` in all, the bound of its own `Retry-After`) when the
 headers say the budget is spent (less left than the request costs) or while a high share of
 429s holds the throttle down. The throttle halves at most once per
 `DECIDE_EVERY` such answers (so the next decision sees requests sent at the new rate), down to
@@ -39,7 +41,6 @@ import contextlib
 import math
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from jsonlbatch.exec.send.rate_limit_headers import (
     ANTHROPIC_HEADERS,
@@ -48,6 +49,7 @@ from jsonlbatch.exec.send.rate_limit_headers import (
     parse_reset,
     server_now,
 )
+from jsonlbatch.exec.send.token_bucket import Bucket, Cost
 
 _SHORT = {
     "requests": "rpm",
@@ -56,7 +58,6 @@ _SHORT = {
     "output_tokens": "output tpm",
 }
 
-BURST_S = 1.0  # a bucket holds this many seconds of its rate
 #: Limits learned from headers are paced at this share of what they allow: sending exactly at
 #: the limit leaves the provider's bucket empty, and then any jitter on the way (a request
 #: that arrives a millisecond early) is a 429.
@@ -84,71 +85,26 @@ _LONG_WINDOW = 2.0
 _MAX_WINDOW_S = 86400.0
 
 
-@dataclass(slots=True)
-class Cost:
-    """What one request takes from each kind of bucket (tokens are estimates until settled)."""
-
-    requests: float = 1.0
-    tokens: float = 0.0
-    input_tokens: float = 0.0
-    output_tokens: float = 0.0
-
-    @classmethod
-    def of(cls, prompt: float, max_output: float) -> Cost:
-        return cls(1.0, prompt + max_output, prompt, max_output)
-
-
-class Bucket:
-    """A continuously refilled token bucket of `rate` per second holding `BURST_S` of it.
-
-    The level may go below zero (debt): a request costing more than the bucket holds is sent
-    once the bucket is full, and the debt is repaid by waiting.
-    """
-
-    __slots__ = ("capacity", "level", "limit", "rate", "share", "source", "stamp")
-
-    def __init__(self, per_minute: float, source: str, share: float = 1.0) -> None:
-        self.source = source  # "--rpm", "headers", ...
-        self.share = share  # of the limit that is used
-        self.limit = self.rate = self.capacity = self.level = 0.0
-        self.stamp = time.monotonic()
-        self.set_limit(per_minute, fill=True)
-
-    def set_limit(self, per_minute: float, fill: bool = False) -> None:
-        self.refill(time.monotonic())
-        self.limit = per_minute
-        self.rate = per_minute * self.share / 60.0
-        self.capacity = max(1.0, self.rate * BURST_S)
-        self.level = self.capacity if fill else min(self.level, self.capacity)
-
-    def refill(self, now: float) -> None:
-        if now > self.stamp:
-            self.level = min(self.capacity, self.level + (now - self.stamp) * self.rate)
-            self.stamp = now
-
-    def wait_for(self, amount: float, now: float) -> float:
-        """Seconds until `amount` may be taken (0 when it may be taken now)."""
-        self.refill(now)
-        need = min(amount, self.capacity)
-        if self.level >= need or self.rate <= 0:
-            return 0.0
-        return (need - self.level) / self.rate
-
-    @property
-    def per_minute(self) -> float:
-        """The limit (not the share of it that is used)."""
-        return self.limit
-
-
 class RateLimiter:
     """The run's shared pacing state. Workers call `acquire` before sending, `observe` with
     each answer's headers, `on_429` when limited, and `settle` with the real usage."""
 
     def __init__(
-        self, rpm: float | None = None, tpm: float | None = None, learn: bool = True
+        self,
+        rpm: float | None = None,
+        tpm: float | None = None,
+        learn: bool = True,
+        *,
+        shared: Mapping[str, Bucket] | None = None,
+        hold_cap: float = _MAX_HOLD_S,
     ) -> None:
         self.learn = learn
-        self.buckets: dict[str, Bucket] = {}
+        #: `shared`: the run's `--rpm`/`--tpm` buckets, which every group takes from (a lower
+        #: limit learned by one group replaces them in that group only).
+        self.buckets: dict[str, Bucket] = dict(shared or {})
+        #: A request waits for a `Retry-After` hold at most this long (then only the throttle
+        #: paces it): a group whose every answer is a 429 ends with failure lines.
+        self.hold_cap = min(hold_cap, _MAX_HOLD_S)
         if rpm:
             self.buckets["requests"] = Bucket(rpm, "--rpm")
         if tpm:
@@ -190,6 +146,7 @@ class RateLimiter:
         Returns a ticket for `observe`: the requests sent before this one and the tokens sent
         up to and including it.
         """
+        held_until = time.monotonic() + self.hold_cap  # counted from the queue's end
         async with self._lock:
             # A limit learned from headers holds one request at most `_MAX_LEARNED_WAIT_S`: a
             # limit of 1e-300, a `remaining: 0` with a reset 99,999 h away, or a reset read
@@ -197,7 +154,7 @@ class RateLimiter:
             believed_until = time.monotonic() + _MAX_LEARNED_WAIT_S
             while True:
                 now = time.monotonic()
-                wait = self.hold_until - now
+                wait = min(self.hold_until, held_until) - now
                 for kind, bucket in self.buckets.items():
                     if bucket.source != "headers" or now < believed_until:
                         wait = max(wait, bucket.wait_for(getattr(cost, kind), now))
@@ -316,8 +273,11 @@ class RateLimiter:
         elif bucket.source == "headers" and bucket.per_minute != limit:
             bucket.set_limit(limit)
         elif kind in self.fixed and limit < bucket.per_minute:
-            bucket.source, bucket.share = "headers", LEARNED_SHARE
-            bucket.set_limit(limit)  # the provider allows less than --rpm/--tpm said
+            # The provider allows this group less than --rpm/--tpm said: a bucket of its own
+            # (the shared one paces the other groups still).
+            learned = Bucket(limit, "headers", LEARNED_SHARE)
+            learned.level = min(bucket.level, learned.capacity)
+            bucket = self.buckets[kind] = learned
         if remaining is None:
             return
         # The server counted up to this request; those sent after it are in our count but may

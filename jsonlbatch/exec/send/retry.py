@@ -69,6 +69,12 @@ class Backoff:
         self.cap = cap
         self._rng = rng or random.Random()
 
+    @property
+    def longest_wait(self) -> float:
+        """The longest `Retry-After` one request waits (five times the backoff cap); a group's
+        `Retry-After` hold keeps a request no longer either (`rate_limits.RateLimiter`)."""
+        return self.cap * 5
+
     def delay(self, attempt: int, retry_after: float | None = None) -> float:
         """Seconds to wait after failed attempt number `attempt` (1-based).
 
@@ -83,7 +89,7 @@ class Backoff:
         """
         step = min(self.cap, self.base * 2 ** min(max(0, attempt - 1), 60))
         if retry_after:
-            wait = min(retry_after, self.cap * 5)
+            wait = min(retry_after, self.longest_wait)
             return wait + self._rng.uniform(0, step / 2) if attempt > 1 else wait
         return step / 2 + self._rng.uniform(0, step / 2)
 

@@ -115,7 +115,7 @@ class Sender:
         if cap is not None:
             await cap.acquire()
         try:
-            ticket = await self.meter.start(req)  # BudgetReached: the caller stops the run
+            ticket = await self.meter.start(req, pool)  # BudgetReached: the caller stops the run
             try:
                 result = await self._attempts(begin(self.check, req), pool, ticket)
             except BaseException:
