@@ -603,7 +603,7 @@ class Regroup:
         table = ["| module | holds |", "| --- | --- |"]
         table += [f"| `{k.replace('.', '/')}.py` | {rows[k]} |" for k in [*grouped, *top]]
         section = (
-            "## The shared core (`jsonlbatch/*/`, `jsonlbatch/*.py`)\n\n"
+            "## The shared core\n\n"
             + CORE_INTRO
             + "\n"
             + "\n".join(table)
