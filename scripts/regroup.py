@@ -602,13 +602,7 @@ class Regroup:
         )
         table = ["| module | holds |", "| --- | --- |"]
         table += [f"| `{k.replace('.', '/')}.py` | {rows[k]} |" for k in [*grouped, *top]]
-        section = (
-            "## The shared core\n\n"
-            + CORE_INTRO
-            + "\n"
-            + "\n".join(table)
-            + "\n\n"
-        )
+        section = "## The shared core\n\n" + CORE_INTRO + "\n" + "\n".join(table) + "\n\n"
         return text[: m.start()] + section + text[m.end() :]
 
     def _diagram(self, text: str) -> str:
@@ -801,7 +795,8 @@ def _root_docstring(text: str) -> str:
     if m.group(1) == core:
         return text
     start = text.rfind("\n\n", 0, m.start()) + 2
-    end = text.find("\n\n", m.end())
+    ends = [i for i in (text.find("\n\n", m.end()), text.find('\n"""', m.end())) if i >= 0]
+    end = min(ends) if ends else len(text)
     paragraph = text[start:end].replace(m.group(0), f"over a small shared core ({core})")
     wrapped = textwrap.fill(
         " ".join(paragraph.split()), width=99, break_long_words=False, break_on_hyphens=False
