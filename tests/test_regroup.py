@@ -240,12 +240,8 @@ def test_a_split_that_would_make_a_circle_is_refused(tmp_path):
 def test_the_real_package_regrouped_keeps_its_layout_rules(tmp_path):
     """The script on a copy of this package: its layout rules hold, every core module imports
     from its new place, and a second run has nothing to do."""
-    for part in ("jsonlbatch", "docs", "scripts", "examples"):
+    for part in ("jsonlbatch", "docs", "scripts", "examples", "tests"):
         shutil.copytree(REPO / part, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__"))
-    (tmp_path / "tests").mkdir()
-    for name in ("test_layout.py", "conftest.py"):
-        if (REPO / "tests" / name).exists():
-            shutil.copy(REPO / "tests" / name, tmp_path / "tests" / name)
     shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
     run = [sys.executable, str(SCRIPT), "--root", str(tmp_path)]
     subprocess.run(run, check=True, capture_output=True)
