@@ -441,6 +441,11 @@ class Regroup:
                 if list(groups) == [module] and not (node.level and moved_here):
                     continue
                 indent = " " * node.col_offset
+                if "#" in (ast.get_source_segment(text, node) or ""):
+                    self.log.append(
+                        f"warning: {path.relative_to(self.root)}:{node.lineno}: a comment inside "
+                        "this import is dropped by its rewrite; put it back by hand"
+                    )
                 stmt = f"\n{indent}".join(
                     _from_import(dest, names, len(indent)) for dest, names in groups.items()
                 )
