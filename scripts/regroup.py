@@ -210,6 +210,15 @@ names from a server). Core modules import only the core.
 | (top level) | `errors.py`, `lazy.py`, `extras.py`, `redact.py`, `stats.py` |
 """
 
+#: Mentions of a split module that mean the part that moved out (the whole-path rewrite cannot
+#: know): pattern on the old text -> replacement.
+PHRASES: tuple[tuple[str, str], ...] = (
+    (
+        r"(form\s+)`jsonlbatch\.contract` reads",
+        r"\1`jsonlbatch.answer_contract.schema_forms` reads",
+    ),
+)
+
 SKIP_MARK = "regroup: skip-file"
 TEXT_SKIP_SUFFIXES = {
     ".jsonl",
@@ -371,7 +380,9 @@ class Regroup:
             if SKIP_MARK in text:
                 continue
             new = self._rewrite_py(path, text) if path.suffix in (".py", ".pyi") else text
-            new = self._rewrite_text(new, python=path.suffix in (".py", ".pyi"))
+            new = self._rewrite_text(
+                new, python=path.suffix in (".py", ".pyi"), markdown=path.suffix == ".md"
+            )
             if path == self.root / "tests" / "test_layout.py":
                 new = self._layout_rules(new)
             if path == self.pkg / "__init__.py":
@@ -506,6 +517,11 @@ class Regroup:
         names = re.compile(rf"(?<![\w./])({'|'.join(split_words) or '(?!)'})")
         return dotted, path, bare, names
 
+    def _markers(self) -> tuple[str, ...]:
+        """Text that only this script's rewrites put in a line."""
+        splits = [s.into.rsplit(".", 1)[1] for s in SPLITS.values()]
+        return (*(f"{p}/" for p in PACKAGES), *(f"{p}." for p in PACKAGES), *splits)
+
     def _unique_basename(self, old: str) -> bool:
         """Whether `old.py` names one module only (so a bare `old.py` in a doc can be moved)."""
         new_file = self._file(self.moves[old])
@@ -514,7 +530,7 @@ class Regroup:
             for p in self.pkg.rglob(f"{old}.py")
         )
 
-    def _rewrite_text(self, text: str, python: bool) -> str:
+    def _rewrite_text(self, text: str, python: bool, markdown: bool = False) -> str:
         dotted, path, bare, names = self._patterns()
 
         def dotted_sub(m: re.Match[str]) -> str:
@@ -536,6 +552,8 @@ class Regroup:
             module, name = m.group(1).split(".")
             return f"{SPLITS[module].into.rsplit('.', 1)[1]}.{name}"
 
+        for pattern, replacement in PHRASES:
+            text = re.sub(pattern, replacement, text)
         text = dotted.sub(dotted_sub, text)
         text = path.sub(path_sub, text)
 
@@ -543,7 +561,8 @@ class Regroup:
             return names.sub(name_sub, bare.sub(bare_sub, chunk))
 
         if not python:
-            return prose(text)
+            text = prose(text)
+            return _reflow_markdown(text, self._markers()) if markdown else text
         try:  # only comments and strings are prose in a Python file
             tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
         except (tokenize.TokenError, SyntaxError):
@@ -758,6 +777,53 @@ def _absolute(node: ast.ImportFrom, where: tuple[str, bool] | None) -> str | Non
     parts = module.split(".") if is_init else module.split(".")[:-1]
     base = parts[: len(parts) - node.level + 1]
     return ".".join([*base, node.module] if node.module else base)
+
+
+_ITEM = re.compile(r"^(\s*)([-*]|\d+\.)\s+")
+
+
+def _plain(line: str) -> bool:
+    """A line of a markdown paragraph (not a table row, heading, quote, fence or blank)."""
+    stripped = line.strip()
+    return bool(stripped) and not stripped.startswith(("|", "#", ">", "```", "<"))
+
+
+def _reflow_markdown(text: str, markers: tuple[str, ...], width: int = 100) -> str:
+    """Wrap again each markdown paragraph (or list item) that a rewrite made longer than
+    `width`: only those, so the rest of a page keeps its own line breaks."""
+    lines = text.split("\n")
+    out: list[str] = []
+    fenced = False
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.strip().startswith("```"):
+            fenced = not fenced
+        if fenced or not _plain(line):
+            out.append(line)
+            i += 1
+            continue
+        j = i + 1
+        while j < len(lines) and _plain(lines[j]) and not _ITEM.match(lines[j]):
+            j += 1
+        block = lines[i:j]
+        if any(len(b) > width and any(m in b for m in markers) for b in block):
+            item = _ITEM.match(block[0])
+            first = item.group(0) if item else re.match(r"\s*", block[0]).group(0)  # type: ignore[union-attr]
+            rest = re.match(r"\s*", block[1]).group(0) if len(block) > 1 else " " * len(first)  # type: ignore[union-attr]
+            words = " ".join([block[0][len(first) :].strip(), *(b.strip() for b in block[1:])])
+            out += textwrap.wrap(
+                words,
+                width=width,
+                initial_indent=first,
+                subsequent_indent=rest,
+                break_long_words=False,
+                break_on_hyphens=False,
+            )
+        else:
+            out += block
+        i = j
+    return "\n".join(out)
 
 
 def _line_starts(text: str) -> list[int]:
