@@ -201,7 +201,8 @@ def test_moves_splits_and_rewrites_files_it_never_saw(tmp_path, capsys):
     assert "Lines are `batch_format/records.py`'s." in doc
     assert "| `file_io/output_guard.py` |" in doc and "| `errors.py` |" in doc
     assert "`jsonlbatch.file_io.output_guard.check_output` guards" in doc
-    assert "`jsonl.iter_lines` reads; see jsonlbatch/batch_format/records.py." in doc
+    assert "`jsonl.iter_lines` reads; see\njsonlbatch/batch_format/records.py." in doc  # wrapped
+    assert all(len(line) <= 100 for line in doc.splitlines() if not line.startswith("|"))
     layout = (tmp_path / "tests" / "test_layout.py").read_text()
     assert '"batch_format", "errors", "file_io", "lazy"' in layout
 
