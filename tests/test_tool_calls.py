@@ -649,3 +649,16 @@ def test_a_conversation_listing_is_bounded():
     assert conversation_lines(Index(), "c#t999999")[0]["turn"] == 999999 - MAX_LINES
     assert Index.lookups <= MAX_LINES + 1
     assert conversation_lines(Index(), "plain-id") == []
+
+
+def test_tool_extractors_are_bounded_on_hostile_arguments():
+    """A model writes any text as arguments: nested past what Python's json reads or writes
+    back, a `tool:` extractor finds no field there (the next one is tried), never a traceback."""
+    from jsonlbatch.post.extract import extract_answer
+
+    for depth in (100_000, 980, 995):
+        deep = '{"a": ' + "[" * depth + "]" * depth + "}"
+        calls = [{"function": {"name": "f", "arguments": deep}}]
+        assert extract_answer("the text", ["tool:arguments.a", "full"], calls=calls) in (
+            "the text", "[" * depth + "]" * depth)  # fmt: skip
+        assert extract_answer("", ["tool:name"], calls=calls) == "f"
