@@ -82,6 +82,9 @@ def _value(param: click.Parameter, value: Any) -> Any:
     if param.name == "shard" and isinstance(value, tuple):
         k, n = value
         return f"{k}/{n}"
+    if param.name == "view_address" and isinstance(value, tuple):  # checked as text, as typed
+        host, port = value
+        return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
     if param.name == "price" and isinstance(value, Price):
         text = f"in={value.input_per_m},out={value.output_per_m}"
         if value.cached_input_per_m is not None:
