@@ -126,7 +126,10 @@ class Submitter:
                 await self._drive(api)
                 self.job.close()  # what OUT holds has changed: look again
                 scan = self.job.prepare()
+                before = self.summary.already_done, self.summary.failed_before
                 self._take_scan(scan)
+                # what this run merged is no result "before": the first look's counts stand
+                self.summary.already_done, self.summary.failed_before = before
             if scan.pending and not self.stopping.is_set():
                 self._split(scan)
                 await self._drive(api)
