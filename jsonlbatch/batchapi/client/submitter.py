@@ -31,7 +31,7 @@ import orjson
 from tqdm import tqdm
 
 from jsonlbatch.batchapi.client.batch_api import BatchProvider, QuotaExceeded, api_path
-from jsonlbatch.batchapi.client.batch_parts import check_lines, write_parts
+from jsonlbatch.batchapi.client.batch_parts import check_lines, check_part_limits, write_parts
 from jsonlbatch.batchapi.client.part_merge import PartMerge
 from jsonlbatch.batchapi.client.providers import choose, open_api
 from jsonlbatch.batchapi.client.result_merge import (
@@ -160,6 +160,7 @@ class Submitter:
 
     def _split(self, scan: InputScan) -> None:
         """Write the pending lines into part files and record them, before any upload."""
+        check_part_limits(self.provider, self.batch.max_requests, self.batch.max_bytes)
         if scan.replace:
             replace = scan.replace
             self.job.rewrite_output(lambda line: line_custom_id(line) not in replace)
