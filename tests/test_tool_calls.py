@@ -184,6 +184,39 @@ def test_malformed_hermes_text_is_left_as_it_is(tmp_path):
     assert "not JSON" in line["metrics"]["tool_parser"]["error"]
 
 
+def test_hermes_text_is_read_only_from_answers_to_requests_that_offer_tools(tmp_path):
+    """A request with no tools has no calls to make: an answer that quotes the Hermes form (a
+    judge citing a transcript, a question about the format) is its text, as vLLM's parser
+    leaves it. Before, it was rewritten into `tool_calls` and the quote was lost."""
+    from aiohttp import web
+
+    text = 'The agent wrote <tool_call>{"name": "refund", "arguments": {}}</tool_call>: wrong.'
+
+    async def answer(request: web.Request) -> web.Response:
+        body = {"id": "chatcmpl-1", "object": "chat.completion", "model": "mock",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                             "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}  # fmt: skip
+        return web.json_response(body)
+
+    url, stop = odd_server(answer)
+    try:
+        requests, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+        lines = tool_requests(requests, 2)
+        for line in lines[:1]:  # c0: a judge's request, no tools offered
+            del line["body"]["tools"], line["body"]["tool_choice"]
+        write_lines(requests, lines)
+        proc = exec_cli(requests, out, "--url", url, "-q", "--parse-tool-calls", "hermes")
+    finally:
+        stop()
+    assert proc.returncode == 0, proc.stderr
+    judged, called = read_results(out)["c0"], read_results(out)["c1"]
+    choice = judged["response"]["body"]["choices"][0]
+    assert choice["message"] == {"role": "assistant", "content": text}
+    assert choice["finish_reason"] == "stop" and "tool_parser" not in judged["metrics"]
+    assert called["response"]["body"]["choices"][0]["message"]["tool_calls"]
+
+
 def test_parse_tool_calls_refuses_an_unknown_format(tmp_path):
     requests = tmp_path / "in.jsonl"
     tool_requests(requests, 1)

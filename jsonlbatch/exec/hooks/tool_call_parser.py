@@ -26,7 +26,9 @@ post votes, export, report, a rollout's tools) sees ordinary structured calls:
 It is the first on-answer check of a run (`check_hook.py`), so every answer takes it before
 the other checks and before its line, whatever its source: sent, streamed (the rebuilt body) or
 stored (the answer cache's, through `vet`). It changes the answer and accepts it. A choice that
-already has `tool_calls` (a server with a parser) is left alone. Chat answers only.
+already has `tool_calls` (a server with a parser) is left alone. Chat answers to requests that
+offer `tools` only, as vLLM's parser: the answer to a request without tools is its text, tags
+and all (a judge quoting a transcript).
 """
 
 from __future__ import annotations
@@ -93,7 +95,7 @@ class ToolCallParser(Check):
         self.parser = parser
 
     def __call__(self, answer: Answer, /) -> CheckVerdict:
-        if answer.request.url != CHAT_URL:
+        if answer.request.url != CHAT_URL or not _offers_tools(answer.request.body):
             return ACCEPT
         body = answer.body()
         choices = body.get("choices") if isinstance(body, dict) else None
@@ -133,3 +135,10 @@ class ToolCallParser(Check):
             answer.decoded, answer.raw = new_body, None
             answer.result.body = new_body
         return ACCEPT
+
+
+def _offers_tools(body: Any) -> bool:
+    """Whether the request gave the model tools to call: vLLM's parser reads calls only then;
+    an answer to any other request that quotes the form (a judge citing a transcript) is text."""
+    tools = body.get("tools") if isinstance(body, dict) else None
+    return isinstance(tools, list) and bool(tools)
