@@ -506,6 +506,28 @@ def test_report_counts_calls_per_tool_and_turns_per_conversation(tmp_path, mock_
     assert "turns per conversation, max" in text.stdout
 
 
+def test_report_counts_made_up_tool_names_within_bounds(tmp_path):
+    """Names read from hermes text are the model's own words: a model that makes up a name per
+    call (or writes a 20 KB one) gets a report of bounded size, the rest counted together."""
+    from jsonlbatch.report.conversations import MAX_TOOL_NAMES, OTHER_TOOLS
+
+    calls = [{"id": f"c{i}", "type": "function",
+              "function": {"name": f"get_order_{i}", "arguments": "{}"}} for i in range(500)]  # fmt: skip
+    calls.insert(0, {"id": "x", "type": "function", "function": {"name": "n" * 20_000}})
+    message = {"role": "assistant", "content": None, "tool_calls": calls}
+    body = {"id": "x", "object": "chat.completion", "model": "m",
+            "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}]}  # fmt: skip
+    out = tmp_path / "out.jsonl"
+    write_lines(out, [{"id": "b", "custom_id": "q", "error": None,
+                       "response": {"status_code": 200, "request_id": "r", "body": body}}])  # fmt: skip
+    proc = cli("report", str(out), "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    counted = orjson.loads(proc.stdout)["runs"][0]["tool_calls"]
+    assert len(counted) == MAX_TOOL_NAMES + 1 and sum(counted.values()) == 501
+    assert counted[OTHER_TOOLS] == 501 - MAX_TOOL_NAMES
+    assert max(len(name) for name in counted) <= 100
+
+
 def test_turns_per_conversation_from_turn_counts():
     from collections import Counter
 
