@@ -217,6 +217,39 @@ def test_hermes_text_is_read_only_from_answers_to_requests_that_offer_tools(tmp_
     assert called["response"]["body"]["choices"][0]["message"]["tool_calls"]
 
 
+def test_made_ids_differ_between_turns_of_one_conversation_without_answer_ids(tmp_path):
+    """`gen --continue` keeps a conversation's custom_id from turn to turn, and some servers
+    give every answer the same `id` (or none): the ids made for two turns' calls still differ,
+    so a tool result answers one call (before: the second turn's call had the first's id)."""
+    from aiohttp import web
+
+    text = '<tool_call>{"name": "get_order", "arguments": {"order_id": "A17"}}</tool_call>'
+
+    async def answer(request: web.Request) -> web.Response:
+        body = {"object": "chat.completion", "model": "mock",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                             "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}  # fmt: skip
+        return web.json_response(body)
+
+    url, stop = odd_server(answer)
+    ids = []
+    try:
+        for turn, messages in enumerate(([{"role": "user", "content": "where is A17?"}],
+                                         answered_call("call_x"))):  # fmt: skip
+            requests, out = tmp_path / f"in{turn}.jsonl", tmp_path / f"out{turn}.jsonl"
+            write_lines(requests, [{"custom_id": "conv", "method": "POST", "url": CHAT_URL,
+                                    "body": {"model": "mock", "messages": messages,
+                                             "tools": [ORDER_TOOL]}}])  # fmt: skip
+            proc = exec_cli(requests, out, "--url", url, "-q", "--parse-tool-calls", "hermes")
+            assert proc.returncode == 0, proc.stderr
+            message = read_results(out)["conv"]["response"]["body"]["choices"][0]["message"]
+            ids.append(message["tool_calls"][0]["id"])
+    finally:
+        stop()
+    assert ids[0] != ids[1]
+
+
 def test_parse_tool_calls_refuses_an_unknown_format(tmp_path):
     requests = tmp_path / "in.jsonl"
     tool_requests(requests, 1)

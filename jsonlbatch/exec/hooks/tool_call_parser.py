@@ -14,9 +14,10 @@ post votes, export, report, a rollout's tools) sees ordinary structured calls:
 - each `<tool_call>...</tool_call>` (a last one left unclosed too) holds one JSON object with a
   string `name` and an object `arguments` (absent: `{}`); it becomes
   `{"id", "type": "function", "function": {"name", "arguments": <a JSON string>}}`;
-- the ids are made, not drawn: `call_` and a hash of the request's custom_id, the answer's id,
-  the choice and the call's place, so the same answer gives the same ids on every run (a
-  resumed conversation refers to the calls it saw) and different turns never share one;
+- the ids are made, not drawn: `call_` and a hash of the request's custom_id and fingerprint,
+  the answer's id, the choice and the call's place, so the same answer gives the same ids on
+  every run (a resumed conversation refers to the calls it saw) and different turns never
+  share one (even under one custom_id, from a server that gives every answer the same id);
 - `content` keeps the text outside the tags (stripped), or null when there is none;
   `finish_reason` becomes `tool_calls`;
 - text that is not such JSON (a tag around a broken object, a name that is no string) is left
@@ -111,7 +112,8 @@ class ToolCallParser(Check):
             if not isinstance(text, str) or message.get("tool_calls"):
                 new_choices.append(choice)
                 continue
-            seed = f"{answer.request.custom_id}\0{body.get('id')}\0{i}"
+            request = answer.request  # its fingerprint: two turns of one id are two requests
+            seed = f"{request.custom_id}\0{request.fingerprint}\0{body.get('id')}\0{i}"
             try:
                 parsed = parse_hermes(text, seed)
             except Malformed as exc:
