@@ -354,6 +354,7 @@ def test_post_votes_vote_on_the_tool_call(tmp_path, mock_server):
     assert exec_cli(requests, out, "--url", mock_server(), "-q").returncode == 0
     answers = read_results(out)
     votes = tmp_path / "votes.jsonl"
+    assert "tool:PATH" in cli("post", "votes", "--help").stdout  # a newcomer finds it
     proc = cli("post", "votes", str(out), "--extract", "tool:name", "-o", str(votes))
     assert proc.returncode == 0, proc.stderr
     lines = {x["id"]: x for x in map(orjson.loads, votes.read_bytes().splitlines())}
