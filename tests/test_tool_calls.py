@@ -202,19 +202,20 @@ def test_hermes_text_is_read_only_from_answers_to_requests_that_offer_tools(tmp_
     url, stop = odd_server(answer)
     try:
         requests, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
-        lines = tool_requests(requests, 2)
-        for line in lines[:1]:  # c0: a judge's request, no tools offered
-            del line["body"]["tools"], line["body"]["tool_choice"]
+        lines = tool_requests(requests, 3)
+        del lines[0]["body"]["tools"], lines[0]["body"]["tool_choice"]  # a judge's: no tools
+        lines[2]["body"]["tool_choice"] = "none"  # a last turn (gen.md: --param tool_choice=none)
         write_lines(requests, lines)
         proc = exec_cli(requests, out, "--url", url, "-q", "--parse-tool-calls", "hermes")
     finally:
         stop()
     assert proc.returncode == 0, proc.stderr
-    judged, called = read_results(out)["c0"], read_results(out)["c1"]
-    choice = judged["response"]["body"]["choices"][0]
-    assert choice["message"] == {"role": "assistant", "content": text}
-    assert choice["finish_reason"] == "stop" and "tool_parser" not in judged["metrics"]
-    assert called["response"]["body"]["choices"][0]["message"]["tool_calls"]
+    results = read_results(out)
+    for cid in ("c0", "c2"):
+        choice = results[cid]["response"]["body"]["choices"][0]
+        assert choice["message"] == {"role": "assistant", "content": text}
+        assert choice["finish_reason"] == "stop" and "tool_parser" not in results[cid]["metrics"]
+    assert results["c1"]["response"]["body"]["choices"][0]["message"]["tool_calls"]
 
 
 def test_made_ids_differ_between_turns_of_one_conversation_without_answer_ids(tmp_path):

@@ -28,8 +28,8 @@ It is the first on-answer check of a run (`check_hook.py`), so every answer take
 the other checks and before its line, whatever its source: sent, streamed (the rebuilt body) or
 stored (the answer cache's, through `vet`). It changes the answer and accepts it. A choice that
 already has `tool_calls` (a server with a parser) is left alone. Chat answers to requests that
-offer `tools` only, as vLLM's parser: the answer to a request without tools is its text, tags
-and all (a judge quoting a transcript).
+offer `tools` (with a `tool_choice` other than "none") only, as vLLM's parser: the answer to
+any other request is its text, tags and all (a judge quoting a transcript).
 """
 
 from __future__ import annotations
@@ -140,7 +140,10 @@ class ToolCallParser(Check):
 
 
 def _offers_tools(body: Any) -> bool:
-    """Whether the request gave the model tools to call: vLLM's parser reads calls only then;
-    an answer to any other request that quotes the form (a judge citing a transcript) is text."""
-    tools = body.get("tools") if isinstance(body, dict) else None
-    return isinstance(tools, list) and bool(tools)
+    """Whether the request let the model call tools (`tools`, and `tool_choice` not "none"):
+    vLLM's parser reads calls only then; an answer to any other request that quotes the form
+    (a judge citing a transcript, a last turn asked with `tool_choice: none`) is text."""
+    if not isinstance(body, dict):
+        return False
+    tools = body.get("tools")
+    return isinstance(tools, list) and bool(tools) and body.get("tool_choice") != "none"
