@@ -94,3 +94,22 @@ def test_the_files_are_paths(tmp_path: Path) -> None:
         build_spec(5, tmp_path / "out.jsonl", url=URL)  # type: ignore[arg-type]
     with pytest.raises(UsageError, match=r"output wants a path .*, got NoneType"):
         jsonlbatch.execute(tmp_path / "in.jsonl", None, url=URL)  # type: ignore[arg-type]
+
+
+def test_the_seams_watchdog_and_signal_choice_are_checked_too(tmp_path: Path) -> None:
+    """Before: `seams="x"` was an AttributeError, `Seams(check=5)` a TypeError at the first
+    answer (the requests already paid for), `watchdog=5` and `handle_signals="no"` taken."""
+    from jsonlbatch.exec.hooks.seams import Seams
+
+    requests, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write_requests(requests, 1)
+    for given, message in (
+        ({"seams": "x"}, r"seams wants a jsonlbatch\.Seams, got str"),
+        ({"watchdog": 5}, r"watchdog wants a function of no arguments, got int"),
+        ({"handle_signals": "no"}, r"handle_signals wants True or False, got str"),
+    ):
+        with pytest.raises(UsageError, match=message):
+            jsonlbatch.execute(requests, out, url=URL, **given)
+    with pytest.raises(UsageError, match=r"a check is called with each answer: got int"):
+        Seams(check=5)  # type: ignore[arg-type]
+    assert not out.exists()

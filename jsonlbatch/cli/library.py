@@ -111,6 +111,12 @@ def build_spec(
     for name, path in (("requests", requests), ("output", output)):
         if not isinstance(path, (str, os.PathLike)):
             raise UsageError(f"{name} wants a path (str or os.PathLike), got {type(path).__name__}")
+    if seams is not None and not isinstance(seams, Seams):
+        raise UsageError(f"seams wants a jsonlbatch.Seams, got {type(seams).__name__}")
+    if watchdog is not None and not callable(watchdog):
+        raise UsageError(
+            f"watchdog wants a function of no arguments, got {type(watchdog).__name__}"
+        )
     command = _command()
     names = _names(command)
     by_param = {p.name: p for p in command.params}
@@ -168,6 +174,8 @@ def execute(
     from jsonlbatch.exec.job import refuse_running_loop
 
     refuse_running_loop("jsonlbatch.execute", "jsonlbatch.aexecute")  # before the output lock
+    if not isinstance(handle_signals, bool):
+        raise UsageError(f"handle_signals wants True or False, got {type(handle_signals).__name__}")
     spec = build_spec(requests, output, seams=seams, watchdog=watchdog, **options)
     outcome = start(spec, handle_signals=handle_signals)
     return outcome.dry if outcome.dry is not None else outcome.summary

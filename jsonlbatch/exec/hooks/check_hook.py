@@ -35,6 +35,7 @@ from typing import Any, Protocol
 import orjson
 
 from jsonlbatch.answers import unusable_reason
+from jsonlbatch.errors import UsageError
 from jsonlbatch.records import Request, Result
 from jsonlbatch.redact import redact
 
@@ -148,7 +149,10 @@ def end(check: Check | None, request: Request) -> None:
 
 
 def as_check(check: AnswerCheck | Check) -> Check:
-    """`check` with the whole interface: a `Check` as it is, a plain callable wrapped."""
+    """`check` with the whole interface: a `Check` as it is, a plain callable wrapped (anything
+    else refused here, not at the first answer, after the requests were paid for)."""
+    if not isinstance(check, Check) and not callable(check):
+        raise UsageError(f"a check is called with each answer: got {type(check).__name__}")
     return check if isinstance(check, Check) else _Plain(check)
 
 
