@@ -82,6 +82,21 @@ def test_parse_hermes_reads_calls_as_vllm_does():
         parse_hermes('<tool_call>{"arguments": {}}</tool_call>', "s")
 
 
+def test_parse_hermes_keeps_the_arguments_as_written():
+    """An id of 30 digits stays those digits (read as a float past 64 bits, before: the order
+    looked up was another); NaN is not JSON; nesting past the reader's depth is no call."""
+    big = 123456789012345678901234567890
+    _, (call,) = parse_hermes(f'<tool_call>{{"name": "a", "arguments": {{"id": {big}}}}}'
+                              "</tool_call>", "s")  # fmt: skip
+    assert call["function"]["arguments"] == f'{{"id":{big}}}'
+    _, (call,) = parse_hermes('<tool_call>{"name": "a", "arguments": {"q": "é", "x": 1.5}}', "s")
+    assert call["function"]["arguments"] == '{"q":"é","x":1.5}'
+    for inner in ('{"name": "a", "arguments": {"x": NaN}}',
+                  '{"name": "a", "arguments": {"x": ' + "[" * 5000 + "]" * 5000 + "}}"):  # fmt: skip
+        with pytest.raises(Malformed):
+            parse_hermes(f"<tool_call>{inner}</tool_call>", "s")
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_exec_parses_the_mocks_hermes_text_into_tool_calls(tmp_path, mock_server, stream):
     url = mock_server(tool_call_format="hermes")

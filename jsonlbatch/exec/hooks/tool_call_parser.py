@@ -35,6 +35,7 @@ any other request is its text, tags and all (a judge quoting a transcript).
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from typing import Any
 
@@ -53,6 +54,30 @@ class Malformed(ValueError):
     """Text inside a tag that is no call."""
 
 
+#: Twenty digits in a row: maybe an integer past 64 bits, which orjson reads as a float.
+_LONG_INT = re.compile(r"\d{20}")
+
+
+def _loads(text: str) -> Any:
+    """JSON as the model wrote it: orjson, unless the text may hold an integer past 64 bits
+    (an id of 30 digits would become a float, another order's id): then Python's json, as
+    vLLM's parser reads it, exact (NaN and Infinity refused; too deep a RecursionError)."""
+    if _LONG_INT.search(text) is None:
+        return orjson.loads(text)
+    return json.loads(text, parse_constant=_no_constant)
+
+
+def _dumps(value: Any) -> str:
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:  # an integer past 64 bits, read exactly by `_loads`
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
 def parse_hermes(text: str, id_seed: str) -> tuple[str | None, list[dict[str, Any]]] | None:
     """(content left, calls) read from `text`; None when it holds no tag. Raises `Malformed`
     when a tag holds something that is not a call (the caller then leaves the text alone)."""
@@ -66,21 +91,22 @@ def parse_hermes(text: str, id_seed: str) -> tuple[str | None, list[dict[str, An
         at = found.end()
         inner = found[1] if found[1] is not None else found[2]
         try:
-            obj = orjson.loads(inner.strip())
-        except orjson.JSONDecodeError as exc:
+            obj = _loads(inner.strip())
+        except (ValueError, RecursionError) as exc:
             raise Malformed(f"call {k + 1} is not JSON: {exc}") from None
         if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
             raise Malformed(f"call {k + 1} has no string 'name'")
         arguments = obj.get("arguments", {})
-        if isinstance(arguments, str):  # some templates write the arguments as a JSON string
-            try:
-                arguments = orjson.loads(arguments)
-            except orjson.JSONDecodeError:
-                raise Malformed(f"call {k + 1}'s arguments are not JSON") from None
+        try:
+            if isinstance(arguments, str):  # some templates write the arguments as a JSON string
+                arguments = _loads(arguments)
+            text = _dumps(arguments)
+        except (ValueError, RecursionError):
+            raise Malformed(f"call {k + 1}'s arguments are not JSON") from None
         if not isinstance(arguments, dict):
             raise Malformed(f"call {k + 1}'s arguments are not an object")
         digest = hashlib.blake2b(f"{id_seed}\0{k}".encode(), digest_size=12).hexdigest()
-        function = {"name": obj["name"], "arguments": orjson.dumps(arguments).decode()}
+        function = {"name": obj["name"], "arguments": text}
         calls.append({"id": f"call_{digest}", "type": "function", "function": function})
     outside.append(text[at:])
     left = "".join(outside).strip()
