@@ -336,6 +336,31 @@ def test_validate_and_exec_refuse_a_tool_message_that_answers_no_call(tmp_path, 
     assert cli("validate", str(requests)).returncode == 0
 
 
+def test_validate_refuses_an_assistant_turn_whose_calls_are_no_calls(tmp_path):
+    """`gen --continue` carries an answer's calls as the server wrote them, and a response
+    file is hostile input: calls that are no calls (a string, an entry without an id or a
+    function name) are refused naming the field, not sent for a 400 per line (before: "ok")."""
+    good = answered_call("call_1")
+    odd = {"as text": "call it", "no id": [{"type": "function", "function": {"name": "f"}}],
+           "name a list": [{"id": "c", "type": "function", "function": {"name": ["f"]}}],
+           "function text": [{"id": "c", "type": "function", "function": "f"}]}  # fmt: skip
+    lines = [{"custom_id": "ok", "method": "POST", "url": CHAT_URL,
+              "body": {"model": "mock", "messages": good}}]  # fmt: skip
+    for cid, calls in odd.items():
+        messages = [good[0], {"role": "assistant", "content": None, "tool_calls": calls}]
+        lines.append({"custom_id": cid, "method": "POST", "url": CHAT_URL,
+                      "body": {"model": "mock", "messages": messages}})  # fmt: skip
+    requests = tmp_path / "in.jsonl"
+    write_lines(requests, lines)
+    proc = cli("validate", str(requests))
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "Traceback" not in said
+    assert f"{requests}:2: body.messages[1].tool_calls: must be a list of calls" in said
+    for n in (3, 4, 5):
+        assert f"{requests}:{n}: body.messages[1].tool_calls[0]: a call is an object" in said
+    assert ":1:" not in said
+
+
 # -- 4: export's tool-calls column ----------------------------------------------------------------
 
 
