@@ -58,6 +58,33 @@ def tool_requests(path: Path, count: int, **extra) -> list[dict]:
     return lines
 
 
+def text_server(text: str, answer_id: str | None = "chatcmpl-1"):
+    """A server whose every chat answer is `text` (with no `id` when `answer_id` is None):
+    (its URL, a function that stops it)."""
+    from aiohttp import web
+
+    async def answer(request: web.Request) -> web.Response:
+        body = {"object": "chat.completion", "model": "mock",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                             "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}  # fmt: skip
+        if answer_id is not None:
+            body["id"] = answer_id
+        return web.json_response(body)
+
+    return odd_server(answer)
+
+
+def calls_file(path: Path, calls: list, custom_id: str = "q") -> Path:
+    """A response file of one answer that made `calls` (of any shape), as written elsewhere."""
+    message = {"role": "assistant", "content": None, "tool_calls": calls}
+    body = {"id": "x", "object": "chat.completion", "model": "m",
+            "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}]}  # fmt: skip
+    write_lines(path, [{"id": "b", "custom_id": custom_id, "error": None,
+                        "response": {"status_code": 200, "request_id": "r", "body": body}}])  # fmt: skip
+    return path
+
+
 # -- 1 and 9: hermes text, written by the mock and read by exec ------------------------------------
 
 
@@ -173,18 +200,8 @@ def test_the_cache_answers_parsed_too(tmp_path, mock_server):
 def test_malformed_hermes_text_is_left_as_it_is(tmp_path):
     """A tag around broken JSON: the answer is kept as the model wrote it, with the parser's
     error in the line; no crash, exit 0."""
-    from aiohttp import web
-
     text = 'checking <tool_call>{"name": "get_order", "arguments": {"order_id": </tool_call>'
-
-    async def answer(request: web.Request) -> web.Response:
-        body = {"id": "chatcmpl-1", "object": "chat.completion", "model": "mock",
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                             "finish_reason": "stop"}],
-                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}  # fmt: skip
-        return web.json_response(body)
-
-    url, stop = odd_server(answer)
+    url, stop = text_server(text)
     try:
         requests, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
         tool_requests(requests, 1)
@@ -203,18 +220,8 @@ def test_hermes_text_is_read_only_from_answers_to_requests_that_offer_tools(tmp_
     """A request with no tools has no calls to make: an answer that quotes the Hermes form (a
     judge citing a transcript, a question about the format) is its text, as vLLM's parser
     leaves it. Before, it was rewritten into `tool_calls` and the quote was lost."""
-    from aiohttp import web
-
     text = 'The agent wrote <tool_call>{"name": "refund", "arguments": {}}</tool_call>: wrong.'
-
-    async def answer(request: web.Request) -> web.Response:
-        body = {"id": "chatcmpl-1", "object": "chat.completion", "model": "mock",
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                             "finish_reason": "stop"}],
-                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}  # fmt: skip
-        return web.json_response(body)
-
-    url, stop = odd_server(answer)
+    url, stop = text_server(text)
     try:
         requests, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
         lines = tool_requests(requests, 3)
@@ -237,18 +244,8 @@ def test_made_ids_differ_between_turns_of_one_conversation_without_answer_ids(tm
     """`gen --continue` keeps a conversation's custom_id from turn to turn, and some servers
     give every answer the same `id` (or none): the ids made for two turns' calls still differ,
     so a tool result answers one call (before: the second turn's call had the first's id)."""
-    from aiohttp import web
-
     text = '<tool_call>{"name": "get_order", "arguments": {"order_id": "A17"}}</tool_call>'
-
-    async def answer(request: web.Request) -> web.Response:
-        body = {"object": "chat.completion", "model": "mock",
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                             "finish_reason": "stop"}],
-                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}  # fmt: skip
-        return web.json_response(body)
-
-    url, stop = odd_server(answer)
+    url, stop = text_server(text, answer_id=None)
     ids = []
     try:
         for turn, messages in enumerate(([{"role": "user", "content": "where is A17?"}],
@@ -589,12 +586,7 @@ def test_report_counts_made_up_tool_names_within_bounds(tmp_path):
     calls = [{"id": f"c{i}", "type": "function",
               "function": {"name": f"get_order_{i}", "arguments": "{}"}} for i in range(500)]  # fmt: skip
     calls.insert(0, {"id": "x", "type": "function", "function": {"name": "n" * 20_000}})
-    message = {"role": "assistant", "content": None, "tool_calls": calls}
-    body = {"id": "x", "object": "chat.completion", "model": "m",
-            "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}]}  # fmt: skip
-    out = tmp_path / "out.jsonl"
-    write_lines(out, [{"id": "b", "custom_id": "q", "error": None,
-                       "response": {"status_code": 200, "request_id": "r", "body": body}}])  # fmt: skip
+    out = calls_file(tmp_path / "out.jsonl", calls)
     proc = cli("report", str(out), "--format", "json")
     assert proc.returncode == 0, proc.stderr
     counted = orjson.loads(proc.stdout)["runs"][0]["tool_calls"]
@@ -736,12 +728,7 @@ def test_odd_tool_calls_in_a_response_file_break_no_reader(tmp_path):
 
     odd = [1, {"function": 5}, {"id": 3, "function": {"name": 7, "arguments": {"a": 1}}},
            {"function": {"name": "f", "arguments": "{not json"}}]  # fmt: skip
-    message = {"role": "assistant", "content": None, "tool_calls": odd}
-    body = {"id": "x", "object": "chat.completion", "model": "m",
-            "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}]}  # fmt: skip
-    out = tmp_path / "out.jsonl"
-    write_lines(out, [{"id": "b", "custom_id": "q#t1", "error": None,
-                       "response": {"status_code": 200, "request_id": "r", "body": body}}])  # fmt: skip
+    out = calls_file(tmp_path / "out.jsonl", odd, "q#t1")
     for args in (("export", str(out), "-o", str(tmp_path / "t.jsonl")),
                  ("post", "votes", str(out), "--extract", "tool:arguments.a",
                   "-o", str(tmp_path / "v.jsonl")),
