@@ -112,9 +112,30 @@ def check_messages(messages: Any, field_name: str = "body.messages") -> list[tup
                     out.append((f"{where}.content[{j}].{found[0]}", found[1]))
         elif not isinstance(content, str):
             out.append((f"{where}.content", f"must be a string or a list, got {_kind(content)}"))
+        if role == "assistant" and msg.get("tool_calls") is not None:
+            out += _call_problems(msg["tool_calls"], f"{where}.tool_calls")
     if tool_turns:
         out += _unanswered_tool_turns(messages, field_name)
     return out
+
+
+def _call_problems(calls: Any, where: str) -> list[tuple[str, str]]:
+    """An assistant turn's `tool_calls` (carried by `gen --continue` as a server wrote them):
+    a list of objects with a string `id` and a `function` with a string `name`, as servers
+    take them; the first entry that is not one is named."""
+    if not isinstance(calls, list):
+        return [(where, f"must be a list of calls, got {_kind(calls)}")]
+    for k, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if (
+            not isinstance(call, dict)
+            or type(call.get("id")) is not str
+            or not isinstance(function, dict)
+            or type(function.get("name")) is not str
+        ):
+            return [(f"{where}[{k}]", "a call is an object with a string id and a function "
+                                      "with a string name")]  # fmt: skip
+    return []
 
 
 def _unanswered_tool_turns(messages: list[Any], field_name: str) -> list[tuple[str, str]]:

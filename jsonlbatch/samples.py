@@ -20,7 +20,13 @@ from typing import Any
 
 import orjson
 
-from jsonlbatch.records import is_failure, json_object
+from jsonlbatch.records import (
+    MESSAGES_URL,
+    MODERATIONS_URL,
+    RESPONSES_URL,
+    is_failure,
+    json_object,
+)
 from jsonlbatch.redact import redact
 
 #: Separators of `<group><sep><sample>` custom_ids: Agentless `id|3`, `id#3`, `id__pass3`.
@@ -232,6 +238,20 @@ def hosted_choices(body: Any) -> list[dict[str, Any]] | None:
         return [_messages_choice(body)]
     if isinstance(body.get("results"), list) and body["results"]:
         return _moderation_choices(body["results"])
+    return None
+
+
+def hosted_url(body: Any) -> str | None:
+    """The endpoint whose answer `body` is, when it is one `hosted_choices` reads (a provider's
+    batch answers a chat line in its own API's form: Anthropic's a Messages body); else None."""
+    if not isinstance(body, dict) or "choices" in body:
+        return None
+    if isinstance(body.get("output"), list):
+        return RESPONSES_URL
+    if body.get("type") == "message" and isinstance(body.get("content"), list):
+        return MESSAGES_URL
+    if isinstance(body.get("results"), list) and body["results"]:
+        return MODERATIONS_URL
     return None
 
 

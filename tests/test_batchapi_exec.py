@@ -97,8 +97,11 @@ def test_ctrl_c_stops_watching_not_the_batch(tmp_path, mock_server):
     assert "keep running" in err and "batches cancel" in err
     (batch,) = server.client().batches.list().data
     assert batch.status in ("validating", "in_progress", "finalizing", "completed")
-    assert exec_cli(requests, out, "--url", server.url, *FAST).returncode == 0
+    again = exec_cli(requests, out, "--url", server.url, *FAST)
+    assert again.returncode == 0, again.stderr
     _check(read_results(out), lines)
+    # the resumed run merged them all: none had a result before it (it said "20 had", before)
+    assert "20 requests; 0 had a result before; 20 results merged" in again.stderr, again.stderr
 
 
 def test_expired_batch_gives_failure_lines_and_retry_failed_resubmits_only_them(

@@ -103,3 +103,14 @@ def test_a_batch_without_a_known_status_is_an_error(tmp_path, api_server):
     assert done.returncode != 0 and "not a batch status" in done.stderr, done.stderr
     state = orjson.loads(out.with_name("out.jsonl.batch-api.json").read_bytes())
     assert state["parts"][0]["batch_id"] is None  # nothing kept from the bad answer
+
+
+def test_a_call_the_api_refuses_is_named_by_the_address_it_went_to(tmp_path, mock_server):
+    """A URL that serves no Batch API (a live server's): the error names the address called,
+    not the base joined to the path (before: `POST http://host/v1/v1/files: HTTP 404`)."""
+    url = mock_server()
+    requests, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write_requests(requests, 1)
+    done = exec_cli(requests, out, "--url", url, *FAST)
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert f"POST {url}/files: HTTP 404" in done.stderr, done.stderr

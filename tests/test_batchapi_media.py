@@ -168,6 +168,7 @@ def test_broken_base64_is_refused_before_submitting(
     lines = [
         image_line(0, image_part(good), model=model),
         image_line(1, image_part(good[:-6] + "!!" + good[-4:]), model=model),
+        image_line(2, image_part("data:image/png;base64,"), model=model),  # no picture at all
     ]
     requests, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     write(requests, lines)
@@ -176,6 +177,9 @@ def test_broken_base64_is_refused_before_submitting(
     # exec's input scan finds it, before any provider translation
     assert "in.jsonl:2: body.messages[0].content[1].image_url.url" in done.stderr
     assert "base64 does not decode" in done.stderr and "Traceback" not in done.stderr
+    assert "in.jsonl:3: body.messages.0.content.1.image_url.url: the data: URL holds no data" in (
+        done.stderr
+    )
     assert stored_lines(front) == []
 
 

@@ -113,6 +113,27 @@ def test_a_file_mixing_endpoints_is_refused_with_counts(
     assert _anthropic_batches(claude) == []
 
 
+def test_part_limits_over_the_providers_are_refused_before_anything_is_sent(
+    tmp_path: Path, claude: BatchServer
+) -> None:
+    """`--batch-max-requests`/`--batch-max-bytes` may make parts smaller, never larger than the
+    provider takes: a part of 100,001 requests would be refused by Anthropic after the upload
+    (before, the user's value was used as it was)."""
+    requests, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    _messages_lines(requests, 3)
+    for flag, value, said in (("--batch-max-requests", "100001", "100,000 requests"),
+                              ("--batch-max-bytes", "300000000", "256,000,000 bytes")):  # fmt: skip
+        done = exec_cli(requests, out, "--url", claude.url, *FAST, flag, value)
+        assert done.returncode == 2, done.stderr
+        assert f"{flag} {int(value):,} is over the anthropic batch API's limit of {said}" in (
+            done.stderr
+        )
+        assert "Traceback" not in done.stderr and not out.exists()
+    assert _anthropic_batches(claude) == []
+    assert exec_cli(requests, out, "--url", claude.url, *FAST, "--batch-max-requests",
+                    "100000").returncode == 0  # fmt: skip
+
+
 def test_gemini_translates_and_answers_as_chat(tmp_path: Path, mock_server: Any) -> None:
     server = BatchServer(tmp_path / "state", mock_server(served_models=(GEMINI,))).start()
     try:

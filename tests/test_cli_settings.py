@@ -328,3 +328,24 @@ def test_a_secret_in_a_settings_file_is_never_quoted(tmp_path):
     assert "s.yaml:2: exec.api-key: *** must be a string, got int" in done.stderr, done.stderr
     assert "s.yaml:3: exec.header: (secret) must be a string, got int" in done.stderr
     assert "918273645546372819" not in done.output and "3141592653589793" not in done.output
+
+
+def test_the_command_line_chooses_the_kind_of_run_over_the_settings_file(tmp_path, mock_server):
+    """A settings file's `fleet:` is a default like any other: `--url` on the command line
+    makes a run on that URL, the file's fleet left out with a note (before: "--url goes with
+    --serve or alone: a fleet's URLs come from its file", exit 2)."""
+    url = mock_server()
+    req = _requests(tmp_path, 2)
+    settings = tmp_path / "s.yaml"
+    settings.write_text("exec:\n  fleet: fleet.yaml\n  endpoints: [eps.yaml]\n")
+    (tmp_path / "fleet.yaml").write_text("models: []\n")
+    (tmp_path / "eps.yaml").write_text("[]\n")
+    done = exec_cli(req, tmp_path / "o.jsonl", "--url", url, "--config", str(settings))
+    assert done.returncode == 0, done.stderr
+    assert "note: --fleet, --endpoints from the settings file: the command line chose" in (
+        done.stderr
+    )
+    assert len(read_results(tmp_path / "o.jsonl")) == 2
+    # the file's kind stays the default when the command line names none
+    alone = exec_cli(req, tmp_path / "p.jsonl", "--config", str(settings))
+    assert alone.returncode == 2 and "give one of --serve, --fleet and --endpoints" in alone.stderr

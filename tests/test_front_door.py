@@ -73,6 +73,36 @@ def test_execute_speaks_the_command_lines_names_and_forms(tmp_path: Path, mock_s
     assert len(read_results(out)) == 5
 
 
+@pytest.mark.parametrize("batch_api", [False, True])
+def test_execute_from_a_worker_thread_runs(tmp_path: Path, mock_server, batch_api: bool) -> None:
+    """A web app's handler, a thread pool of runs: signals reach the main thread only, so a
+    run started elsewhere leaves them to it (before: `RuntimeError: set_wakeup_fd only works in
+    main thread`, from the live and the Batch API run alike)."""
+    import threading
+
+    from batchapiutil import BatchServer
+
+    url = mock_server()
+    if batch_api:
+        url = BatchServer(tmp_path / "state", url).start().url
+    requests, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write_requests(requests, 3)
+    outcome: list[object] = []
+    extra = {"batch_api": True, "poll_interval": 0.1} if batch_api else {}
+
+    def run() -> None:
+        try:
+            outcome.append(jsonlbatch.execute(requests, out, url=url, quiet=True, **extra))
+        except Exception as exc:  # the test's thread sees it
+            outcome.append(exc)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    worker.join(timeout=60)
+    assert not isinstance(outcome[0], Exception), outcome[0]
+    assert len(read_results(out)) == 3
+
+
 def test_an_unknown_option_names_the_nearest(tmp_path: Path) -> None:
     write_requests(tmp_path / "in.jsonl", 1)
     with pytest.raises(UsageError, match="unknown option 'concurency': did you mean 'concurrency'"):

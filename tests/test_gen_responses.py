@@ -232,3 +232,28 @@ def test_token_counts_and_unusable_answers_follow_the_endpoint_rules(tmp_path):
     assert rows[0]["failed"] is False
     assert rows[1]["failed"] is True and "unusable answer" in rows[1]["error"]
     assert rows[1]["prompt_tokens"] is None
+
+
+def test_a_provider_batchs_messages_answer_to_a_chat_request_is_read(tmp_path):
+    """`exec --batch-api` to Anthropic sends chat lines as Messages requests and writes the
+    Messages answers it gets (batch-api.md): gen reads them as report and export do, with or
+    without --requests, and continues the conversation (before: every row "failed", its answer
+    empty, "there is no answer to continue")."""
+    body = {"id": "msg_1", "type": "message", "role": "assistant", "model": "claude",
+            "content": [{"type": "text", "text": "Four."}], "stop_reason": "end_turn",
+            "usage": {"input_tokens": 9, "output_tokens": 2}}  # fmt: skip
+    line = {"custom_id": "q1", "response": {"status_code": 200, "body": body}, "error": None,
+            "metrics": {"batch_id": "msgbatch_1"}}  # fmt: skip
+    responses = write(tmp_path / "r.jsonl", [line])
+    requests = write(tmp_path / "q.jsonl", [request("q1", "2+2?")])
+    for given in ({}, {"requests": requests}):
+        (row,) = [r.data for r in response_rows(responses, **given)]
+        assert row["failed"] is False and row["answer"] == "Four.", row
+        assert (row["prompt_tokens"], row["completion_tokens"]) == (9, 2)
+    out = tmp_path / "next.jsonl"
+    proc = cli("gen", "--responses", responses, "--requests", requests, "--continue",
+               "--prompt", "Sure?", "--model", "m1", "-o", str(out))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    messages = orjson.loads(out.read_bytes())["body"]["messages"]
+    assert messages[1:] == [{"role": "assistant", "content": "Four."},
+                            {"role": "user", "content": "Sure?"}]  # fmt: skip

@@ -58,6 +58,33 @@ def tool_requests(path: Path, count: int, **extra) -> list[dict]:
     return lines
 
 
+def text_server(text: str, answer_id: str | None = "chatcmpl-1"):
+    """A server whose every chat answer is `text` (with no `id` when `answer_id` is None):
+    (its URL, a function that stops it)."""
+    from aiohttp import web
+
+    async def answer(request: web.Request) -> web.Response:
+        body = {"object": "chat.completion", "model": "mock",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                             "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}  # fmt: skip
+        if answer_id is not None:
+            body["id"] = answer_id
+        return web.json_response(body)
+
+    return odd_server(answer)
+
+
+def calls_file(path: Path, calls: list, custom_id: str = "q") -> Path:
+    """A response file of one answer that made `calls` (of any shape), as written elsewhere."""
+    message = {"role": "assistant", "content": None, "tool_calls": calls}
+    body = {"id": "x", "object": "chat.completion", "model": "m",
+            "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}]}  # fmt: skip
+    write_lines(path, [{"id": "b", "custom_id": custom_id, "error": None,
+                        "response": {"status_code": 200, "request_id": "r", "body": body}}])  # fmt: skip
+    return path
+
+
 # -- 1 and 9: hermes text, written by the mock and read by exec ------------------------------------
 
 
@@ -80,6 +107,21 @@ def test_parse_hermes_reads_calls_as_vllm_does():
         parse_hermes("<tool_call>{not json</tool_call>", "s")
     with pytest.raises(Malformed):
         parse_hermes('<tool_call>{"arguments": {}}</tool_call>', "s")
+
+
+def test_parse_hermes_keeps_the_arguments_as_written():
+    """An id of 30 digits stays those digits (read as a float past 64 bits, before: the order
+    looked up was another); NaN is not JSON; nesting past the reader's depth is no call."""
+    big = 123456789012345678901234567890
+    _, (call,) = parse_hermes(f'<tool_call>{{"name": "a", "arguments": {{"id": {big}}}}}'
+                              "</tool_call>", "s")  # fmt: skip
+    assert call["function"]["arguments"] == f'{{"id":{big}}}'
+    _, (call,) = parse_hermes('<tool_call>{"name": "a", "arguments": {"q": "é", "x": 1.5}}', "s")
+    assert call["function"]["arguments"] == '{"q":"é","x":1.5}'
+    for inner in ('{"name": "a", "arguments": {"x": NaN}}',
+                  '{"name": "a", "arguments": {"x": ' + "[" * 5000 + "]" * 5000 + "}}"):  # fmt: skip
+        with pytest.raises(Malformed):
+            parse_hermes(f"<tool_call>{inner}</tool_call>", "s")
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -158,18 +200,8 @@ def test_the_cache_answers_parsed_too(tmp_path, mock_server):
 def test_malformed_hermes_text_is_left_as_it_is(tmp_path):
     """A tag around broken JSON: the answer is kept as the model wrote it, with the parser's
     error in the line; no crash, exit 0."""
-    from aiohttp import web
-
     text = 'checking <tool_call>{"name": "get_order", "arguments": {"order_id": </tool_call>'
-
-    async def answer(request: web.Request) -> web.Response:
-        body = {"id": "chatcmpl-1", "object": "chat.completion", "model": "mock",
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                             "finish_reason": "stop"}],
-                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}  # fmt: skip
-        return web.json_response(body)
-
-    url, stop = odd_server(answer)
+    url, stop = text_server(text)
     try:
         requests, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
         tool_requests(requests, 1)
@@ -182,6 +214,53 @@ def test_malformed_hermes_text_is_left_as_it_is(tmp_path):
     message = line["response"]["body"]["choices"][0]["message"]
     assert message["content"] == text and "tool_calls" not in message
     assert "not JSON" in line["metrics"]["tool_parser"]["error"]
+
+
+def test_hermes_text_is_read_only_from_answers_to_requests_that_offer_tools(tmp_path):
+    """A request with no tools has no calls to make: an answer that quotes the Hermes form (a
+    judge citing a transcript, a question about the format) is its text, as vLLM's parser
+    leaves it. Before, it was rewritten into `tool_calls` and the quote was lost."""
+    text = 'The agent wrote <tool_call>{"name": "refund", "arguments": {}}</tool_call>: wrong.'
+    url, stop = text_server(text)
+    try:
+        requests, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+        lines = tool_requests(requests, 3)
+        del lines[0]["body"]["tools"], lines[0]["body"]["tool_choice"]  # a judge's: no tools
+        lines[2]["body"]["tool_choice"] = "none"  # a last turn (gen.md: --param tool_choice=none)
+        write_lines(requests, lines)
+        proc = exec_cli(requests, out, "--url", url, "-q", "--parse-tool-calls", "hermes")
+    finally:
+        stop()
+    assert proc.returncode == 0, proc.stderr
+    results = read_results(out)
+    for cid in ("c0", "c2"):
+        choice = results[cid]["response"]["body"]["choices"][0]
+        assert choice["message"] == {"role": "assistant", "content": text}
+        assert choice["finish_reason"] == "stop" and "tool_parser" not in results[cid]["metrics"]
+    assert results["c1"]["response"]["body"]["choices"][0]["message"]["tool_calls"]
+
+
+def test_made_ids_differ_between_turns_of_one_conversation_without_answer_ids(tmp_path):
+    """`gen --continue` keeps a conversation's custom_id from turn to turn, and some servers
+    give every answer the same `id` (or none): the ids made for two turns' calls still differ,
+    so a tool result answers one call (before: the second turn's call had the first's id)."""
+    text = '<tool_call>{"name": "get_order", "arguments": {"order_id": "A17"}}</tool_call>'
+    url, stop = text_server(text, answer_id=None)
+    ids = []
+    try:
+        for turn, messages in enumerate(([{"role": "user", "content": "where is A17?"}],
+                                         answered_call("call_x"))):  # fmt: skip
+            requests, out = tmp_path / f"in{turn}.jsonl", tmp_path / f"out{turn}.jsonl"
+            write_lines(requests, [{"custom_id": "conv", "method": "POST", "url": CHAT_URL,
+                                    "body": {"model": "mock", "messages": messages,
+                                             "tools": [ORDER_TOOL]}}])  # fmt: skip
+            proc = exec_cli(requests, out, "--url", url, "-q", "--parse-tool-calls", "hermes")
+            assert proc.returncode == 0, proc.stderr
+            message = read_results(out)["conv"]["response"]["body"]["choices"][0]["message"]
+            ids.append(message["tool_calls"][0]["id"])
+    finally:
+        stop()
+    assert ids[0] != ids[1]
 
 
 def test_parse_tool_calls_refuses_an_unknown_format(tmp_path):
@@ -254,6 +333,31 @@ def test_validate_and_exec_refuse_a_tool_message_that_answers_no_call(tmp_path, 
     assert cli("validate", str(requests)).returncode == 0
 
 
+def test_validate_refuses_an_assistant_turn_whose_calls_are_no_calls(tmp_path):
+    """`gen --continue` carries an answer's calls as the server wrote them, and a response
+    file is hostile input: calls that are no calls (a string, an entry without an id or a
+    function name) are refused naming the field, not sent for a 400 per line (before: "ok")."""
+    good = answered_call("call_1")
+    odd = {"as text": "call it", "no id": [{"type": "function", "function": {"name": "f"}}],
+           "name a list": [{"id": "c", "type": "function", "function": {"name": ["f"]}}],
+           "function text": [{"id": "c", "type": "function", "function": "f"}]}  # fmt: skip
+    lines = [{"custom_id": "ok", "method": "POST", "url": CHAT_URL,
+              "body": {"model": "mock", "messages": good}}]  # fmt: skip
+    for cid, calls in odd.items():
+        messages = [good[0], {"role": "assistant", "content": None, "tool_calls": calls}]
+        lines.append({"custom_id": cid, "method": "POST", "url": CHAT_URL,
+                      "body": {"model": "mock", "messages": messages}})  # fmt: skip
+    requests = tmp_path / "in.jsonl"
+    write_lines(requests, lines)
+    proc = cli("validate", str(requests))
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "Traceback" not in said
+    assert f"{requests}:2: body.messages[1].tool_calls: must be a list of calls" in said
+    for n in (3, 4, 5):
+        assert f"{requests}:{n}: body.messages[1].tool_calls[0]: a call is an object" in said
+    assert ":1:" not in said
+
+
 # -- 4: export's tool-calls column ----------------------------------------------------------------
 
 
@@ -288,6 +392,7 @@ def test_post_votes_vote_on_the_tool_call(tmp_path, mock_server):
     assert exec_cli(requests, out, "--url", mock_server(), "-q").returncode == 0
     answers = read_results(out)
     votes = tmp_path / "votes.jsonl"
+    assert "tool:PATH" in cli("post", "votes", "--help").stdout  # a newcomer finds it
     proc = cli("post", "votes", str(out), "--extract", "tool:name", "-o", str(votes))
     assert proc.returncode == 0, proc.stderr
     lines = {x["id"]: x for x in map(orjson.loads, votes.read_bytes().splitlines())}
@@ -473,6 +578,23 @@ def test_report_counts_calls_per_tool_and_turns_per_conversation(tmp_path, mock_
     assert "turns per conversation, max" in text.stdout
 
 
+def test_report_counts_made_up_tool_names_within_bounds(tmp_path):
+    """Names read from hermes text are the model's own words: a model that makes up a name per
+    call (or writes a 20 KB one) gets a report of bounded size, the rest counted together."""
+    from jsonlbatch.report.conversations import MAX_TOOL_NAMES, OTHER_TOOLS
+
+    calls = [{"id": f"c{i}", "type": "function",
+              "function": {"name": f"get_order_{i}", "arguments": "{}"}} for i in range(500)]  # fmt: skip
+    calls.insert(0, {"id": "x", "type": "function", "function": {"name": "n" * 20_000}})
+    out = calls_file(tmp_path / "out.jsonl", calls)
+    proc = cli("report", str(out), "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    counted = orjson.loads(proc.stdout)["runs"][0]["tool_calls"]
+    assert len(counted) == MAX_TOOL_NAMES + 1 and sum(counted.values()) == 501
+    assert counted[OTHER_TOOLS] == 501 - MAX_TOOL_NAMES
+    assert max(len(name) for name in counted) <= 100
+
+
 def test_turns_per_conversation_from_turn_counts():
     from collections import Counter
 
@@ -606,12 +728,7 @@ def test_odd_tool_calls_in_a_response_file_break_no_reader(tmp_path):
 
     odd = [1, {"function": 5}, {"id": 3, "function": {"name": 7, "arguments": {"a": 1}}},
            {"function": {"name": "f", "arguments": "{not json"}}]  # fmt: skip
-    message = {"role": "assistant", "content": None, "tool_calls": odd}
-    body = {"id": "x", "object": "chat.completion", "model": "m",
-            "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}]}  # fmt: skip
-    out = tmp_path / "out.jsonl"
-    write_lines(out, [{"id": "b", "custom_id": "q#t1", "error": None,
-                       "response": {"status_code": 200, "request_id": "r", "body": body}}])  # fmt: skip
+    out = calls_file(tmp_path / "out.jsonl", odd, "q#t1")
     for args in (("export", str(out), "-o", str(tmp_path / "t.jsonl")),
                  ("post", "votes", str(out), "--extract", "tool:arguments.a",
                   "-o", str(tmp_path / "v.jsonl")),
@@ -649,3 +766,16 @@ def test_a_conversation_listing_is_bounded():
     assert conversation_lines(Index(), "c#t999999")[0]["turn"] == 999999 - MAX_LINES
     assert Index.lookups <= MAX_LINES + 1
     assert conversation_lines(Index(), "plain-id") == []
+
+
+def test_tool_extractors_are_bounded_on_hostile_arguments():
+    """A model writes any text as arguments: nested past what Python's json reads or writes
+    back, a `tool:` extractor finds no field there (the next one is tried), never a traceback."""
+    from jsonlbatch.post.extract import extract_answer
+
+    for depth in (100_000, 980, 995):
+        deep = '{"a": ' + "[" * depth + "]" * depth + "}"
+        calls = [{"function": {"name": "f", "arguments": deep}}]
+        assert extract_answer("the text", ["tool:arguments.a", "full"], calls=calls) in (
+            "the text", "[" * depth + "]" * depth)  # fmt: skip
+        assert extract_answer("", ["tool:name"], calls=calls) == "f"

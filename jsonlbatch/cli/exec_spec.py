@@ -12,7 +12,7 @@ import click
 
 from jsonlbatch.cli.batch_options import batch_target, pop_batch_kwargs
 from jsonlbatch.cli.exec_watch import pop_watch_kwargs
-from jsonlbatch.cli.option_use import check_use
+from jsonlbatch.cli.option_use import check_use, settle_kind
 from jsonlbatch.cli.serve_options import fleet_plan, serve_options_from_kwargs
 from jsonlbatch.cost import parse_price
 from jsonlbatch.errors import UsageError
@@ -48,6 +48,7 @@ def spec_from_params(
     one table (`cli/option_use.py`)."""
     kwargs = dict(params)
     ctx = click.get_current_context()
+    settle_kind(ctx, ctx.command, kwargs)  # the caller's kind of run over the settings file's
     if sum(map(bool, (kwargs["fleet"], kwargs["endpoint_files"], kwargs["backend"]))) > 1:
         raise UsageError("give one of --serve, --fleet and --endpoints")
     check_use(ctx, ctx.command, kwargs)  # what the run's target does not use: refused

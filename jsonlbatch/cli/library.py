@@ -82,6 +82,9 @@ def _value(param: click.Parameter, value: Any) -> Any:
     if param.name == "shard" and isinstance(value, tuple):
         k, n = value
         return f"{k}/{n}"
+    if param.name == "view_address" and isinstance(value, tuple):  # checked as text, as typed
+        host, port = value
+        return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
     if param.name == "price" and isinstance(value, Price):
         text = f"in={value.input_per_m},out={value.output_per_m}"
         if value.cached_input_per_m is not None:
@@ -108,6 +111,12 @@ def build_spec(
     for name, path in (("requests", requests), ("output", output)):
         if not isinstance(path, (str, os.PathLike)):
             raise UsageError(f"{name} wants a path (str or os.PathLike), got {type(path).__name__}")
+    if seams is not None and not isinstance(seams, Seams):
+        raise UsageError(f"seams wants a jsonlbatch.Seams, got {type(seams).__name__}")
+    if watchdog is not None and not callable(watchdog):
+        raise UsageError(
+            f"watchdog wants a function of no arguments, got {type(watchdog).__name__}"
+        )
     command = _command()
     names = _names(command)
     by_param = {p.name: p for p in command.params}
@@ -165,6 +174,8 @@ def execute(
     from jsonlbatch.exec.job import refuse_running_loop
 
     refuse_running_loop("jsonlbatch.execute", "jsonlbatch.aexecute")  # before the output lock
+    if not isinstance(handle_signals, bool):
+        raise UsageError(f"handle_signals wants True or False, got {type(handle_signals).__name__}")
     spec = build_spec(requests, output, seams=seams, watchdog=watchdog, **options)
     outcome = start(spec, handle_signals=handle_signals)
     return outcome.dry if outcome.dry is not None else outcome.summary

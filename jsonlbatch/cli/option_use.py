@@ -82,6 +82,41 @@ def given_by_caller(ctx: click.Context, name: str) -> bool:
     )
 
 
+#: The options that choose a run's kind (`target_of`).
+_KINDS = ("batch_api", "endpoint_files", "fleet", "backend")
+
+
+def settle_kind(ctx: click.Context, command: click.Command, params: dict[str, Any]) -> None:
+    """The caller chooses the kind of run over a settings file, as for any option: a file's
+    `fleet:`, `endpoints:`, `serve:` or `batch-api:` is left out, noted once, when the caller
+    chose another kind (`--serve`, `--fleet`, ...), and a file's fleet or endpoints when the
+    caller gave `--url` (a file's `serve:` or `batch-api:` takes the URLs: documented runs).
+    Before this, the file's fleet made the caller's `--url` an error (`params` is changed)."""
+    chosen = [n for n in _KINDS if params.get(n) and given_by_caller(ctx, n)]
+    urls = bool(params.get("urls")) and given_by_caller(ctx, "urls")
+    if not chosen and not urls:
+        return
+    left_out = []
+    for param in command.params:
+        name = param.name
+        if name not in _KINDS or name in chosen or not params.get(name):
+            continue
+        if given_by_caller(ctx, name) or ctx.get_parameter_source(name) is not (
+            ParameterSource.DEFAULT_MAP
+        ):
+            continue  # the caller's own (refused as two kinds later), or the environment's
+        if not chosen and name not in ("fleet", "endpoint_files"):
+            continue
+        left_out.append(_flag(param))
+        params[name] = _defaults(command).get(name)
+    if left_out and not params.get("quiet"):
+        click.echo(
+            f"note: {', '.join(left_out)} from the settings file: the command line chose "
+            "another kind of run: left out",
+            err=True,
+        )
+
+
 def check_use(ctx: click.Context, command: click.Command, params: dict[str, Any]) -> None:
     """Refuse each option the caller gave that the run's target does not use; set each such
     option from a settings file back to its default, noted once (`params` is changed)."""

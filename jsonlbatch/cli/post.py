@@ -170,7 +170,8 @@ def patches(responses: tuple[str, ...], output: str, repo_root: str | None, repo
     "extractors",
     multiple=True,
     metavar="SPEC",
-    help="boxed, answer-is, last-number, choice, full, regex:PATTERN, json:PATH; repeat for "
+    help="boxed, answer-is, last-number, choice, full, regex:PATTERN, json:PATH, tool:PATH "
+    "(the first tool call: tool:name, tool:arguments.order_id); repeat for "
     f"fallbacks (default: {' '.join(DEFAULT_EXTRACTORS)}).",
 )
 @click.option(

@@ -37,6 +37,8 @@ _FORMS: dict[str, tuple[tuple[type, ...], str]] = {
 }
 #: Options that repeat KEY=VALUE items and take a mapping from Python.
 _MAPPINGS = frozenset({"headers", "batch_metadata"})
+#: Options that take a pair from Python (`shard=(0, 4)`, `view_address=("::1", 8765)`).
+_PAIRS = frozenset({"shard", "view_address"})
 
 
 def expected(param: click.Parameter) -> tuple[tuple[type, ...], str]:
@@ -73,6 +75,8 @@ def check_value(name: str, param: click.Parameter, value: Any) -> None:
             if not isinstance(key, str) or not isinstance(item, str):
                 raise UsageError(f"option {name!r} wants a mapping of strings to strings")
         return
+    if param.name in _PAIRS and isinstance(value, tuple) and len(value) != 2:
+        raise UsageError(f"option {name!r} wants {words}, got a tuple of {len(value)}")
     if param.multiple and isinstance(value, (list, tuple)):
         bad = [item for item in value if not _fits(item, types)]
         if bad:

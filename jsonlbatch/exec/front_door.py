@@ -158,8 +158,10 @@ def start(spec: RunSpec, *, handle_signals: bool = True, stop: StopHandle | None
     Raises what the run raises: the package's errors (bad input, a server that never came,
     a launch that failed), `Interrupted` (with `.summary`) on Ctrl-C; the same spec started
     again resumes. `stop` lets another thread end the run as a first Ctrl-C does (`astart`).
+    Signals reach the main thread only: a run started from another leaves them to the caller.
     """
     refuse_running_loop("jsonlbatch.exec.front_door.start", "jsonlbatch.exec.front_door.astart")
+    handle_signals = handle_signals and threading.current_thread() is threading.main_thread()
     stopped = stop.event if stop is not None else threading.Event()  # a server start ends on it
     with contextlib.ExitStack() as stack:
         subscribers: list[Subscription] = list(spec.seams.subscribers)

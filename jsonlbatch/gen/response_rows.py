@@ -40,7 +40,7 @@ from jsonlbatch.errors import InputError, Problem, UsageError
 from jsonlbatch.gen.sources import Row, iter_rows
 from jsonlbatch.jsonl import iter_lines, iter_lines_at, read_lines_at
 from jsonlbatch.records import CHAT_URL, check_response
-from jsonlbatch.samples import DEFAULT_SEPARATORS, Sample, samples_of, split_id
+from jsonlbatch.samples import DEFAULT_SEPARATORS, Sample, hosted_url, samples_of, split_id
 
 PER = ("request", "choice")
 #: Token counts offered as fields, found where `answers` says each endpoint puts them.
@@ -210,6 +210,7 @@ def _samples(
     samples = samples_of(obj, path=path, line=line)
     response = obj.get("response")
     body = response.get("body") if isinstance(response, dict) else None
+    url = hosted_url(body) or url  # a provider batch's answer to a chat line, in its own form
     if not samples[0].failed:
         why = unusable_reason(url, body)
         if why is not None:

@@ -188,9 +188,12 @@ class ToolExtractor:
         if isinstance(arguments, str):
             try:
                 arguments = json.loads(arguments)
-            except ValueError:
+            except (ValueError, RecursionError):  # json recurses per level: a model's text
                 arguments = None  # no field of broken arguments is read
-        return json_field({"name": function.get("name"), "arguments": arguments}, self.path)
+        try:
+            return json_field({"name": function.get("name"), "arguments": arguments}, self.path)
+        except RecursionError:  # nested past what json.dumps writes back: no field either
+            return None
 
 
 _EXTRACTORS: dict[str, Extractor] = {

@@ -41,6 +41,22 @@ def turn_id(conversation: str, turn: int, ask: int | None = None) -> str:
     return f"{conversation}#t{turn}" + ("" if ask is None else f".ask{ask}")
 
 
+#: Distinct tool names a report counts one by one. Names read from hermes text are the model's
+#: own words: calls of names past these (a model that makes one up per call) count together.
+MAX_TOOL_NAMES = 100
+OTHER_TOOLS = "(other names)"
+_MAX_NAME = 80  # characters of a name shown; a longer one is cut, marked with an ellipsis
+
+
+def count_tool_names(counts: Counter[str], names: list[str]) -> None:
+    """Add `names` to `counts`, keeping at most `MAX_TOOL_NAMES` names apart."""
+    for name in names:
+        if name in counts or len(counts) < MAX_TOOL_NAMES:
+            counts[name] += 1
+        else:
+            counts[OTHER_TOOLS] += 1
+
+
 def tool_names(choices: Any) -> list[str]:
     """The function name of every tool call in an answer's choices (chat's `tool_calls`; a
     hosted answer's choices as `samples.hosted_choices` makes them)."""
@@ -51,7 +67,9 @@ def tool_names(choices: Any) -> list[str]:
         for call in calls if isinstance(calls, list) else ():
             function = call.get("function") if isinstance(call, dict) else None
             name = function.get("name") if isinstance(function, dict) else None
-            names.append(name if isinstance(name, str) and name else "(no name)")
+            if not isinstance(name, str) or not name:
+                name = "(no name)"
+            names.append(name if len(name) <= _MAX_NAME else name[:_MAX_NAME] + "…")
     return names
 
 

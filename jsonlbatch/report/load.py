@@ -25,7 +25,7 @@ from jsonlbatch.errors import InputError, Problem, UsageError
 from jsonlbatch.jsonl import ends_with_newline, iter_lines
 from jsonlbatch.prices import Tokens, tokens_of
 from jsonlbatch.records import check_response, is_failure, json_object, reasoning_tokens
-from jsonlbatch.report.conversations import tool_names, turn_of
+from jsonlbatch.report.conversations import count_tool_names, tool_names, turn_of
 from jsonlbatch.samples import chat_usage, hosted_choices, load_line
 
 #: Per-request columns, each an `array('d')` aligned with the successful requests.
@@ -173,7 +173,7 @@ class RunData:
             key = (line.model, line.batch)
             self.billing[key] = self.billing.get(key, Tokens()) + line.billed
         self.finish_reasons.update(line.finish_reasons)
-        self.tool_calls.update(line.tool_names)
+        count_tool_names(self.tool_calls, line.tool_names)
         if line.chunks > 1 and not isnan(line.itl):
             self.itl_gap_sum += line.itl * (line.chunks - 1)
             self.itl_gaps += line.chunks - 1

@@ -102,6 +102,11 @@ class BatchApi:
         self.backoff = backoff or Backoff()
         self.timeout = timeout
 
+    def _named(self, path: str, url: str | None) -> str:
+        """The address a call goes to, for its messages: as joined (no doubled `/v1`), without
+        a query string (a signed download URL's signature stays out of them)."""
+        return (url or self.endpoint.url_for(path)).partition("?")[0]
+
     def _url(self, path: str, query: Mapping[str, str] | None = None) -> str:
         url = self.endpoint.url_for(path)
         if query:
@@ -126,7 +131,7 @@ class BatchApi:
         address; `body` sends bytes (or a file's content) with `headers`; `replies` receives
         the answer's headers; with `quota`, a 429 that speaks of a queue or quota raises
         `QuotaExceeded` at once instead of being tried again."""
-        what = f"{method} {self.endpoint.name}{path}"
+        what = f"{method} {self._named(path, url)}"
         attempt = 0
         while True:
             attempt += 1
@@ -217,7 +222,7 @@ class BatchApi:
     ) -> None:
         """GET `path` (or `url`) into `dest`, streamed, complete or absent; through a fresh
         `guard()` per attempt when given (a results file)."""
-        what = f"GET {self.endpoint.name}{path}"
+        what = f"GET {self._named(path, url)}"
         tmp = dest.with_suffix(".part")
         for attempt in range(1, self.max_retries + 2):
             try:

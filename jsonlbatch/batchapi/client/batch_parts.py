@@ -20,12 +20,26 @@ import orjson
 from jsonlbatch.batchapi.client.providers import Provider, safe_id
 from jsonlbatch.batchapi.client.submit_state import Part
 from jsonlbatch.contract import SCHEMA_KEYS
-from jsonlbatch.errors import InputError, Problem
+from jsonlbatch.errors import InputError, Problem, UsageError
 from jsonlbatch.jsonl import iter_lines, iter_lines_at, read_lines_at
 from jsonlbatch.records import fingerprint
 
 #: Problems listed before the check stops reading (the first ones say what to fix).
 MAX_PROBLEMS = 50
+
+
+def check_part_limits(provider: Provider, max_requests: int | None, max_bytes: int | None) -> None:
+    """Refuse part limits above what the provider takes in one batch: such a part would be
+    refused after its upload. The options make parts smaller, never larger."""
+    for flag, given, cap, unit in (
+        ("--batch-max-requests", max_requests, provider.max_requests, "requests"),
+        ("--batch-max-bytes", max_bytes, provider.max_bytes, "bytes"),
+    ):
+        if given is not None and given > cap:
+            raise UsageError(
+                f"{flag} {given:,} is over the {provider.name} batch API's limit of {cap:,} "
+                f"{unit} a batch: leave it out for the limit itself"
+            )
 
 
 def check_lines(

@@ -31,7 +31,7 @@ import orjson
 from tqdm import tqdm
 
 from jsonlbatch.batchapi.client.batch_api import BatchProvider, QuotaExceeded, api_path
-from jsonlbatch.batchapi.client.batch_parts import check_lines, write_parts
+from jsonlbatch.batchapi.client.batch_parts import check_lines, check_part_limits, write_parts
 from jsonlbatch.batchapi.client.paging import Stopped, unless_stopped
 from jsonlbatch.batchapi.client.part_merge import PartMerge
 from jsonlbatch.batchapi.client.providers import choose, open_api
@@ -133,7 +133,10 @@ class Submitter:
                 await self._drive(api)
                 self.job.close()  # what OUT holds has changed: look again
                 scan = self.job.prepare()
+                before = self.summary.already_done, self.summary.failed_before
                 self._take_scan(scan)
+                # what this run merged is no result "before": the first look's counts stand
+                self.summary.already_done, self.summary.failed_before = before
             if scan.pending and not self.stopping.is_set():
                 self._split(scan)
                 await self._drive(api)
@@ -164,6 +167,7 @@ class Submitter:
 
     def _split(self, scan: InputScan) -> None:
         """Write the pending lines into part files and record them, before any upload."""
+        check_part_limits(self.provider, self.batch.max_requests, self.batch.max_bytes)
         if scan.replace:
             replace = scan.replace
             self.job.rewrite_output(lambda line: line_custom_id(line) not in replace)

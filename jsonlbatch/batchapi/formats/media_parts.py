@@ -49,6 +49,9 @@ def parse_data_url(url: str, where: str, problems: Problems) -> tuple[str, str] 
         problems.append((where, "a data: URL must be data:<type>/<subtype>;base64,<data>"))
         return None
     payload = url[found.end() :]
+    if not payload:  # a zero-byte picture: every provider refuses the request
+        problems.append((where, "the data: URL holds no data"))
+        return None
     body = _BASE64.match(payload)
     if len(payload) % 4 or body is None or body.end() != len(payload):
         at = body.end() if body is not None else 0

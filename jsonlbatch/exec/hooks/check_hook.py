@@ -36,6 +36,7 @@ from typing import Any, Protocol, runtime_checkable
 import orjson
 
 from jsonlbatch.answers import unusable_reason
+from jsonlbatch.errors import UsageError
 from jsonlbatch.records import Request, Result
 from jsonlbatch.redact import redact
 
@@ -193,8 +194,8 @@ def as_check(check: AnswerCheck | CheckFunction) -> Check:
     if isinstance(check, AnswerCheck):
         return _Whole(check)
     name = type(check).__name__
-    if not callable(check):
-        raise TypeError(f"Seams.check: {name} is not callable (see AnswerCheck)")
+    if not callable(check):  # refused here, not at the first answer, after requests were paid for
+        raise UsageError(f"a check is called with each answer: got {name} (see AnswerCheck)")
     has = [m for m in ("begin", "end") if hasattr(check, m)]
     if has:
         raise TypeError(

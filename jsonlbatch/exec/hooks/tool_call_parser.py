@@ -14,9 +14,10 @@ post votes, export, report, a rollout's tools) sees ordinary structured calls:
 - each `<tool_call>...</tool_call>` (a last one left unclosed too) holds one JSON object with a
   string `name` and an object `arguments` (absent: `{}`); it becomes
   `{"id", "type": "function", "function": {"name", "arguments": <a JSON string>}}`;
-- the ids are made, not drawn: `call_` and a hash of the request's custom_id, the answer's id,
-  the choice and the call's place, so the same answer gives the same ids on every run (a
-  resumed conversation refers to the calls it saw) and different turns never share one;
+- the ids are made, not drawn: `call_` and a hash of the request's custom_id and fingerprint,
+  the answer's id, the choice and the call's place, so the same answer gives the same ids on
+  every run (a resumed conversation refers to the calls it saw) and different turns never
+  share one (even under one custom_id, from a server that gives every answer the same id);
 - `content` keeps the text outside the tags (stripped), or null when there is none;
   `finish_reason` becomes `tool_calls`;
 - text that is not such JSON (a tag around a broken object, a name that is no string) is left
@@ -26,12 +27,15 @@ post votes, export, report, a rollout's tools) sees ordinary structured calls:
 It is the first on-answer check of a run (`check_hook.py`), so every answer takes it before
 the other checks and before its line, whatever its source: sent, streamed (the rebuilt body) or
 stored (the answer cache's, through `vet`). It changes the answer and accepts it. A choice that
-already has `tool_calls` (a server with a parser) is left alone. Chat answers only.
+already has `tool_calls` (a server with a parser) is left alone. Chat answers to requests that
+offer `tools` (with a `tool_choice` other than "none") only, as vLLM's parser: the answer to
+any other request is its text, tags and all (a judge quoting a transcript).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from typing import Any
 
@@ -50,6 +54,30 @@ class Malformed(ValueError):
     """Text inside a tag that is no call."""
 
 
+#: Twenty digits in a row: maybe an integer past 64 bits, which orjson reads as a float.
+_LONG_INT = re.compile(r"\d{20}")
+
+
+def _loads(text: str) -> Any:
+    """JSON as the model wrote it: orjson, unless the text may hold an integer past 64 bits
+    (an id of 30 digits would become a float, another order's id): then Python's json, as
+    vLLM's parser reads it, exact (NaN and Infinity refused; too deep a RecursionError)."""
+    if _LONG_INT.search(text) is None:
+        return orjson.loads(text)
+    return json.loads(text, parse_constant=_no_constant)
+
+
+def _dumps(value: Any) -> str:
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:  # an integer past 64 bits, read exactly by `_loads`
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
 def parse_hermes(text: str, id_seed: str) -> tuple[str | None, list[dict[str, Any]]] | None:
     """(content left, calls) read from `text`; None when it holds no tag. Raises `Malformed`
     when a tag holds something that is not a call (the caller then leaves the text alone)."""
@@ -63,21 +91,22 @@ def parse_hermes(text: str, id_seed: str) -> tuple[str | None, list[dict[str, An
         at = found.end()
         inner = found[1] if found[1] is not None else found[2]
         try:
-            obj = orjson.loads(inner.strip())
-        except orjson.JSONDecodeError as exc:
+            obj = _loads(inner.strip())
+        except (ValueError, RecursionError) as exc:
             raise Malformed(f"call {k + 1} is not JSON: {exc}") from None
         if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
             raise Malformed(f"call {k + 1} has no string 'name'")
         arguments = obj.get("arguments", {})
-        if isinstance(arguments, str):  # some templates write the arguments as a JSON string
-            try:
-                arguments = orjson.loads(arguments)
-            except orjson.JSONDecodeError:
-                raise Malformed(f"call {k + 1}'s arguments are not JSON") from None
+        try:
+            if isinstance(arguments, str):  # some templates write the arguments as a JSON string
+                arguments = _loads(arguments)
+            text = _dumps(arguments)
+        except (ValueError, RecursionError):
+            raise Malformed(f"call {k + 1}'s arguments are not JSON") from None
         if not isinstance(arguments, dict):
             raise Malformed(f"call {k + 1}'s arguments are not an object")
         digest = hashlib.blake2b(f"{id_seed}\0{k}".encode(), digest_size=12).hexdigest()
-        function = {"name": obj["name"], "arguments": orjson.dumps(arguments).decode()}
+        function = {"name": obj["name"], "arguments": text}
         calls.append({"id": f"call_{digest}", "type": "function", "function": function})
     outside.append(text[at:])
     left = "".join(outside).strip()
@@ -93,7 +122,7 @@ class ToolCallParser(Check):
         self.parser = parser
 
     def __call__(self, answer: Answer, /) -> CheckVerdict:
-        if answer.request.url != CHAT_URL:
+        if answer.request.url != CHAT_URL or not _offers_tools(answer.request.body):
             return ACCEPT
         body = answer.body()
         choices = body.get("choices") if isinstance(body, dict) else None
@@ -109,7 +138,8 @@ class ToolCallParser(Check):
             if not isinstance(text, str) or message.get("tool_calls"):
                 new_choices.append(choice)
                 continue
-            seed = f"{answer.request.custom_id}\0{body.get('id')}\0{i}"
+            request = answer.request  # its fingerprint: two turns of one id are two requests
+            seed = f"{request.custom_id}\0{request.fingerprint}\0{body.get('id')}\0{i}"
             try:
                 parsed = parse_hermes(text, seed)
             except Malformed as exc:
@@ -133,3 +163,13 @@ class ToolCallParser(Check):
             answer.decoded, answer.raw = new_body, None
             answer.result.body = new_body
         return ACCEPT
+
+
+def _offers_tools(body: Any) -> bool:
+    """Whether the request let the model call tools (`tools`, and `tool_choice` not "none"):
+    vLLM's parser reads calls only then; an answer to any other request that quotes the form
+    (a judge citing a transcript, a last turn asked with `tool_choice: none`) is text."""
+    if not isinstance(body, dict):
+        return False
+    tools = body.get("tools")
+    return isinstance(tools, list) and bool(tools) and body.get("tool_choice") != "none"
