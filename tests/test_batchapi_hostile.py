@@ -113,4 +113,6 @@ def test_a_call_the_api_refuses_is_named_by_the_address_it_went_to(tmp_path, moc
     write_requests(requests, 1)
     done = exec_cli(requests, out, "--url", url, *FAST)
     assert done.returncode != 0 and "Traceback" not in done.stderr
-    assert f"POST {url}/files: HTTP 404" in done.stderr, done.stderr
+    # the mock serves the Files API (uploads work) but no batches
+    assert f"POST {url}/batches: HTTP 404" in done.stderr, done.stderr
+    assert "/v1/v1/" not in done.stderr

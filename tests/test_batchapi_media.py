@@ -177,7 +177,7 @@ def test_broken_base64_is_refused_before_submitting(
     # exec's input scan finds it, before any provider translation
     assert "in.jsonl:2: body.messages[0].content[1].image_url.url" in done.stderr
     assert "base64 does not decode" in done.stderr and "Traceback" not in done.stderr
-    assert "in.jsonl:3: body.messages.0.content.1.image_url.url: the data: URL holds no data" in (
+    assert "in.jsonl:3: body.messages[0].content[1].image_url.url: the base64 is empty" in (
         done.stderr
     )
     assert stored_lines(front) == []
