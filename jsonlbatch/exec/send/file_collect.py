@@ -68,18 +68,19 @@ class FilesFailed(Exception):
 def safe_file_name(name: object) -> str:
     """A server's file name as one safe path component: its last part after any `/`, control
     characters and anything outside a small set replaced by `_`, never `.`/`..` or hidden, at
-    most 120 characters; a name that had to change keeps a short hash of the original, so two
-    names never meet."""
+    most about 120 characters, its extension kept (a cut `.xlsx` would make the deliverable
+    unopenable); a name that had to change keeps a short hash of the original, so two names
+    never meet."""
     text = name if isinstance(name, str) else repr(name)
     base = text.replace("\\", "/").rsplit("/", 1)[-1]
-    clean = _UNSAFE.sub("_", base).strip(" .")[:100]
-    if clean == base and clean:
+    clean = _UNSAFE.sub("_", base).strip(" .")
+    if clean == base and 0 < len(clean) <= 100:
         return clean
     tag = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:8]
     stem, dot, ext = clean.rpartition(".")
-    if not dot or not stem:
+    if not dot or not stem or len(ext) > 12:
         stem, ext = clean, ""
-    return f"{stem or 'file'}-{tag}" + (f".{ext[:12]}" if ext else "")
+    return f"{stem[:100] or 'file'}-{tag}" + (f".{ext}" if ext else "")
 
 
 def found_in(body: Any) -> tuple[set[str], list[Found]]:
@@ -144,7 +145,8 @@ class Collector:
         try:
             return await self._collect(custom_id, body, endpoint, headers)
         except FilesFailed:
-            shutil.rmtree(os.path.join(self.root, safe_file_name(custom_id)), ignore_errors=True)
+            with contextlib.suppress(OSError):
+                _remove(os.path.join(self.root, safe_file_name(custom_id)))
             raise
 
     async def _collect(
@@ -187,12 +189,12 @@ class Collector:
             if records:  # on disk before the folder is in place (and long before its line)
                 await asyncio.to_thread(_sync_folder, stage, opened)
             if records or os.path.lexists(target):
-                with contextlib.suppress(FileNotFoundError):
-                    shutil.rmtree(target)  # an earlier attempt's, which has no line
+                _remove(target)  # an earlier attempt's, which has no line
                 if records:
                     os.replace(stage, target)
         except OSError as exc:
-            raise FilesFailed(f"{custom_id}: cannot write its files: {exc.strerror}") from None
+            why = exc.strerror or str(exc)
+            raise FilesFailed(f"{custom_id}: cannot write its files: {why}") from None
         finally:
             for fd in opened:
                 os.close(fd)
@@ -289,6 +291,16 @@ class Collector:
             raise FilesFailed(f"{shown}: cannot write it: {exc.strerror}", "files_failed") from None
         return {"bytes": size, "sha256": digest.hexdigest(),
                 "container_id": item.container_id, "file_id": item.file_id}  # fmt: skip
+
+
+def _remove(path: str) -> None:
+    """Remove what is at `path` under DIR, never following a link planted there (a folder
+    replaced by a link to elsewhere, a file where a folder was): the link goes, not its target."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
 
 
 def _sync_folder(folder: str, opened: list[int]) -> None:

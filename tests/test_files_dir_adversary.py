@@ -1,0 +1,150 @@
+"""Hosted code interpreter files under attack: a link planted where a request's folder goes,
+server names too long to keep whole, Azure's v1 paths, a reference file swapped for a pipe
+between the scan and the upload. On the mock over HTTP, with real files."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import threading
+from pathlib import Path
+
+import aiohttp
+import pytest
+from batchutil import cli, read_results
+
+from jsonlbatch.exec.prepare.file_refs import FileRefs
+from jsonlbatch.exec.route.endpoints import parse_endpoint
+from jsonlbatch.exec.send.file_collect import safe_file_name
+from jsonlbatch.exec.send.file_uploads import UploadFailed, Uploads
+from jsonlbatch.mock import BackgroundMock, MockConfig
+from jsonlbatch.records import Request
+
+
+def ci_line(cid: str, prompt: str, refs: list[str]) -> dict:
+    tool = {"type": "code_interpreter", "container": {"type": "auto", "file_ids": refs}}
+    return {"custom_id": cid, "method": "POST", "url": "/v1/responses",
+            "body": {"model": "mock", "input": prompt, "tools": [tool]}}  # fmt: skip
+
+
+def write(path: Path, lines: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return path
+
+
+@pytest.fixture
+def mock():
+    with BackgroundMock(MockConfig()) as server:
+        yield server
+
+
+@pytest.mark.parametrize("planted", ["link-to-folder", "dangling-link", "plain-file"])
+def test_a_link_planted_at_a_requests_folder_is_replaced_never_followed(tmp_path, mock, planted):
+    """A request with no line (a kill -9 after its folder was made, or a user's mistake) whose
+    DIR/<custom_id> is now a link to elsewhere: the link goes, its target stays untouched, and
+    the request gets its files (it used to fail on every retry: 'cannot write its files: None')."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("mine")
+    fdir = tmp_path / "files"
+    fdir.mkdir()
+    if planted == "link-to-folder":
+        (fdir / "r1").symlink_to(outside)
+    elif planted == "dangling-link":
+        (fdir / "r1").symlink_to(tmp_path / "gone")
+    else:
+        (fdir / "r1").write_text("not a folder")
+    req = write(tmp_path / "req.jsonl", [ci_line("r1", "make it", [])])
+    out = tmp_path / "out.jsonl"
+    done = cli("exec", str(req), "-o", str(out), "--url", mock.url, "--files-dir", str(fdir), "-q")
+    assert done.returncode == 0, done.stderr + done.stdout
+    line = read_results(out)["r1"]
+    assert line.get("error") is None
+    folder = fdir / "r1"
+    assert folder.is_dir() and not folder.is_symlink()
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        f["name"] for f in line["metrics"]["files"]
+    )
+    assert sorted(p.name for p in outside.iterdir()) == ["keep.txt"]
+    assert (outside / "keep.txt").read_text() == "mine"
+
+
+def test_a_name_too_long_to_keep_keeps_its_extension(tmp_path, mock):
+    long = "Quarterly summary for the board " * 6 + ".xlsx"
+    req = write(tmp_path / "req.jsonl", [ci_line("r1", f"mock:name={long.replace(' ', '_')}", [])])
+    out, fdir = tmp_path / "out.jsonl", tmp_path / "files"
+    done = cli("exec", str(req), "-o", str(out), "--url", mock.url, "--files-dir", str(fdir), "-q")
+    assert done.returncode == 0, done.stderr
+    names = [f["name"] for f in read_results(out)["r1"]["metrics"]["files"]]
+    assert names[0].endswith(".xlsx") and len(names[0]) <= 122
+    assert (fdir / "r1" / names[0]).is_file()
+
+
+@pytest.mark.parametrize(
+    "name, kept",
+    [
+        ("x" * 5000 + ".txt", ".txt"),
+        ("résumé" * 40 + ".docx", ".docx"),
+        ("a" * 150, ""),  # no extension: none made up
+        ("report_" * 20 + "." + "z" * 40, ""),  # an "extension" of 40 letters is not one
+    ],
+)
+def test_safe_file_name_keeps_a_real_extension_within_its_length(name, kept):
+    safe = safe_file_name(name)
+    assert len(safe) <= 122 and "/" not in safe
+    assert re.search(r"-[0-9a-f]{8}" + re.escape(kept) + "$", safe), safe
+    assert safe != safe_file_name(name + "x")  # two long names never meet
+
+
+def test_azure_v1_paths_need_no_api_version(tmp_path, mock):
+    """Azure OpenAI's v1 API (`.../openai/v1`) takes no `api-version` (Microsoft's "API version
+    lifecycle" page); docs/files.md lists it, so the mock must serve it as Azure does."""
+    ref = tmp_path / "ledger.csv"
+    ref.write_text("a,b\n1,2\n")
+    base = mock.url.removesuffix("/v1") + "/openai/v1"
+    req = write(tmp_path / "req.jsonl", [ci_line("r1", "make it", [f"file://{ref}"])])
+    out, fdir = tmp_path / "out.jsonl", tmp_path / "files"
+    done = cli("exec", str(req), "-o", str(out), "--url", base, "--files-dir", str(fdir), "-q")
+    assert done.returncode == 0, done.stderr
+    line = read_results(out)["r1"]
+    assert line.get("error") is None and len(line["metrics"]["files"]) == 2
+    assert mock.stats.requests.get("/openai/v1/files", 0) == 1
+
+
+def test_a_reference_swapped_for_a_pipe_after_the_scan_fails_its_request(tmp_path, mock):
+    """The scan read a regular file; by the upload it is a FIFO. Opening it plainly would block
+    the event loop (every request in flight) until a writer came: it fails the request instead."""
+    ref = tmp_path / "ref.csv"
+    ref.write_text("a")
+    refs = FileRefs()
+    body = ci_line("g", "x", [f"file://{ref}"])["body"]
+    assert refs.resolve(body) == []
+    ref.unlink()
+    os.mkfifo(ref)
+    caught: list[BaseException] = []
+
+    async def send() -> None:
+        async with aiohttp.ClientSession() as session:
+            uploads = Uploads(refs, [str(tmp_path / "side.json")], session, 5.0)
+            endpoint = parse_endpoint(mock.url)
+            await uploads.swap(Request("g", "/v1/responses", body), endpoint, {})
+
+    def run() -> None:
+        try:
+            asyncio.run(send())
+        except BaseException as exc:  # handed to the test's thread
+            caught.append(exc)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(10)
+    if worker.is_alive():  # blocked opening the pipe: let it go, then fail
+        fd = os.open(ref, os.O_WRONLY | os.O_NONBLOCK)
+        os.close(fd)
+        worker.join(10)
+        pytest.fail("the upload blocked on a FIFO put where the reference file was")
+    assert len(caught) == 1 and isinstance(caught[0], UploadFailed), caught
+    assert "not a regular file" in str(caught[0])
+    assert mock.stats.requests.get("/v1/files", 0) == 0
