@@ -153,9 +153,13 @@ def test_image_tokens_follow_the_published_rules():
     assert cost.openai_image_tokens(4096, 8192) == 1105
     assert cost.openai_image_tokens(4000, 3000, "low") == 85
     assert cost.openai_image_tokens(100, 100) == 255
-    # Anthropic: width x height / 750, a long edge over 1568 scaled down first
+    # Anthropic: width x height / 750, scaled down first to a long edge of 1568 and to about
+    # 1,600 tokens (1.15 megapixels): 1092 x 1092 is its largest square sent as it is
     assert cost.anthropic_image_tokens(1000, 1000) == 1334
-    assert cost.anthropic_image_tokens(3136, 2000) == 1568 * 1000 // 750 + 1
+    assert cost.anthropic_image_tokens(1092, 1092) == 1590
+    assert cost.anthropic_image_tokens(1568, 1568) == 1600
+    assert cost.anthropic_image_tokens(3136, 2000) == 1600
+    assert cost.anthropic_image_tokens(8000, 200) == 1568 * 39 // 750 + 1
 
 
 def test_the_estimate_counts_images_by_model_and_reports_what_it_cannot_size():
