@@ -13,7 +13,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from batchutil import cli, read_results
+from batchutil import ENV, cli, read_results
 
 from jsonlbatch.exec.prepare.file_refs import FileRefs
 from jsonlbatch.exec.route.endpoints import parse_endpoint
@@ -148,3 +148,15 @@ def test_a_reference_swapped_for_a_pipe_after_the_scan_fails_its_request(tmp_pat
     assert len(caught) == 1 and isinstance(caught[0], UploadFailed), caught
     assert "not a regular file" in str(caught[0])
     assert mock.stats.requests.get("/v1/files", 0) == 0
+
+
+def test_files_dir_with_a_cache_from_the_environment_says_how_to_turn_it_off(tmp_path, mock):
+    """A user who never typed --cache (it came from $JSONLBATCH_CACHE) is told the way out."""
+    req = write(tmp_path / "req.jsonl", [ci_line("r1", "make it", [])])
+    env = {**ENV, "JSONLBATCH_CACHE": str(tmp_path / "cache")}
+    args = ("exec", str(req), "-o", str(tmp_path / "out.jsonl"), "--url", mock.url,
+            "--files-dir", str(tmp_path / "files"), "-q")  # fmt: skip
+    refused = cli(*args, env=env)
+    assert refused.returncode == 2 and "--cache off" in refused.stderr, refused.stderr
+    assert "JSONLBATCH_CACHE" in refused.stderr and "Traceback" not in refused.stderr
+    assert cli(*args, "--cache", "off", env=env).returncode == 0
