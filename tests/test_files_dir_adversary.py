@@ -9,11 +9,12 @@ import json
 import os
 import re
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
 import pytest
-from batchutil import ENV, cli, read_results
+from batchutil import ENV, cli, read_results, serve_app
 
 from jsonlbatch.exec.prepare.file_refs import FileRefs
 from jsonlbatch.exec.route.endpoints import parse_endpoint
@@ -160,3 +161,81 @@ def test_files_dir_with_a_cache_from_the_environment_says_how_to_turn_it_off(tmp
     assert refused.returncode == 2 and "--cache off" in refused.stderr, refused.stderr
     assert "JSONLBATCH_CACHE" in refused.stderr and "Traceback" not in refused.stderr
     assert cli(*args, "--cache", "off", env=env).returncode == 0
+
+
+def _container_server(listing) -> tuple[str, Callable[[], None]]:
+    """A Responses server whose answers used container `cntr_1`, which lists what `listing`
+    streams; each file's content is its id."""
+    from aiohttp import web
+
+    async def respond(request: web.Request) -> web.Response:
+        await request.read()
+        return web.json_response({"id": "resp_1", "object": "response", "status": "completed",
+            "model": "mock", "usage": {"input_tokens": 1, "output_tokens": 1, "total_tokens": 2},
+            "output": [{"type": "code_interpreter_call", "id": "ci", "container_id": "cntr_1",
+                        "code": "", "status": "completed"},
+                       {"type": "message", "id": "m", "role": "assistant", "status": "completed",
+                        "content": [{"type": "output_text", "text": "ok", "annotations": []}]}]})  # fmt: skip
+
+    async def files(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await resp.prepare(request)
+        for chunk in listing():
+            await resp.write(chunk)
+        return resp
+
+    async def content(request: web.Request) -> web.Response:
+        return web.Response(body=request.match_info["fid"].encode())
+
+    app = web.Application()
+    app.router.add_post("/v1/responses", respond)
+    app.router.add_get("/v1/containers/{cid}/files", files)
+    app.router.add_get("/v1/containers/{cid}/files/{fid}/content", content)
+    return serve_app(app)
+
+
+def test_a_listing_page_without_end_fails_the_request_in_bounded_memory(tmp_path):
+    """A listing page is read whole before it is parsed: one that never ends (or holds a
+    gigabyte) used to grow until memory or --timeout ran out; it fails at 8 MB."""
+
+    def endless():
+        yield b'{"object": "list", "data": [' + b'{"id": "cfile_0", "source": "user"},' * 100
+        for _ in range(20_000):  # 40 MB in 2 KB pieces: past the cap, within a test's time
+            yield b" " * 2048
+
+    url, stop = _container_server(endless)
+    try:
+        req = write(tmp_path / "req.jsonl", [ci_line("r1", "x", [])])
+        out, fdir = tmp_path / "out.jsonl", tmp_path / "files"
+        done = cli("exec", str(req), "-o", str(out), "--url", url, "--files-dir", str(fdir),
+                   "--model", "mock", "-q")  # fmt: skip
+    finally:
+        stop()
+    assert done.returncode == 3, done.stderr
+    error = read_results(out)["r1"]["error"]
+    assert error["code"] == "too_many_files" and "listing page is over" in error["message"]
+    assert [p.name for p in fdir.iterdir()] == [".partial"]
+
+
+def test_names_differing_only_in_case_are_two_files_on_any_disk(tmp_path):
+    """`Report.txt` and `report.txt` are one file on macOS's and Windows' disks: the second
+    gets a number, so a run gives the same names everywhere and never fails on 'File exists'."""
+    entries = [{"id": f"cfile_{i}", "path": f"/mnt/data/{name}", "source": "assistant",
+                "bytes": 7} for i, name in enumerate(["Report.txt", "report.txt", "REPORT.TXT"])]  # fmt: skip
+
+    def listing():
+        yield json.dumps({"object": "list", "data": entries, "has_more": False}).encode()
+
+    url, stop = _container_server(listing)
+    try:
+        req = write(tmp_path / "req.jsonl", [ci_line("r1", "x", [])])
+        out, fdir = tmp_path / "out.jsonl", tmp_path / "files"
+        done = cli("exec", str(req), "-o", str(out), "--url", url, "--files-dir", str(fdir),
+                   "--model", "mock", "-q")  # fmt: skip
+    finally:
+        stop()
+    assert done.returncode == 0, done.stderr
+    names = [f["name"] for f in read_results(out)["r1"]["metrics"]["files"]]
+    assert names == ["Report.txt", "2-report.txt", "3-REPORT.TXT"]
+    assert len({n.casefold() for n in names}) == 3
+    assert sorted(p.name for p in (fdir / "r1").iterdir()) == sorted(names)

@@ -28,15 +28,20 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import orjson
 
 from jsonlbatch.errors import OutputError
 from jsonlbatch.exec.hooks.check_hook import AskAgain, Reject
 from jsonlbatch.exec.route.endpoints import Endpoint, describe_exception
+from jsonlbatch.exec.send.body_caps import read_body
+from jsonlbatch.exec.send.streaming import StreamError
 
 #: The most files one answer may leave, and the most listing entries read to find them.
 MAX_FILES = 100
 MAX_LISTED = 1000
 MAX_FILE_BYTES = 512 << 20  # one file's cap (`--max-file-bytes`)
+#: One listing page's most bytes (a page of 100 entries is some 20 KB): a larger one is hostile.
+MAX_LISTING_BYTES = 8 << 20
 _PAGE = 100
 _CHUNK = 1 << 16
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,199}")  # a server's id, before it goes in a URL
@@ -177,10 +182,12 @@ class Collector:
             for item in wanted.values():
                 name = safe_file_name(item.name)
                 stem, n = name, 1
-                while name in used:  # two files of one name: the second gets a number
+                # two files of one name, or of names differing only in case (one file on a
+                # case-insensitive disk: macOS, Windows): the second gets a number
+                while name.casefold() in used:
                     n += 1
                     name = f"{n}-{stem}"
-                used.add(name)
+                used.add(name.casefold())
                 path = os.path.join(stage, name)
                 opened.append(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
                 record = await self._fetch(custom_id, item, opened[-1], endpoint, headers)
@@ -226,7 +233,15 @@ class Collector:
                             f"{custom_id}: listing container {cid} failed: HTTP {resp.status} "
                             "(expired?)", "container_gone" if resp.status == 404 else "files_failed",
                         )  # fmt: skip
-                    page = await resp.json(content_type=None)
+                    raw = await read_body(
+                        resp.content.iter_any(), MAX_LISTING_BYTES, resp.content_length
+                    )
+                page = orjson.loads(raw)
+            except StreamError:
+                raise FilesFailed(
+                    f"{custom_id}: container {cid}'s listing page is over "
+                    f"{MAX_LISTING_BYTES:,} bytes; none was kept", "too_many_files",
+                ) from None  # fmt: skip
             except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
                 raise FilesFailed(f"{custom_id}: listing container {cid} failed: "
                                   f"{describe_exception(exc)}") from None  # fmt: skip
