@@ -202,17 +202,21 @@ _PNG_END = b"IEND\xaeB`\x82"
 
 
 def truncated(data: bytes, mime: str) -> bool:
-    """Whether a PNG, JPEG or GIF file was cut short (a download or copy that stopped): a PNG
-    without its IEND chunk, a JPEG without an end marker after its first scan (entropy-coded
-    data cannot hold one), a GIF without its trailer. Bytes after the end (a phone's motion
-    photo appends a video to its JPEG) are not a cut."""
+    """Whether a PNG, JPEG, GIF or WebP file was cut short (a download or copy that stopped): a
+    PNG without its IEND chunk, a JPEG without an end marker after its first scan (entropy-coded
+    data cannot hold one), a GIF whose last byte (zero padding aside) is not its trailer `;`
+    (its compressed data holds that byte anywhere, so it is looked for at the end only), a WebP
+    shorter than its RIFF header says. Bytes after the end (a phone's motion photo appends a
+    video to its JPEG) are not a cut."""
     if mime == "image/png":
         return _PNG_END not in data
     if mime == "image/jpeg":
         scan = _jpeg_marker(bytes_reader(data), _SOS)
         return scan is None or data.find(b"\xff\xd9", scan[0]) < 0
     if mime == "image/gif":
-        return b";" not in data[-1024:]
+        return not data.rstrip(b"\0").endswith(b";")
+    if mime == "image/webp":
+        return len(data) < 8 + int.from_bytes(data[4:8], "little")
     return False
 
 

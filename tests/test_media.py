@@ -146,6 +146,23 @@ def test_a_cut_jpeg_is_truncated_and_one_with_bytes_after_its_end_is_not(tmp_pat
         data_url(tmp_path / "half.jpg")
 
 
+@pytest.mark.parametrize("fmt, mime", [("GIF", "image/gif"), ("WEBP", "image/webp")])
+def test_a_cut_gif_or_webp_is_truncated(tmp_path, fmt, mime):
+    """A noisy GIF's compressed data holds `;` bytes anywhere, so one cut in half used to pass
+    as whole (its last 1 KB held one); a WebP was never checked."""
+    image_module = pytest.importorskip("PIL.Image")
+    out = io.BytesIO()
+    image_module.effect_noise((200, 200), 60).convert("RGB").save(out, format=fmt)
+    whole = out.getvalue()
+    assert not media.truncated(whole, mime)
+    assert not media.truncated(whole + b"\0" * 16, mime)  # padding after the end is no cut
+    cuts = [whole[:n] for n in range(len(whole) // 4, len(whole) - 1, max(1, len(whole) // 40))]
+    assert all(media.truncated(cut, mime) for cut in cuts if not cut.endswith(b";"))
+    (tmp_path / "half.img").write_bytes(whole[: len(whole) // 2].rstrip(b";"))
+    with pytest.raises(MediaError, match=f"truncated {fmt}"):
+        data_url(tmp_path / "half.img")
+
+
 def test_image_tokens_follow_the_published_rules():
     # OpenAI's examples: 1024 x 1024 high is 765; 2048 x 4096 is scaled to 768 x 1536, 6 tiles
     assert cost.openai_image_tokens(1024, 1024, "high") == 765
