@@ -209,7 +209,10 @@ class Collector:
         self.collected += len(records)
         return records
 
-    async def _get(self, url: str, endpoint: Endpoint, headers: dict[str, str]) -> Any:
+    def _get(
+        self, url: str, endpoint: Endpoint, headers: dict[str, str]
+    ) -> contextlib.AbstractAsyncContextManager[aiohttp.ClientResponse]:
+        """A GET of the container API, bounded in time, never redirected elsewhere."""
         return self.session.get(url, headers=headers, proxy=endpoint.proxy,
                                 timeout=self.timeout, allow_redirects=False)  # fmt: skip
 
@@ -227,7 +230,7 @@ class Collector:
             url = endpoint.url_for(f"/v1/containers/{cid}/files")
             url = url.replace("?", query + "&", 1) if "?" in url else url + query
             try:
-                async with await self._get(url, endpoint, headers) as resp:
+                async with self._get(url, endpoint, headers) as resp:
                     if resp.status != 200:
                         raise FilesFailed(
                             f"{custom_id}: listing container {cid} failed: HTTP {resp.status} "
@@ -279,7 +282,7 @@ class Collector:
         url = endpoint.url_for(f"/v1/containers/{item.container_id}/files/{item.file_id}/content")
         digest, size = hashlib.sha256(), 0
         try:
-            async with await self._get(url, endpoint, headers) as resp:
+            async with self._get(url, endpoint, headers) as resp:
                 if resp.status != 200:
                     raise FilesFailed(f"{shown}: download failed: HTTP {resp.status}")
                 if (resp.content_length or 0) > self.max_bytes:
