@@ -163,10 +163,13 @@ def test_files_dir_with_a_cache_from_the_environment_says_how_to_turn_it_off(tmp
     assert cli(*args, "--cache", "off", env=env).returncode == 0
 
 
-def _container_server(listing) -> tuple[str, Callable[[], None]]:
+def _container_server(listing, pages: list | None = None) -> tuple[str, Callable[[], None]]:
     """A Responses server whose answers used container `cntr_1`, which lists what `listing`
-    streams; each file's content is its id."""
+    streams (given the page's `after` cursor); each file's content is its id. `pages` gets
+    each listing page's cursor."""
     from aiohttp import web
+
+    pages = [] if pages is None else pages
 
     async def respond(request: web.Request) -> web.Response:
         await request.read()
@@ -178,9 +181,10 @@ def _container_server(listing) -> tuple[str, Callable[[], None]]:
                         "content": [{"type": "output_text", "text": "ok", "annotations": []}]}]})  # fmt: skip
 
     async def files(request: web.Request) -> web.StreamResponse:
+        pages.append(request.query.get("after"))
         resp = web.StreamResponse(headers={"Content-Type": "application/json"})
         await resp.prepare(request)
-        for chunk in listing():
+        for chunk in listing(request.query.get("after")):
             await resp.write(chunk)
         return resp
 
@@ -198,7 +202,7 @@ def test_a_listing_page_without_end_fails_the_request_in_bounded_memory(tmp_path
     """A listing page is read whole before it is parsed: one that never ends (or holds a
     gigabyte) used to grow until memory or --timeout ran out; it fails at 8 MB."""
 
-    def endless():
+    def endless(after):
         yield b'{"object": "list", "data": [' + b'{"id": "cfile_0", "source": "user"},' * 100
         for _ in range(20_000):  # 40 MB in 2 KB pieces: past the cap, within a test's time
             yield b" " * 2048
@@ -223,7 +227,7 @@ def test_names_differing_only_in_case_are_two_files_on_any_disk(tmp_path):
     entries = [{"id": f"cfile_{i}", "path": f"/mnt/data/{name}", "source": "assistant",
                 "bytes": 7} for i, name in enumerate(["Report.txt", "report.txt", "REPORT.TXT"])]  # fmt: skip
 
-    def listing():
+    def listing(after):
         yield json.dumps({"object": "list", "data": entries, "has_more": False}).encode()
 
     url, stop = _container_server(listing)
@@ -239,3 +243,32 @@ def test_names_differing_only_in_case_are_two_files_on_any_disk(tmp_path):
     assert names == ["Report.txt", "2-report.txt", "3-REPORT.TXT"]
     assert len({n.casefold() for n in names}) == 3
     assert sorted(p.name for p in (fdir / "r1").iterdir()) == sorted(names)
+
+
+@pytest.mark.parametrize("cursor", ["loop", "fresh"])
+def test_a_listing_that_never_ends_is_read_a_bounded_number_of_pages(tmp_path, cursor):
+    """`has_more` forever with empty pages: cursors that come round again (a, b, a, ...) end
+    the listing; ever new ones fail the request after 100 pages. Either used to ask forever."""
+
+    def listing(after):
+        n = int(after.rsplit("_", 1)[1]) if after else 0
+        last = f"c_{(n + 1) % 2 if cursor == 'loop' else n + 1}"
+        yield json.dumps({"object": "list", "data": [], "has_more": True, "last_id": last}).encode()
+
+    pages: list = []
+    url, stop = _container_server(listing, pages)
+    try:
+        req = write(tmp_path / "req.jsonl", [ci_line("r1", "x", [])])
+        out, fdir = tmp_path / "out.jsonl", tmp_path / "files"
+        done = cli("exec", str(req), "-o", str(out), "--url", url, "--files-dir", str(fdir),
+                   "--model", "mock", "-q", timeout=60)  # fmt: skip
+    finally:
+        stop()
+    line = read_results(out)["r1"]
+    if cursor == "loop":
+        assert done.returncode == 0 and line["metrics"]["files"] == [], done.stderr
+        assert len(pages) == 3  # None, c_1, c_0: c_1 again ends it
+    else:
+        assert done.returncode == 3 and line["error"]["code"] == "too_many_files"
+        assert "did not end after 100 pages" in line["error"]["message"]
+        assert len(pages) == 100

@@ -43,6 +43,9 @@ MAX_FILE_BYTES = 512 << 20  # one file's cap (`--max-file-bytes`)
 #: One listing page's most bytes (a page of 100 entries is some 20 KB): a larger one is hostile.
 MAX_LISTING_BYTES = 8 << 20
 _PAGE = 100
+#: The most listing pages read: a server that answers `has_more` with empty pages and ever new
+#: cursors would otherwise be asked forever (a real listing of 1,000 entries takes 10).
+_MAX_PAGES = 100
 _CHUNK = 1 << 16
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,199}")  # a server's id, before it goes in a URL
 _UNSAFE = re.compile(r"[^A-Za-z0-9._ ()+,=@-]")
@@ -224,8 +227,8 @@ class Collector:
                 f"{custom_id}: the answer names a container {cid!r} that is not an id"
             )
         found: list[Found] = []
-        after, seen = None, 0
-        while True:
+        after, seen, cursors = None, 0, set()
+        for _ in range(_MAX_PAGES):
             query = f"?limit={_PAGE}" + (f"&after={after}" if after else "")
             url = endpoint.url_for(f"/v1/containers/{cid}/files")
             url = url.replace("?", query + "&", 1) if "?" in url else url + query
@@ -258,8 +261,8 @@ class Collector:
                     found.append(Found(cid, str(entry.get("id")), str(entry.get("path") or entry.get("id")),
                                        size if type(size) is int else None))  # fmt: skip
             last = page.get("last_id")
-            if not page.get("has_more") or not isinstance(last, str) or last == after:
-                return found
+            if not page.get("has_more") or not isinstance(last, str) or last in cursors:
+                return found  # the end, or a cursor seen before (a loop: nothing new after it)
             if not _ID.fullmatch(last):  # a cursor that is not an id never goes in a URL
                 raise FilesFailed(f"{custom_id}: container {cid}'s listing has a bad cursor")
             if seen >= MAX_LISTED or len(found) > self.max_files:
@@ -269,6 +272,11 @@ class Collector:
                     "too_many_files",
                 )  # fmt: skip
             after = last
+            cursors.add(last)
+        raise FilesFailed(
+            f"{custom_id}: container {cid}'s listing did not end after {_MAX_PAGES} pages "
+            f"({seen} entries); none was kept", "too_many_files",
+        )  # fmt: skip
 
     async def _fetch(
         self, custom_id: str, item: Found, fd: int, endpoint: Endpoint, headers: dict[str, str]
