@@ -15,6 +15,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 from batchutil import ENV, cli, read_results, serve_app
+from test_hosted_files import ci_line, write
 
 from jsonlbatch.exec.prepare.file_refs import FileRefs
 from jsonlbatch.exec.route.endpoints import parse_endpoint
@@ -22,17 +23,6 @@ from jsonlbatch.exec.send.file_collect import safe_file_name
 from jsonlbatch.exec.send.file_uploads import UploadFailed, Uploads
 from jsonlbatch.mock import BackgroundMock, MockConfig
 from jsonlbatch.records import Request
-
-
-def ci_line(cid: str, prompt: str, refs: list[str]) -> dict:
-    tool = {"type": "code_interpreter", "container": {"type": "auto", "file_ids": refs}}
-    return {"custom_id": cid, "method": "POST", "url": "/v1/responses",
-            "body": {"model": "mock", "input": prompt, "tools": [tool]}}  # fmt: skip
-
-
-def write(path: Path, lines: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    return path
 
 
 @pytest.fixture
@@ -198,6 +188,19 @@ def _container_server(listing, pages: list | None = None) -> tuple[str, Callable
     return serve_app(app)
 
 
+def _run_on(tmp_path: Path, listing, pages: list | None = None):
+    """exec --files-dir of one request on `_container_server(listing)`: (its run, out, DIR)."""
+    url, stop = _container_server(listing, pages)
+    try:
+        req = write(tmp_path / "req.jsonl", [ci_line("r1", "x", [])])
+        out, fdir = tmp_path / "out.jsonl", tmp_path / "files"
+        done = cli("exec", str(req), "-o", str(out), "--url", url, "--files-dir", str(fdir),
+                   "--model", "mock", "-q", timeout=60)  # fmt: skip
+    finally:
+        stop()
+    return done, out, fdir
+
+
 def test_a_listing_page_without_end_fails_the_request_in_bounded_memory(tmp_path):
     """A listing page is read whole before it is parsed: one that never ends (or holds a
     gigabyte) used to grow until memory or --timeout ran out; it fails at 8 MB."""
@@ -207,14 +210,7 @@ def test_a_listing_page_without_end_fails_the_request_in_bounded_memory(tmp_path
         for _ in range(20_000):  # 40 MB in 2 KB pieces: past the cap, within a test's time
             yield b" " * 2048
 
-    url, stop = _container_server(endless)
-    try:
-        req = write(tmp_path / "req.jsonl", [ci_line("r1", "x", [])])
-        out, fdir = tmp_path / "out.jsonl", tmp_path / "files"
-        done = cli("exec", str(req), "-o", str(out), "--url", url, "--files-dir", str(fdir),
-                   "--model", "mock", "-q")  # fmt: skip
-    finally:
-        stop()
+    done, out, fdir = _run_on(tmp_path, endless)
     assert done.returncode == 3, done.stderr
     error = read_results(out)["r1"]["error"]
     assert error["code"] == "too_many_files" and "listing page is over" in error["message"]
@@ -230,14 +226,7 @@ def test_names_differing_only_in_case_are_two_files_on_any_disk(tmp_path):
     def listing(after):
         yield json.dumps({"object": "list", "data": entries, "has_more": False}).encode()
 
-    url, stop = _container_server(listing)
-    try:
-        req = write(tmp_path / "req.jsonl", [ci_line("r1", "x", [])])
-        out, fdir = tmp_path / "out.jsonl", tmp_path / "files"
-        done = cli("exec", str(req), "-o", str(out), "--url", url, "--files-dir", str(fdir),
-                   "--model", "mock", "-q")  # fmt: skip
-    finally:
-        stop()
+    done, out, fdir = _run_on(tmp_path, listing)
     assert done.returncode == 0, done.stderr
     names = [f["name"] for f in read_results(out)["r1"]["metrics"]["files"]]
     assert names == ["Report.txt", "2-report.txt", "3-REPORT.TXT"]
@@ -256,14 +245,7 @@ def test_a_listing_that_never_ends_is_read_a_bounded_number_of_pages(tmp_path, c
         yield json.dumps({"object": "list", "data": [], "has_more": True, "last_id": last}).encode()
 
     pages: list = []
-    url, stop = _container_server(listing, pages)
-    try:
-        req = write(tmp_path / "req.jsonl", [ci_line("r1", "x", [])])
-        out, fdir = tmp_path / "out.jsonl", tmp_path / "files"
-        done = cli("exec", str(req), "-o", str(out), "--url", url, "--files-dir", str(fdir),
-                   "--model", "mock", "-q", timeout=60)  # fmt: skip
-    finally:
-        stop()
+    done, out, _ = _run_on(tmp_path, listing, pages)
     line = read_results(out)["r1"]
     if cursor == "loop":
         assert done.returncode == 0 and line["metrics"]["files"] == [], done.stderr
