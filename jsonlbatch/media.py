@@ -31,6 +31,13 @@ KNOWN_TYPES = "PNG, JPEG, GIF, WebP or PDF"
 
 _B64_ALPHABET = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
 _B64_STRAY = re.compile(r"[^A-Za-z0-9+/]")
+#: What a stray character most likely means, said after it.
+_B64_HINTS = {
+    **dict.fromkeys(
+        "\n\r \t", ": base64 wrapped in lines (as email tools write it) must be one run"
+    ),
+    **dict.fromkeys("-_", ": URL-safe base64; a data: URL takes the standard alphabet (+ and /)"),
+}
 _JPEG_SCAN_LIMIT = 1 << 24  # a SOF marker further in than 16 MB: not sized
 _JPEG_SEGMENTS = 4096
 _NO_LENGTH = frozenset({0x01, *range(0xD0, 0xD8)})
@@ -70,7 +77,8 @@ def base64_problem(payload: str) -> str | None:
     ):
         at = _B64_STRAY.search(payload, 0, len(payload) - pads)
         where = f"character {payload[at.start()]!r} at {at.start()}" if at else "a stray character"
-        return f"the base64 does not decode ({where})"
+        stray = payload[at.start()] if at else ""
+        return f"the base64 does not decode ({where}){_B64_HINTS.get(stray, '')}"
     if len(payload) % 4:
         return f"the base64 does not decode (its length, {len(payload)}, is not a multiple of 4)"
     return None

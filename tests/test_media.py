@@ -432,6 +432,9 @@ def test_base64_check_is_exact():
         assert media.base64_problem(text) is None
     for text in ("", "QUJ", "QU=D", "QUJD\n", "QUJD====", "QU-_", "Q===", "QUJD QUJD"):
         assert media.base64_problem(text) is not None, text
+    # the two ways a real picture's base64 goes wrong are named, so a user knows the fix
+    assert "wrapped in lines" in media.base64_problem("QUJD\nQUJD")
+    assert "URL-safe" in media.base64_problem("QU-_")
 
 
 def test_max_cost_counts_the_pictures_it_pays_for(tmp_path, mock_server):
