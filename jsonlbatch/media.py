@@ -315,6 +315,11 @@ def part_problem(part: dict[str, Any]) -> tuple[str, str] | None:
     if kind == "input_image":  # the Responses API: a URL string, or an uploaded file's id
         url = part.get("image_url")
         if url is None and isinstance(part.get("file_id"), str):
+            if part["file_id"].startswith("file://"):  # uploaded only where docs/files.md says
+                return "file_id", (
+                    "a file:// path is not uploaded for an input_image: embed the picture as a "
+                    "data: URL in image_url (gen's data_url filter)"
+                )
             return None
         problem = image_url_problem(url)
         return ("image_url", problem) if problem else None

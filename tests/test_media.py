@@ -427,6 +427,15 @@ def test_validate_checks_responses_and_messages_api_parts_too(tmp_path):
     )
 
 
+def test_an_input_image_naming_a_local_path_as_its_file_id_is_refused():
+    """Only the slots docs/files.md lists upload a `file://` path; an input_image's file_id
+    holding one went out as it was, for the server to refuse after the batch was sent."""
+    part = {"type": "input_image", "file_id": "file://photos/cat.png"}
+    where, why = media.part_problem(part)
+    assert where == "file_id" and "data_url" in why
+    assert media.part_problem({"type": "input_image", "file_id": "file-abc123"}) is None
+
+
 def test_base64_check_is_exact():
     for text in ("QUJD", "QUI=", "QQ==", base64.b64encode(bytes(range(256)) * 100).decode()):
         assert media.base64_problem(text) is None
