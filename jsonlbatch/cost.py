@@ -180,14 +180,21 @@ def openai_image_tokens(width: int, height: int, detail: str | None = None) -> i
     return 85 + 170 * max(tiles, 1)
 
 
+#: Anthropic scales a picture down (keeping its shape) until its long edge is at most 1568 px
+#: and it is at most about 1,600 tokens (some 1.15 megapixels: 1092 x 1092 is its largest
+#: square sent as it is), so no image costs more than that.
+_ANTHROPIC_LONG_EDGE = 1568
+_ANTHROPIC_MAX_TOKENS = 1600
+
+
 def anthropic_image_tokens(width: int, height: int) -> int:
-    """Anthropic's published rule: width x height / 750, after a picture whose long edge is
-    over 1568 px is scaled down to that."""
+    """Anthropic's published rule: width x height / 750, after the picture is scaled down to a
+    long edge of 1568 px and to about 1,600 tokens, as Anthropic does before billing it."""
     w, h = float(width), float(height)
-    if max(w, h) > 1568:
-        scale = 1568 / max(w, h)
+    if max(w, h) > _ANTHROPIC_LONG_EDGE:
+        scale = _ANTHROPIC_LONG_EDGE / max(w, h)
         w, h = w * scale, h * scale
-    return max(1, math.ceil(int(w) * int(h) / 750))
+    return max(1, min(_ANTHROPIC_MAX_TOKENS, math.ceil(int(w) * int(h) / 750)))
 
 
 def tiktoken_counter(model: str | None = None) -> Callable[[str], int] | None:

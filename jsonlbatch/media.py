@@ -31,6 +31,13 @@ KNOWN_TYPES = "PNG, JPEG, GIF, WebP or PDF"
 
 _B64_ALPHABET = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
 _B64_STRAY = re.compile(r"[^A-Za-z0-9+/]")
+#: What a stray character most likely means, said after it.
+_B64_HINTS = {
+    **dict.fromkeys(
+        "\n\r \t", ": base64 wrapped in lines (as email tools write it) must be one run"
+    ),
+    **dict.fromkeys("-_", ": URL-safe base64; a data: URL takes the standard alphabet (+ and /)"),
+}
 _JPEG_SCAN_LIMIT = 1 << 24  # a SOF marker further in than 16 MB: not sized
 _JPEG_SEGMENTS = 4096
 _NO_LENGTH = frozenset({0x01, *range(0xD0, 0xD8)})
@@ -70,7 +77,8 @@ def base64_problem(payload: str) -> str | None:
     ):
         at = _B64_STRAY.search(payload, 0, len(payload) - pads)
         where = f"character {payload[at.start()]!r} at {at.start()}" if at else "a stray character"
-        return f"the base64 does not decode ({where})"
+        stray = payload[at.start()] if at else ""
+        return f"the base64 does not decode ({where}){_B64_HINTS.get(stray, '')}"
     if len(payload) % 4:
         return f"the base64 does not decode (its length, {len(payload)}, is not a multiple of 4)"
     return None
@@ -202,17 +210,21 @@ _PNG_END = b"IEND\xaeB`\x82"
 
 
 def truncated(data: bytes, mime: str) -> bool:
-    """Whether a PNG, JPEG or GIF file was cut short (a download or copy that stopped): a PNG
-    without its IEND chunk, a JPEG without an end marker after its first scan (entropy-coded
-    data cannot hold one), a GIF without its trailer. Bytes after the end (a phone's motion
-    photo appends a video to its JPEG) are not a cut."""
+    """Whether a PNG, JPEG, GIF or WebP file was cut short (a download or copy that stopped): a
+    PNG without its IEND chunk, a JPEG without an end marker after its first scan (entropy-coded
+    data cannot hold one), a GIF whose last byte (zero padding aside) is not its trailer `;`
+    (its compressed data holds that byte anywhere, so it is looked for at the end only), a WebP
+    shorter than its RIFF header says. Bytes after the end (a phone's motion photo appends a
+    video to its JPEG) are not a cut."""
     if mime == "image/png":
         return _PNG_END not in data
     if mime == "image/jpeg":
         scan = _jpeg_marker(bytes_reader(data), _SOS)
         return scan is None or data.find(b"\xff\xd9", scan[0]) < 0
     if mime == "image/gif":
-        return b";" not in data[-1024:]
+        return not data.rstrip(b"\0").endswith(b";")
+    if mime == "image/webp":
+        return len(data) < 8 + int.from_bytes(data[4:8], "little")
     return False
 
 
@@ -303,6 +315,11 @@ def part_problem(part: dict[str, Any]) -> tuple[str, str] | None:
     if kind == "input_image":  # the Responses API: a URL string, or an uploaded file's id
         url = part.get("image_url")
         if url is None and isinstance(part.get("file_id"), str):
+            if part["file_id"].startswith("file://"):  # uploaded only where docs/files.md says
+                return "file_id", (
+                    "a file:// path is not uploaded for an input_image: embed the picture as a "
+                    "data: URL in image_url (gen's data_url filter)"
+                )
             return None
         problem = image_url_problem(url)
         return ("image_url", problem) if problem else None

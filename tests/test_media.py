@@ -146,6 +146,23 @@ def test_a_cut_jpeg_is_truncated_and_one_with_bytes_after_its_end_is_not(tmp_pat
         data_url(tmp_path / "half.jpg")
 
 
+@pytest.mark.parametrize("fmt, mime", [("GIF", "image/gif"), ("WEBP", "image/webp")])
+def test_a_cut_gif_or_webp_is_truncated(tmp_path, fmt, mime):
+    """A noisy GIF's compressed data holds `;` bytes anywhere, so one cut in half used to pass
+    as whole (its last 1 KB held one); a WebP was never checked."""
+    image_module = pytest.importorskip("PIL.Image")
+    out = io.BytesIO()
+    image_module.effect_noise((200, 200), 60).convert("RGB").save(out, format=fmt)
+    whole = out.getvalue()
+    assert not media.truncated(whole, mime)
+    assert not media.truncated(whole + b"\0" * 16, mime)  # padding after the end is no cut
+    cuts = [whole[:n] for n in range(len(whole) // 4, len(whole) - 1, max(1, len(whole) // 40))]
+    assert all(media.truncated(cut, mime) for cut in cuts if not cut.endswith(b";"))
+    (tmp_path / "half.img").write_bytes(whole[: len(whole) // 2].rstrip(b";"))
+    with pytest.raises(MediaError, match=f"truncated {fmt}"):
+        data_url(tmp_path / "half.img")
+
+
 def test_image_tokens_follow_the_published_rules():
     # OpenAI's examples: 1024 x 1024 high is 765; 2048 x 4096 is scaled to 768 x 1536, 6 tiles
     assert cost.openai_image_tokens(1024, 1024, "high") == 765
@@ -153,9 +170,13 @@ def test_image_tokens_follow_the_published_rules():
     assert cost.openai_image_tokens(4096, 8192) == 1105
     assert cost.openai_image_tokens(4000, 3000, "low") == 85
     assert cost.openai_image_tokens(100, 100) == 255
-    # Anthropic: width x height / 750, a long edge over 1568 scaled down first
+    # Anthropic: width x height / 750, scaled down first to a long edge of 1568 and to about
+    # 1,600 tokens (1.15 megapixels): 1092 x 1092 is its largest square sent as it is
     assert cost.anthropic_image_tokens(1000, 1000) == 1334
-    assert cost.anthropic_image_tokens(3136, 2000) == 1568 * 1000 // 750 + 1
+    assert cost.anthropic_image_tokens(1092, 1092) == 1590
+    assert cost.anthropic_image_tokens(1568, 1568) == 1600
+    assert cost.anthropic_image_tokens(3136, 2000) == 1600
+    assert cost.anthropic_image_tokens(8000, 200) == 1568 * 39 // 750 + 1
 
 
 def test_the_estimate_counts_images_by_model_and_reports_what_it_cannot_size():
@@ -406,11 +427,23 @@ def test_validate_checks_responses_and_messages_api_parts_too(tmp_path):
     )
 
 
+def test_an_input_image_naming_a_local_path_as_its_file_id_is_refused():
+    """Only the slots docs/files.md lists upload a `file://` path; an input_image's file_id
+    holding one went out as it was, for the server to refuse after the batch was sent."""
+    part = {"type": "input_image", "file_id": "file://photos/cat.png"}
+    where, why = media.part_problem(part)
+    assert where == "file_id" and "data_url" in why
+    assert media.part_problem({"type": "input_image", "file_id": "file-abc123"}) is None
+
+
 def test_base64_check_is_exact():
     for text in ("QUJD", "QUI=", "QQ==", base64.b64encode(bytes(range(256)) * 100).decode()):
         assert media.base64_problem(text) is None
     for text in ("", "QUJ", "QU=D", "QUJD\n", "QUJD====", "QU-_", "Q===", "QUJD QUJD"):
         assert media.base64_problem(text) is not None, text
+    # the two ways a real picture's base64 goes wrong are named, so a user knows the fix
+    assert "wrapped in lines" in media.base64_problem("QUJD\nQUJD")
+    assert "URL-safe" in media.base64_problem("QU-_")
 
 
 def test_max_cost_counts_the_pictures_it_pays_for(tmp_path, mock_server):

@@ -113,7 +113,8 @@ class ExecOptions:
         if self.files_dir is not None and self.cache is not None and self.cache_mode != "write":
             raise UsageError(
                 "--files-dir with --cache: a cached answer's container has expired, so its "
-                "files cannot be collected; use --cache-mode write, or no --cache"
+                "files cannot be collected; use --cache-mode write, or --cache off (the cache "
+                "may come from $JSONLBATCH_CACHE)"
             )
         if self.reask_feedback and not self.reask:
             raise UsageError("--reask-feedback says how to re-ask: give --reask N too")

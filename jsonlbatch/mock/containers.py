@@ -116,8 +116,10 @@ def _error(mock: _Mock, status: int, message: str) -> web.Response:
 
 
 def _azure_refusal(mock: _Mock, request: web.Request) -> web.Response | None:
-    """Azure's paths require `api-version`, as Azure does (400 without it)."""
-    if request.path.startswith("/openai/") and not request.query.get("api-version"):
+    """Azure's dated paths (`/openai/...`) require `api-version`, as Azure does (400 without
+    it); its v1 API (`/openai/v1/...`) takes none."""
+    dated = request.path.startswith("/openai/") and not request.path.startswith("/openai/v1/")
+    if dated and not request.query.get("api-version"):
         return _error(mock, 400, "Missing required query parameter: api-version")
     return None
 

@@ -17,16 +17,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from jsonlbatch.errors import UsageError
+from jsonlbatch.media import IMAGE_TYPES, sniff, split_data_url
 
 #: The most decoded bytes one image answer holds (a provider's own cap on a request is 20-32 MB).
 MAX_IMAGE_BYTES = 32 * 1000 * 1000
-
-_MAGIC = (
-    (b"\x89PNG\r\n\x1a\n", "image/png"),
-    (b"\xff\xd8\xff", "image/jpeg"),
-    (b"GIF87a", "image/gif"),
-    (b"GIF89a", "image/gif"),
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,10 +47,10 @@ def _from_url(kind: str, url: Any, filename: Any = None) -> Source | None:
         return None
     name = filename if isinstance(filename, str) else None
     if url[:5].lower() == "data:":
-        head, comma, payload = url.partition(",")
-        if not comma or not head.lower().endswith(";base64"):
-            return Source(kind, head[5:].split(";")[0] or None, filename=name)
-        return Source(kind, head[5:].split(";")[0].lower() or None, data=payload, filename=name)
+        parts = split_data_url(url)
+        if parts is None:  # not base64: shown by its type, never decoded
+            return Source(kind, url[5:].partition(",")[0].split(";")[0] or None, filename=name)
+        return Source(kind, parts[0] or None, data=parts[1], filename=name)
     return Source(kind, None, url=url, filename=name)
 
 
@@ -102,16 +96,6 @@ def describe_source(source: Source) -> dict[str, Any]:
     return out
 
 
-def sniff(head: bytes) -> str | None:
-    """The image type the first bytes say, or None."""
-    for magic, mime in _MAGIC:
-        if head.startswith(magic):
-            return mime
-    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
-        return "image/webp"
-    return None
-
-
 def media_at(body: Any, message: int, part: int) -> Source:
     """The media part `part` of message `message` of a request body (an Anthropic `system`
     never holds one); a `UsageError` naming what is not there."""
@@ -143,6 +127,6 @@ def image_bytes(source: Source) -> tuple[bytes, str]:
     except (binascii.Error, ValueError) as exc:
         raise UsageError(f"part: its base64 does not decode ({exc})") from None
     mime = sniff(data[:16])
-    if mime is None:
+    if mime not in IMAGE_TYPES:  # a PDF (or anything else) is never served as a picture
         raise UsageError("part: its bytes are not a PNG, JPEG, GIF or WebP image")
     return data, mime

@@ -17,10 +17,10 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
+from jsonlbatch.media import base64_problem
+
 Problems = list[tuple[str, str]]
 
-#: Strict base64: the standard alphabet, padded (checked without decoding: C regex speed).
-_BASE64 = re.compile(r"[A-Za-z0-9+/]*={0,2}")
 _DATA_URL = re.compile(r"data:([A-Za-z0-9.+-]+/[A-Za-z0-9.+-]+)((?:;[^;,]*)*?);base64,", re.A)
 #: Gemini's `fileData.fileUri`: a Files API URI or a Cloud Storage object.
 _GEMINI_FILE_HOST = "generativelanguage.googleapis.com"
@@ -49,15 +49,9 @@ def parse_data_url(url: str, where: str, problems: Problems) -> tuple[str, str] 
         problems.append((where, "a data: URL must be data:<type>/<subtype>;base64,<data>"))
         return None
     payload = url[found.end() :]
-    if not payload:  # a zero-byte picture: every provider refuses the request
-        problems.append((where, "the data: URL holds no data"))
-        return None
-    body = _BASE64.match(payload)
-    if len(payload) % 4 or body is None or body.end() != len(payload):
-        at = body.end() if body is not None else 0
-        why = (f"{payload[at]!r} at {at}" if at < len(payload)
-               else f"its length, {len(payload)}, is not a multiple of 4")  # fmt: skip
-        problems.append((where, f"the data: URL's base64 does not decode ({why})"))
+    problem = base64_problem(payload)
+    if problem is not None:
+        problems.append((where, f"the data: URL's {problem.removeprefix('the ')}"))
         return None
     return found.group(1).lower(), payload
 

@@ -28,16 +28,24 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import orjson
 
 from jsonlbatch.errors import OutputError
 from jsonlbatch.exec.hooks.check_hook import AskAgain, Reject
 from jsonlbatch.exec.route.endpoints import Endpoint, describe_exception
+from jsonlbatch.exec.send.body_caps import read_body
+from jsonlbatch.exec.send.streaming import StreamError
 
 #: The most files one answer may leave, and the most listing entries read to find them.
 MAX_FILES = 100
 MAX_LISTED = 1000
 MAX_FILE_BYTES = 512 << 20  # one file's cap (`--max-file-bytes`)
+#: One listing page's most bytes (a page of 100 entries is some 20 KB): a larger one is hostile.
+MAX_LISTING_BYTES = 8 << 20
 _PAGE = 100
+#: The most listing pages read: a server that answers `has_more` with empty pages and ever new
+#: cursors would otherwise be asked forever (a real listing of 1,000 entries takes 10).
+_MAX_PAGES = 100
 _CHUNK = 1 << 16
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,199}")  # a server's id, before it goes in a URL
 _UNSAFE = re.compile(r"[^A-Za-z0-9._ ()+,=@-]")
@@ -68,18 +76,19 @@ class FilesFailed(Exception):
 def safe_file_name(name: object) -> str:
     """A server's file name as one safe path component: its last part after any `/`, control
     characters and anything outside a small set replaced by `_`, never `.`/`..` or hidden, at
-    most 120 characters; a name that had to change keeps a short hash of the original, so two
-    names never meet."""
+    most about 120 characters, its extension kept (a cut `.xlsx` would make the deliverable
+    unopenable); a name that had to change keeps a short hash of the original, so two names
+    never meet."""
     text = name if isinstance(name, str) else repr(name)
     base = text.replace("\\", "/").rsplit("/", 1)[-1]
-    clean = _UNSAFE.sub("_", base).strip(" .")[:100]
-    if clean == base and clean:
+    clean = _UNSAFE.sub("_", base).strip(" .")
+    if clean == base and 0 < len(clean) <= 100:
         return clean
     tag = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:8]
     stem, dot, ext = clean.rpartition(".")
-    if not dot or not stem:
+    if not dot or not stem or len(ext) > 12:
         stem, ext = clean, ""
-    return f"{stem or 'file'}-{tag}" + (f".{ext[:12]}" if ext else "")
+    return f"{stem[:100] or 'file'}-{tag}" + (f".{ext}" if ext else "")
 
 
 def found_in(body: Any) -> tuple[set[str], list[Found]]:
@@ -144,7 +153,8 @@ class Collector:
         try:
             return await self._collect(custom_id, body, endpoint, headers)
         except FilesFailed:
-            shutil.rmtree(os.path.join(self.root, safe_file_name(custom_id)), ignore_errors=True)
+            with contextlib.suppress(OSError):
+                _remove(os.path.join(self.root, safe_file_name(custom_id)))
             raise
 
     async def _collect(
@@ -175,10 +185,12 @@ class Collector:
             for item in wanted.values():
                 name = safe_file_name(item.name)
                 stem, n = name, 1
-                while name in used:  # two files of one name: the second gets a number
+                # two files of one name, or of names differing only in case (one file on a
+                # case-insensitive disk: macOS, Windows): the second gets a number
+                while name.casefold() in used:
                     n += 1
                     name = f"{n}-{stem}"
-                used.add(name)
+                used.add(name.casefold())
                 path = os.path.join(stage, name)
                 opened.append(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
                 record = await self._fetch(custom_id, item, opened[-1], endpoint, headers)
@@ -187,12 +199,12 @@ class Collector:
             if records:  # on disk before the folder is in place (and long before its line)
                 await asyncio.to_thread(_sync_folder, stage, opened)
             if records or os.path.lexists(target):
-                with contextlib.suppress(FileNotFoundError):
-                    shutil.rmtree(target)  # an earlier attempt's, which has no line
+                _remove(target)  # an earlier attempt's, which has no line
                 if records:
                     os.replace(stage, target)
         except OSError as exc:
-            raise FilesFailed(f"{custom_id}: cannot write its files: {exc.strerror}") from None
+            why = exc.strerror or str(exc)
+            raise FilesFailed(f"{custom_id}: cannot write its files: {why}") from None
         finally:
             for fd in opened:
                 os.close(fd)
@@ -200,7 +212,10 @@ class Collector:
         self.collected += len(records)
         return records
 
-    async def _get(self, url: str, endpoint: Endpoint, headers: dict[str, str]) -> Any:
+    def _get(
+        self, url: str, endpoint: Endpoint, headers: dict[str, str]
+    ) -> contextlib.AbstractAsyncContextManager[aiohttp.ClientResponse]:
+        """A GET of the container API, bounded in time, never redirected elsewhere."""
         return self.session.get(url, headers=headers, proxy=endpoint.proxy,
                                 timeout=self.timeout, allow_redirects=False)  # fmt: skip
 
@@ -212,19 +227,27 @@ class Collector:
                 f"{custom_id}: the answer names a container {cid!r} that is not an id"
             )
         found: list[Found] = []
-        after, seen = None, 0
-        while True:
+        after, seen, cursors = None, 0, set()
+        for _ in range(_MAX_PAGES):
             query = f"?limit={_PAGE}" + (f"&after={after}" if after else "")
             url = endpoint.url_for(f"/v1/containers/{cid}/files")
             url = url.replace("?", query + "&", 1) if "?" in url else url + query
             try:
-                async with await self._get(url, endpoint, headers) as resp:
+                async with self._get(url, endpoint, headers) as resp:
                     if resp.status != 200:
                         raise FilesFailed(
                             f"{custom_id}: listing container {cid} failed: HTTP {resp.status} "
                             "(expired?)", "container_gone" if resp.status == 404 else "files_failed",
                         )  # fmt: skip
-                    page = await resp.json(content_type=None)
+                    raw = await read_body(
+                        resp.content.iter_any(), MAX_LISTING_BYTES, resp.content_length
+                    )
+                page = orjson.loads(raw)
+            except StreamError:
+                raise FilesFailed(
+                    f"{custom_id}: container {cid}'s listing page is over "
+                    f"{MAX_LISTING_BYTES:,} bytes; none was kept", "too_many_files",
+                ) from None  # fmt: skip
             except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
                 raise FilesFailed(f"{custom_id}: listing container {cid} failed: "
                                   f"{describe_exception(exc)}") from None  # fmt: skip
@@ -238,8 +261,8 @@ class Collector:
                     found.append(Found(cid, str(entry.get("id")), str(entry.get("path") or entry.get("id")),
                                        size if type(size) is int else None))  # fmt: skip
             last = page.get("last_id")
-            if not page.get("has_more") or not isinstance(last, str) or last == after:
-                return found
+            if not page.get("has_more") or not isinstance(last, str) or last in cursors:
+                return found  # the end, or a cursor seen before (a loop: nothing new after it)
             if not _ID.fullmatch(last):  # a cursor that is not an id never goes in a URL
                 raise FilesFailed(f"{custom_id}: container {cid}'s listing has a bad cursor")
             if seen >= MAX_LISTED or len(found) > self.max_files:
@@ -249,6 +272,11 @@ class Collector:
                     "too_many_files",
                 )  # fmt: skip
             after = last
+            cursors.add(last)
+        raise FilesFailed(
+            f"{custom_id}: container {cid}'s listing did not end after {_MAX_PAGES} pages "
+            f"({seen} entries); none was kept", "too_many_files",
+        )  # fmt: skip
 
     async def _fetch(
         self, custom_id: str, item: Found, fd: int, endpoint: Endpoint, headers: dict[str, str]
@@ -262,7 +290,7 @@ class Collector:
         url = endpoint.url_for(f"/v1/containers/{item.container_id}/files/{item.file_id}/content")
         digest, size = hashlib.sha256(), 0
         try:
-            async with await self._get(url, endpoint, headers) as resp:
+            async with self._get(url, endpoint, headers) as resp:
                 if resp.status != 200:
                     raise FilesFailed(f"{shown}: download failed: HTTP {resp.status}")
                 if (resp.content_length or 0) > self.max_bytes:
@@ -289,6 +317,16 @@ class Collector:
             raise FilesFailed(f"{shown}: cannot write it: {exc.strerror}", "files_failed") from None
         return {"bytes": size, "sha256": digest.hexdigest(),
                 "container_id": item.container_id, "file_id": item.file_id}  # fmt: skip
+
+
+def _remove(path: str) -> None:
+    """Remove what is at `path` under DIR, never following a link planted there (a folder
+    replaced by a link to elsewhere, a file where a folder was): the link goes, not its target."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
 
 
 def _sync_folder(folder: str, opened: list[int]) -> None:

@@ -16,8 +16,9 @@ import asyncio
 import contextlib
 import os
 import re
+import stat
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, BinaryIO
 
 import aiohttp
 import orjson
@@ -108,7 +109,7 @@ class Uploads:
         ref = self.refs.by_hash.get(sha)
         if ref is None:
             raise UploadFailed(f"no local file with sha256 {sha} was read in this run")
-        fid = await self._upload(ref.path, ref.filename, sha, endpoint, headers)
+        fid = await self._upload(ref.path, ref.filename, ref.size, endpoint, headers)
         self.uploaded += 1
         self.known.setdefault(sha, {})[endpoint.name] = fid
         self._save()
@@ -125,13 +126,13 @@ class Uploads:
             return False
 
     async def _upload(
-        self, path: str, filename: str, sha: str, endpoint: Endpoint, headers: dict[str, str]
+        self, path: str, filename: str, size: int, endpoint: Endpoint, headers: dict[str, str]
     ) -> str:
         shown = f"file://{path}"
         form = aiohttp.FormData()
         form.add_field("purpose", PURPOSE)
         try:
-            with open(path, "rb") as f:
+            with _open_as_read(path, size) as f:
                 form.add_field("file", f, filename=filename,
                                content_type="application/octet-stream")  # fmt: skip
                 async with self.session.post(
@@ -163,6 +164,25 @@ def upload_failure(req: Request, exc: UploadFailed) -> Result:
     """The failure line of a request whose reference file could not be uploaded."""
     error = {"code": "upload_failed", "message": f"{req.custom_id}: {exc}"}
     return Result(req.custom_id, None, None, None, error, {"attempts": 0})
+
+
+def _open_as_read(path: str, size: int) -> BinaryIO:
+    """The reference file at `path`, still the regular file of `size` bytes the scan hashed.
+    Opened without blocking (a FIFO put there since would hold the event loop, and every
+    request in flight, until a writer came), then checked on the open file itself."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UploadFailed(f"file://{path} is not a regular file any more")
+        if st.st_size != size:
+            raise UploadFailed(f"file://{path} changed since it was read ({size:,} bytes, now "
+                               f"{st.st_size:,}): run again")  # fmt: skip
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _plain(headers: dict[str, str]) -> dict[str, str]:
