@@ -343,3 +343,19 @@ def test_an_ask_to_a_model_no_pool_serves_is_the_tools_error_not_the_runs_end(
         assert conv["tool_errors"] >= 1
     asks = [line for line in lines(tmp_path / "conv.calls.jsonl") if ".ask" in line["custom_id"]]
     assert len(asks) == 3 and all(a["error"]["code"] == "model_unavailable" for a in asks)
+
+
+def test_a_plain_tool_that_never_returns_does_not_hold_the_command_open(tmp_path, mock_server):
+    """A sync tool past --tool-timeout keeps its thread (Python cannot stop one), but the
+    command still ends with its summary: the thread is not joined at exit."""
+    url = mock_server(tool_rate=1.0)
+    tools = [{"type": "function", "function": {"name": "stuck", "parameters": {"type": "object"}}}]
+    requests = write_requests(tmp_path / "req.jsonl", 2, tools=tools)
+    text = "import threading\n\ndef stuck(**kw):\n    threading.Event().wait()\n"
+    out = tmp_path / "conv.jsonl"
+    done = cli("rollout", str(requests), "-o", str(out), "--tools",
+               str(write_tools(tmp_path, text)), "--url", url, "--tool-timeout", "0.3",
+               "--max-turns", "2", timeout=30)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    contents = [m["content"] for c in lines(out) for m in c["messages"] if m["role"] == "tool"]
+    assert contents == ["error: stuck timed out after 0.3s (--tool-timeout)"] * 2

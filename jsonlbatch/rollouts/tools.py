@@ -12,10 +12,13 @@ through `jsonlbatch.current_conversation()` (`context.py`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import importlib.util
 import inspect
 import os
 import sys
+import threading
 import traceback
 import types
 from collections.abc import Callable, Coroutine, Mapping
@@ -143,7 +146,7 @@ async def call_tool(box: Toolbox, name: Any, arguments: Any, timeout: float | No
         if inspect.iscoroutinefunction(fn):
             value = await _within(fn(**arguments), timeout)
         else:  # in a thread (the context goes with it): a slow tool holds no other call up
-            value = await _within(asyncio.to_thread(fn, **arguments), timeout)
+            value = await _within(_in_thread(name, fn, arguments), timeout)
     except TimeoutError:
         return ToolOutcome(f"error: {name} timed out after {timeout:g}s (--tool-timeout)", True)
     except Diverged:  # an ask that is not the one recorded: the conversation cannot go on
@@ -151,6 +154,37 @@ async def call_tool(box: Toolbox, name: Any, arguments: Any, timeout: float | No
     except Exception as exc:  # the tool's own failure: the model is told, the run goes on
         return ToolOutcome(f"error: {name} raised {type(exc).__name__}: {exc}", True)
     return as_content(name, value)
+
+
+async def _in_thread(name: str, fn: Callable[..., Any], arguments: dict[str, Any]) -> Any:
+    """`fn(**arguments)` in a daemon thread of its own, with the caller's context.
+
+    Not `asyncio.to_thread`: the loop's executor threads are joined when the run ends and again
+    at interpreter exit, so one tool that never returns (past --tool-timeout, its result
+    dropped) would hold the finished command open forever. A daemon thread is left behind."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+    context = contextvars.copy_context()
+
+    def settle(value: Any, exc: BaseException | None) -> None:
+        if future.done():  # timed out or cancelled meanwhile
+            return
+        if exc is None:
+            future.set_result(value)
+        else:
+            future.set_exception(exc)
+
+    def work() -> None:
+        value, exc = None, None
+        try:
+            value = context.run(fn, **arguments)
+        except BaseException as raised:  # handed to the caller, as to_thread would
+            exc = raised
+        with contextlib.suppress(RuntimeError):  # the loop closed while it ran
+            loop.call_soon_threadsafe(settle, value, exc)
+
+    threading.Thread(target=work, name=f"tool {name}", daemon=True).start()
+    return await future
 
 
 async def _within(work: Coroutine[Any, Any, Any], timeout: float | None) -> Any:
