@@ -359,3 +359,26 @@ def test_a_plain_tool_that_never_returns_does_not_hold_the_command_open(tmp_path
     assert done.returncode == 0, done.stderr
     contents = [m["content"] for c in lines(out) for m in c["messages"] if m["role"] == "tool"]
     assert contents == ["error: stuck timed out after 0.3s (--tool-timeout)"] * 2
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        (
+            "import os\n\ndef f():\n    pass\n\nraise RuntimeError('boom')\n",
+            "RuntimeError: boom (line 6)",
+        ),
+        ("def f(x):\n    return (\n", "SyntaxError: '(' was never closed (line 2)"),
+    ],
+)
+def test_a_tools_file_given_by_a_relative_path_names_its_line_once(
+    tmp_path, monkeypatch, text, said
+):
+    from jsonlbatch.errors import InputError
+    from jsonlbatch.rollouts import load_tools
+
+    write_tools(tmp_path, text)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InputError) as raised:
+        load_tools("tools.py")
+    assert str(raised.value) == f"tools.py does not import: {said}"

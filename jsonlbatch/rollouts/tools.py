@@ -105,11 +105,12 @@ def _from_names(names: Mapping[str, Any], origin: str, module: str | None) -> To
 
 def _where(exc: BaseException, path: str) -> str:
     """`ExcType: message (line N)` for an exception raised while importing `path`."""
-    line = getattr(exc, "lineno", None) if isinstance(exc, SyntaxError) else None
-    if line is None:
-        frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == path]
-        line = frames[-1].lineno if frames else None
-    text = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, SyntaxError):  # its str() already says "(file, line N)"
+        text, line = f"{type(exc).__name__}: {exc.msg}", exc.lineno
+    else:  # the import machinery names the file by its absolute path
+        here = os.path.abspath(path)
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == here]
+        text, line = f"{type(exc).__name__}: {exc}", frames[-1].lineno if frames else None
     return f"{text} (line {line})" if line else text
 
 
