@@ -382,3 +382,19 @@ def test_a_tools_file_given_by_a_relative_path_names_its_line_once(
     with pytest.raises(InputError) as raised:
         load_tools("tools.py")
     assert str(raised.value) == f"tools.py does not import: {said}"
+
+
+def test_a_request_asking_several_choices_is_refused_naming_its_line(tmp_path, mock_server):
+    """A conversation follows one answer per turn: `n: 2` would be paid for and the second
+    choice silently dropped, so it is refused before anything is sent."""
+    url = mock_server(record_bodies=10)
+    requests = write_requests(tmp_path / "req.jsonl", 3)
+    text = requests.read_text().splitlines()
+    text[2] = text[2].replace('"body": {', '"body": {"n": 2, ')
+    requests.write_text("\n".join(text) + "\n")
+    out = tmp_path / "conv.jsonl"
+    done = cli("rollout", str(requests), "-o", str(out), "--tools",
+               str(write_tools(tmp_path, "def lookup(q):\n    return q\n")), "--url", url)  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert f"{requests}:3: body.n: a rollout follows one answer per turn" in done.stderr
+    assert not out.exists()

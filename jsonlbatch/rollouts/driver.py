@@ -87,9 +87,9 @@ class Rollout:
                 continue
             obj = orjson.loads(raw)
             cid = obj["custom_id"]
-            if obj["url"] != CHAT_URL and len(problems) < MAX_PROBLEMS:
-                problems.append(Problem(scan.path, number, "url", f"a rollout runs chat "
-                                        f"conversations ({CHAT_URL}), not {obj['url']}"))  # fmt: skip
+            refused = _refusal(obj)
+            if refused is not None and len(problems) < MAX_PROBLEMS:
+                problems.append(Problem(scan.path, number, *refused))
             at = existing.ok.slot(call_id(cid, 1)) if values is not None else -1
             if at >= 0 and values is not None:
                 stored = values[at]
@@ -400,6 +400,16 @@ def as_json(value: Any) -> bytes:
         return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
     except TypeError:
         raise _HookFailed(f"final_state returned a {type(value).__name__}, not JSON") from None
+
+
+def _refusal(line: dict[str, Any]) -> tuple[str, str] | None:
+    """(field, why) when a request line cannot start a conversation, else None."""
+    if line["url"] != CHAT_URL:
+        return "url", f"a rollout runs chat conversations ({CHAT_URL}), not {line['url']}"
+    n = line["body"].get("n")
+    if isinstance(n, int) and n > 1:  # paid for, and all but the first answer dropped
+        return "body.n", f"a rollout follows one answer per turn; n must be 1, not {n}"
+    return None
 
 
 def _fingerprint(url: str, body: dict[str, Any]) -> str:
