@@ -398,3 +398,13 @@ def test_a_request_asking_several_choices_is_refused_naming_its_line(tmp_path, m
     assert done.returncode == 1, done.stderr
     assert f"{requests}:3: body.n: a rollout follows one answer per turn" in done.stderr
     assert not out.exists()
+
+
+def test_a_tools_dict_entry_that_is_not_a_function_is_refused_naming_it():
+    """A dict says what it means: an entry that cannot be called is the caller's mistake, not
+    a tool silently left out (the model would be told it does not exist)."""
+    from jsonlbatch.errors import UsageError
+    from jsonlbatch.rollouts import load_tools
+
+    with pytest.raises(UsageError, match="the tools dict: 'lookup' is a str, not a function"):
+        load_tools({"expert": lambda topic: topic, "lookup": "lookup"})

@@ -85,12 +85,11 @@ def _from_names(names: Mapping[str, Any], origin: str, module: str | None) -> To
     tools: dict[str, Callable[..., Any]] = {}
     hooks: dict[str, Callable[..., Any]] = {}
     for name, value in names.items():
-        if not callable(value):
-            continue
-        if module is not None and (name.startswith("_") or isinstance(value, type)):
-            continue  # a file's helpers and classes; a dict says what it means
-        if module is not None and getattr(value, "__module__", module) != module:
-            continue  # imported into the file (`from json import dumps`), not one of its tools
+        if module is None:  # a dict says what it means: each entry is a tool or a hook
+            if not callable(value):
+                raise UsageError(f"{origin}: {name!r} is a {type(value).__name__}, not a function")
+        elif name.startswith("_") or not (inspect.isfunction(value) and value.__module__ == module):
+            continue  # the file's own functions only: not its helpers, classes, imports, data
         (hooks if name in HOOKS else tools)[name] = value
     if not tools and not hooks:
         raise UsageError(f"{origin} defines no tool function")
