@@ -201,3 +201,37 @@ def test_a_rerun_tool_whose_ask_differs_from_the_recorded_one_fails_not_misanswe
     for conv in lines(out):
         assert conv["status"] == "failed"
         assert "#t1.ask1 asks other than what" in conv["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("turn", None), ("i", "0"), ("content", 3), ("error", "no")]
+)
+def test_a_damaged_tool_journal_entry_is_a_clean_error_naming_its_line(
+    tmp_path, monkeypatch, field, value
+):
+    """The tool journal is read back as hostile input: an entry edited by hand stops the run
+    with its file, line and field (exit 1), not a traceback, and nothing is sent."""
+    monkeypatch.setenv("ROLLOUT_TEST_LOG", str(tmp_path / "ran.log"))
+    requests = write_requests(tmp_path / "req.jsonl", 2, tools=TOOLS[:1])
+    tools = write_tools(tmp_path, TOOLS_PY)
+    out = tmp_path / "conv.jsonl"
+    journal = tmp_path / "conv.tools.jsonl"
+    with BackgroundMock(MockConfig(tool_rate=1.0)) as mock:
+        jsonlbatch.rollout(requests, out, tools=tools, urls=[mock.url], quiet=True, max_turns=2)
+        out.write_text("")  # both conversations rebuilt from their journals
+        entries = lines(journal)
+        if value is None:
+            del entries[1][field]
+        else:
+            entries[1][field] = value
+        journal.write_text("".join(json.dumps(e) + "\n" for e in entries))
+        sent = _requests_at(mock)
+        done = subprocess.run(
+            [sys.executable, "-m", "jsonlbatch", "rollout", str(requests), "-o", str(out),
+             "--tools", str(tools), "--url", mock.url, "--max-turns", "2"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert _requests_at(mock) == sent
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    assert f"{journal}:2: {field}:" in done.stderr

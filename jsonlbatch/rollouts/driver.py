@@ -112,14 +112,15 @@ class Rollout:
         scan.pending = pending
         self.summary.conversations = scan.total
         self.summary.already_done = scan.already_done
+        # read now, before anything is sent: a damaged journal stops the run naming its line
+        self._index = ResumeIndex.read(self.calls_path, self.tools_path, self._finished)
+        self._finished = IdSet()  # no longer needed: pending lines are the unfinished ones
 
     async def requests(
         self, lines: Iterator[bytes], make: Callable[[bytes], Request]
     ) -> AsyncIterator[Request]:
         self._make = make
         self._journal = Journal(self.output, self.tools_path)
-        self._index = ResumeIndex.read(self.calls_path, self.tools_path, self._finished)
-        self._finished = IdSet()  # no longer needed: pending lines are the unfinished ones
         outbox: asyncio.Queue[Request | None] = asyncio.Queue()
         self._outbox = outbox
         more = True
