@@ -235,3 +235,27 @@ def test_a_damaged_tool_journal_entry_is_a_clean_error_naming_its_line(
     assert done.returncode == 1, done.stderr
     assert "Traceback" not in done.stderr
     assert f"{journal}:2: {field}:" in done.stderr
+
+
+def test_a_damaged_calls_line_read_back_is_a_clean_error(tmp_path, monkeypatch):
+    """exec's scan checks a response line's response and error; the metrics a resume reads
+    back (the fingerprint) are checked where they are read: an edit there is no traceback."""
+    monkeypatch.setenv("ROLLOUT_TEST_LOG", str(tmp_path / "ran.log"))
+    requests = write_requests(tmp_path / "req.jsonl", 2, tools=TOOLS[:1])
+    tools = write_tools(tmp_path, TOOLS_PY)
+    out, calls = tmp_path / "conv.jsonl", tmp_path / "conv.calls.jsonl"
+    with BackgroundMock(MockConfig(tool_rate=1.0)) as mock:
+        jsonlbatch.rollout(requests, out, tools=tools, urls=[mock.url], quiet=True, max_turns=2)
+        out.write_text("")
+        entries = lines(calls)
+        damaged = next(e for e in entries if e["custom_id"].endswith("#t2"))
+        damaged["metrics"] = ["not", "an", "object"]
+        calls.write_text("".join(json.dumps(e) + "\n" for e in entries))
+        done = subprocess.run(
+            [sys.executable, "-m", "jsonlbatch", "rollout", str(requests), "-o", str(out),
+             "--tools", str(tools), "--url", mock.url, "--max-turns", "2"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    assert f"the line of {damaged['custom_id']}: metrics: not an object" in done.stderr

@@ -156,7 +156,11 @@ class ResumeIndex:
         if offset is None:
             return None
         for raw in read_lines_at(self.calls_path, [offset]):
-            return _object(self.calls_path, 0, raw)
+            line = _object(self.calls_path, 0, raw)
+            if type(line.get("metrics", {})) is not dict:  # exec's scan checked the rest
+                raise OutputError(f"{self.calls_path}: the line of {custom_id}: metrics: not an "
+                                  "object; was it edited by hand?")  # fmt: skip
+            return line
         return None
 
     def journaled(self, conversation: str) -> dict[tuple[int, int], dict[str, Any]]:
