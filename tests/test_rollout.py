@@ -408,3 +408,21 @@ def test_a_tools_dict_entry_that_is_not_a_function_is_refused_naming_it():
 
     with pytest.raises(UsageError, match="the tools dict: 'lookup' is a str, not a function"):
         load_tools({"expert": lambda topic: topic, "lookup": "lookup"})
+
+
+def test_a_tool_returning_text_that_is_not_utf8_is_its_error_not_the_runs_end(
+    tmp_path, mock_server
+):
+    """Text decoded with surrogateescape (a subprocess's output, a file) holds lone surrogates,
+    which no JSON line can: the model is told, the run goes on."""
+    url = mock_server(tool_rate=1.0)
+    tools = [{"type": "function", "function": {"name": "cat", "parameters": {"type": "object"}}}]
+    requests = write_requests(tmp_path / "req.jsonl", 2, tools=tools)
+    text = "def cat(**kw):\n    return b'caf\\xe9'.decode('utf-8', 'surrogateescape')\n"
+    out = tmp_path / "conv.jsonl"
+    done = cli("rollout", str(requests), "-o", str(out), "--tools",
+               str(write_tools(tmp_path, text)), "--url", url, "--max-turns", "2")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    contents = [m["content"] for c in lines(out) for m in c["messages"] if m["role"] == "tool"]
+    said = "error: cat returned text that is not UTF-8 (surrogates not allowed at character 3)"
+    assert contents == [said] * 2

@@ -206,9 +206,14 @@ async def _within(work: Coroutine[Any, Any, Any], timeout: float | None) -> Any:
 def as_content(name: str, value: Any) -> ToolOutcome:
     """A tool's return value as a tool message's content: a str as it is, else its JSON."""
     if isinstance(value, str):
+        try:
+            value.encode()  # a lone surrogate (text decoded with surrogateescape) is no JSON
+        except UnicodeEncodeError as exc:
+            return ToolOutcome(f"error: {name} returned text that is not UTF-8 ({exc.reason} "
+                               f"at character {exc.start})", True)  # fmt: skip
         return ToolOutcome(value)
     try:
         return ToolOutcome(orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode())
-    except TypeError:
+    except TypeError as exc:
         kind = type(value).__name__
-        return ToolOutcome(f"error: {name} returned a {kind}, which is not JSON", True)
+        return ToolOutcome(f"error: {name} returned a {kind}, which is not JSON ({exc})", True)
