@@ -259,3 +259,27 @@ def test_a_damaged_calls_line_read_back_is_a_clean_error(tmp_path, monkeypatch):
     assert done.returncode == 1, done.stderr
     assert "Traceback" not in done.stderr
     assert f"the line of {damaged['custom_id']}: metrics: not an object" in done.stderr
+
+
+def test_a_conversation_failed_by_the_server_runs_again_once_its_line_is_removed(
+    tmp_path, monkeypatch
+):
+    """What the refusal of --retry-failed tells the user to do: remove the failed
+    conversation's line. Its failed turn is then sent again, not read back as the answer."""
+    monkeypatch.setenv("ROLLOUT_TEST_LOG", str(tmp_path / "ran.log"))
+    requests = write_requests(tmp_path / "req.jsonl", 3, tools=TOOLS[:1])
+    tools = write_tools(tmp_path, TOOLS_PY)
+    out = tmp_path / "conv.jsonl"
+    with BackgroundMock(MockConfig(fail_rate=1.0)) as down:
+        failed = jsonlbatch.rollout(requests, out, tools=tools, urls=[down.url], quiet=True,
+                                    max_retries=0)  # fmt: skip
+    assert failed.statuses == {"failed": 3}
+    kept = [c for c in lines(out) if c["custom_id"] != "c1"]
+    out.write_text("".join(json.dumps(c) + "\n" for c in kept))
+    with BackgroundMock(MockConfig(tool_rate=0.0)) as up:
+        again = jsonlbatch.rollout(requests, out, tools=tools, urls=[up.url], quiet=True)
+        assert _requests_at(up) == 1
+    assert again.statuses == {"completed": 1}
+    assert {c["custom_id"]: c["status"] for c in lines(out)} == {
+        "c0": "failed", "c2": "failed", "c1": "completed"
+    }  # fmt: skip

@@ -65,7 +65,8 @@ def _checked(spec: RunSpec, driver: Rollout) -> RunSpec:
                          "known before its answers")  # fmt: skip
     if spec.options.retry_failed:
         raise UsageError("--retry-failed does not go with rollout: a failed call ends its "
-                         "conversation as failed; remove its line to run it again")  # fmt: skip
+                         "conversation as failed; remove its line from the conversations file "
+                         "to run it again (its failed turn is sent again)")  # fmt: skip
     if spec.options.changed != "refuse":
         raise UsageError(f"--changed {spec.options.changed} does not go with rollout: an edited "
                          "conversation is refused")  # fmt: skip

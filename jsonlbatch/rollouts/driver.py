@@ -221,7 +221,7 @@ class Rollout:
                 body = {**base, "messages": conv.messages}
                 request = Request(call_id(conv.id, conv.turn), first.url, body,
                                   fingerprint=_fingerprint(first.url, body))  # fmt: skip
-            result = await self._call(request, check=conv.turn > 1)
+            result = await self._call(request, check=conv.turn > 1, resend_failed=True)
             body = _decoded(result.body)
             run.tally.count(body, result.metrics)
             run.tally.turns += 1
@@ -340,12 +340,15 @@ class Rollout:
             raise AskFailed(f"ask {custom_id} failed: {_failure(result)}")
         return AskAnswer(custom_id, body)
 
-    async def _call(self, request: Request, *, check: bool) -> Result:
-        """The answer to `request`: read back from the calls file, or sent through the run."""
+    async def _call(self, request: Request, *, check: bool, resend_failed: bool = False) -> Result:
+        """The answer to `request`: read back from the calls file, or sent through the run.
+
+        A turn that failed for good ended its conversation; when that conversation is rebuilt
+        (its line removed, to run it again) the turn is sent again (`resend_failed`). A failed
+        ask is read back: it is part of a tool's journaled result."""
         assert self._index is not None and self._outbox is not None
         recorded = self._index.recorded_call(request.custom_id)
         if recorded is not None:
-            self.summary.replayed += 1
             metrics = recorded.get("metrics") or {}
             mark = metrics.get("fingerprint")
             fresh = request.fingerprint
@@ -355,9 +358,12 @@ class Rollout:
                     "(the tools or the request changed since): the conversation cannot resume"
                 )
             response = recorded.get("response") or {}
-            return Result(request.custom_id, response.get("status_code"), response.get("body"),
-                          request_id=response.get("request_id"), error=recorded.get("error"),
-                          metrics=metrics)  # fmt: skip
+            result = Result(request.custom_id, response.get("status_code"), response.get("body"),
+                            request_id=response.get("request_id"), error=recorded.get("error"),
+                            metrics=metrics)  # fmt: skip
+            if result.ok or not resend_failed:
+                self.summary.replayed += 1
+                return result
         if self._closed:
             raise asyncio.CancelledError
         waiter: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
