@@ -426,3 +426,37 @@ def test_a_tool_returning_text_that_is_not_utf8_is_its_error_not_the_runs_end(
     contents = [m["content"] for c in lines(out) for m in c["messages"] if m["role"] == "tool"]
     said = "error: cat returned text that is not UTF-8 (surrogates not allowed at character 3)"
     assert contents == [said] * 2
+
+
+def test_a_checker_still_judges_the_answer_of_the_last_turn(tmp_path, mock_server):
+    """With --max-turns N, the N-th answer is checked too: a checker that passes it ends the
+    conversation `completed` (its final state says so); one that would go on ends it as
+    `max_turns`, with the last answer last (what it would say is not sent)."""
+    url = mock_server()  # answers text: every turn goes to the checker
+    requests = write_requests(tmp_path / "req.jsonl", 2, tools=TOOLS[:1])
+    text = """
+import jsonlbatch
+
+def new_state(line):
+    return {"checked": 0}
+
+def user_turn(messages):
+    conv = jsonlbatch.current_conversation()
+    conv.state["checked"] += 1
+    passes = conv.id == "c0" and conv.turn == 2
+    return None if passes else "that fails; fix it"
+
+def final_state(state):
+    return state
+
+def lookup(q):
+    return q
+"""
+    out = tmp_path / "conv.jsonl"
+    jsonlbatch.rollout(requests, out, tools=write_tools(tmp_path, text), urls=[url], quiet=True,
+                       max_turns=2)  # fmt: skip
+    convs = by_id(out)
+    assert (convs["c0"]["status"], convs["c0"]["final_state"]) == ("completed", {"checked": 2})
+    assert (convs["c1"]["status"], convs["c1"]["final_state"]) == ("max_turns", {"checked": 2})
+    for conv in convs.values():
+        assert conv["turns"] == 2 and conv["messages"][-1]["role"] == "assistant"

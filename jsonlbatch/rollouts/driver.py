@@ -238,14 +238,15 @@ class Rollout:
                 continue
             if self.box.user_turn is None:
                 return "completed", None
-            if conv.turn >= self.max_turns:
-                return "max_turns", None
+            # asked at the last turn too: a checker's verdict on the last answer decides
             nxt = await self._journaled(conv, run, 0, "user_turn", None, self._user_turn)
             if nxt.error:
                 return "failed", {"message": nxt.content, "turn": conv.turn, "tool": "user_turn"}
             said = orjson.loads(nxt.content)
             if said is None:
                 return "completed", None
+            if conv.turn >= self.max_turns:
+                return "max_turns", None  # what it would say next is not sent
             conv.messages.append(said)
 
     async def _tool(self, conv: Conversation, run: _Run, i: int, call: Any) -> dict[str, Any]:
