@@ -460,3 +460,60 @@ def lookup(q):
     assert (convs["c1"]["status"], convs["c1"]["final_state"]) == ("max_turns", {"checked": 2})
     for conv in convs.values():
         assert conv["turns"] == 2 and conv["messages"][-1]["role"] == "assistant"
+
+
+def test_a_tool_or_hook_calling_sys_exit_is_its_error_not_the_runs_end(tmp_path, mock_server):
+    """`sys.exit()` in a tool (a script turned into a tool, argparse) raises SystemExit, which
+    is no Exception: it is the tool's error message (or the hook's failure), not the end of
+    the run with a traceback."""
+    url = mock_server(tool_rate=1.0)
+    requests = write_requests(tmp_path / "req.jsonl", 2, tools=TOOLS)
+    text = """
+import sys
+
+def lookup(q):
+    sys.exit(3)
+
+async def expert(topic="none"):
+    sys.exit("bye")
+
+def final_state(state):
+    sys.exit(0)
+"""
+    out = tmp_path / "conv.jsonl"
+    done = cli("rollout", str(requests), "-o", str(out), "--tools",
+               str(write_tools(tmp_path, text)), "--url", url, "--max-turns", "2")  # fmt: skip
+    assert done.returncode == 3, done.stderr  # the conversations failed in final_state
+    assert "Traceback" not in done.stderr
+    contents = {m["content"] for c in lines(out) for m in c["messages"] if m["role"] == "tool"}
+    assert contents <= {
+        "error: lookup raised SystemExit: 3",
+        "error: expert raised SystemExit: bye",
+    }
+    assert contents
+    for conv in lines(out):
+        assert conv["error"]["message"] == "final_state raised SystemExit: 0"
+
+
+def test_a_slow_plain_user_turn_holds_no_other_conversation_up(tmp_path, mock_server):
+    """A checker that runs the model's code for seconds is a plain function: it runs in a
+    thread, as a tool does, so the other conversations go on meanwhile (no barrier)."""
+    url = mock_server()  # answers text: each turn goes to user_turn
+    requests = write_requests(tmp_path / "req.jsonl", 2, tools=TOOLS[:1])
+    text = """
+import time
+import jsonlbatch
+
+def user_turn(messages):
+    conv = jsonlbatch.current_conversation()
+    if conv.id == "c0":
+        time.sleep(1.5)
+        return None
+    return "again" if conv.turn < 4 else None
+
+def lookup(q):
+    return q
+"""
+    out = tmp_path / "conv.jsonl"
+    jsonlbatch.rollout(requests, out, tools=write_tools(tmp_path, text), urls=[url], quiet=True)
+    assert [(c["custom_id"], c["turns"]) for c in lines(out)] == [("c1", 4), ("c0", 1)]

@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from jsonlbatch.errors import MAX_PROBLEMS, InputError, JsonlbatchError, Problem, problems_text
+from jsonlbatch.errors import MAX_PROBLEMS, InputError, Problem, problems_text
 from jsonlbatch.exec.prepare.input_scan import NO_FINGERPRINT, InputScan, OutputScan, edited
 from jsonlbatch.idset import IdSet
 from jsonlbatch.jsonl import iter_lines_at
@@ -33,7 +33,14 @@ from jsonlbatch.rollouts.journal import (
     finished_ids,
 )
 from jsonlbatch.rollouts.rollout_summary import RolloutSummary, Tally
-from jsonlbatch.rollouts.tools import Toolbox, ToolOutcome, as_content, call_tool
+from jsonlbatch.rollouts.tools import (
+    HookFailed,
+    Toolbox,
+    ToolOutcome,
+    as_content,
+    call_hook,
+    call_tool,
+)
 
 #: Model calls a conversation may make when --max-turns is not given.
 DEFAULT_MAX_TURNS = 20
@@ -184,13 +191,15 @@ class Rollout:
         status, error = "completed", None
         try:
             if self.box.new_state is not None:
-                conv.state = await _hook(self.box.new_state, line)
+                conv.state = await call_hook("new_state", self.box.new_state, line)
             conv.messages = list(first.body.get("messages") or [])
             status, error = await self._turns(conv, run, first)
             final = None
             if self.box.final_state is not None and status != "failed":
-                final = orjson.loads(as_json(await _hook(self.box.final_state, conv.state)))
-        except _HookFailed as exc:
+                final = orjson.loads(
+                    as_json(await call_hook("final_state", self.box.final_state, conv.state))
+                )
+        except HookFailed as exc:
             status, error, final = "failed", {"message": str(exc), "turn": conv.turn}, None
         except Diverged as exc:
             status, error, final = "failed", {"message": str(exc), "turn": conv.turn}, None
@@ -314,8 +323,8 @@ class Rollout:
         conv = context.current_conversation()
         assert self.box.user_turn is not None
         try:
-            said = await _hook(self.box.user_turn, list(conv.messages))
-        except _HookFailed as exc:
+            said = await call_hook("user_turn", self.box.user_turn, list(conv.messages))
+        except HookFailed as exc:
             return ToolOutcome(str(exc), True)
         if isinstance(said, str):
             said = {"role": "user", "content": said}
@@ -386,28 +395,11 @@ class _Run:
         return self.asks
 
 
-class _HookFailed(JsonlbatchError):
-    pass
-
-
-async def _hook(fn: Callable[..., Any], *args: Any) -> Any:
-    """Call a hook of TOOLS.py (async or not); its exception names it."""
-    try:
-        value = fn(*args)
-        if asyncio.iscoroutine(value):
-            value = await value
-        return value
-    except Diverged:
-        raise
-    except Exception as exc:
-        raise _HookFailed(f"{fn.__name__} raised {type(exc).__name__}: {exc}") from None
-
-
 def as_json(value: Any) -> bytes:
     try:
         return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
     except TypeError:
-        raise _HookFailed(f"final_state returned a {type(value).__name__}, not JSON") from None
+        raise HookFailed(f"final_state returned a {type(value).__name__}, not JSON") from None
 
 
 def _refusal(line: dict[str, Any]) -> tuple[str, str] | None:

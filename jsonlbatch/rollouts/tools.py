@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import importlib.util
 import inspect
 import os
@@ -21,13 +22,13 @@ import sys
 import threading
 import traceback
 import types
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
-from jsonlbatch.errors import InputError, UsageError
+from jsonlbatch.errors import InputError, JsonlbatchError, UsageError
 from jsonlbatch.rollouts.context import Diverged
 
 #: Names TOOLS.py may define that are hooks of the run, not tools a model calls.
@@ -146,18 +147,54 @@ async def call_tool(box: Toolbox, name: Any, arguments: Any, timeout: float | No
         if inspect.iscoroutinefunction(fn):
             value = await _within(fn(**arguments), timeout)
         else:  # in a thread (the context goes with it): a slow tool holds no other call up
-            value = await _within(_in_thread(name, fn, arguments), timeout)
+            value = await _within(in_thread(name, functools.partial(fn, **arguments)), timeout)
     except TimeoutError:
         return ToolOutcome(f"error: {name} timed out after {timeout:g}s (--tool-timeout)", True)
     except Diverged:  # an ask that is not the one recorded: the conversation cannot go on
         raise
     except Exception as exc:  # the tool's own failure: the model is told, the run goes on
-        return ToolOutcome(f"error: {name} raised {type(exc).__name__}: {exc}", True)
+        return ToolOutcome(f"error: {name} raised {raised(exc)}", True)
     return as_content(name, value)
 
 
-async def _in_thread(name: str, fn: Callable[..., Any], arguments: dict[str, Any]) -> Any:
-    """`fn(**arguments)` in a daemon thread of its own, with the caller's context.
+class _Exited(Exception):
+    """A tool's `sys.exit()`, carried as an ordinary exception: a SystemExit that leaves an
+    asyncio task stops the whole event loop, every conversation with it."""
+
+
+def raised(exc: BaseException) -> str:
+    """`Type: message` of a tool's or hook's exception, a `sys.exit()` as SystemExit."""
+    return str(exc) if isinstance(exc, _Exited) else f"{type(exc).__name__}: {exc}"
+
+
+async def _no_exit(work: Awaitable[Any]) -> Any:
+    try:
+        return await work
+    except SystemExit as exc:
+        raise _Exited(f"SystemExit: {exc}") from None
+
+
+class HookFailed(JsonlbatchError):
+    """A hook of TOOLS.py raised (or gave what cannot be saved): its conversation fails."""
+
+
+async def call_hook(name: str, fn: Callable[..., Any], *args: Any) -> Any:
+    """Call a hook of TOOLS.py; a plain one in a thread, as a tool (a checker that runs the
+    model's code holds no other conversation up); its exception names it."""
+    try:
+        if inspect.iscoroutinefunction(fn):
+            return await fn(*args)
+        value = await in_thread(name, functools.partial(fn, *args))
+        return await value if asyncio.iscoroutine(value) else value  # a lambda of an async
+    except Diverged:
+        raise
+    except (Exception, SystemExit) as exc:  # an async hook's sys.exit: its conversation fails
+        raise HookFailed(f"{name} raised {raised(exc)}") from None
+
+
+async def in_thread(name: str, call: Callable[[], Any]) -> Any:
+    """`call()` in a daemon thread of its own, with the caller's context: a plain tool or
+    hook (a checker running the model's code) holds no other conversation up.
 
     Not `asyncio.to_thread`: the loop's executor threads are joined when the run ends and again
     at interpreter exit, so one tool that never returns (past --tool-timeout, its result
@@ -175,11 +212,14 @@ async def _in_thread(name: str, fn: Callable[..., Any], arguments: dict[str, Any
             future.set_exception(exc)
 
     def work() -> None:
-        value, exc = None, None
+        value: Any = None
+        exc: BaseException | None = None
         try:
-            value = context.run(fn, **arguments)
-        except BaseException as raised:  # handed to the caller, as to_thread would
-            exc = raised
+            value = context.run(call)
+        except SystemExit as stop:
+            exc = _Exited(f"SystemExit: {stop}")
+        except BaseException as other:  # handed to the caller, as to_thread would
+            exc = other
         with contextlib.suppress(RuntimeError):  # the loop closed while it ran
             loop.call_soon_threadsafe(settle, value, exc)
 
@@ -191,7 +231,7 @@ async def _within(work: Coroutine[Any, Any, Any], timeout: float | None) -> Any:
     """`work`'s value, or `TimeoutError` after `timeout` seconds. Not `asyncio.wait_for`: on
     Python 3.10 and 3.11 it swallows a cancellation that meets the work's end, and a rollout
     stopped then would wait for a conversation that goes on."""
-    task = asyncio.ensure_future(work)
+    task = asyncio.ensure_future(_no_exit(work))
     try:
         done, _ = await asyncio.wait({task}, timeout=timeout)
     except asyncio.CancelledError:
