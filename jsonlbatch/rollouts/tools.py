@@ -18,6 +18,7 @@ import functools
 import importlib.util
 import inspect
 import os
+import queue
 import sys
 import threading
 import traceback
@@ -147,7 +148,7 @@ async def call_tool(box: Toolbox, name: Any, arguments: Any, timeout: float | No
         if inspect.iscoroutinefunction(fn):
             value = await _within(fn(**arguments), timeout)
         else:  # in a thread (the context goes with it): a slow tool holds no other call up
-            value = await _within(in_thread(name, functools.partial(fn, **arguments)), timeout)
+            value = await _within(_in_thread(functools.partial(fn, **arguments)), timeout)
     except TimeoutError:
         return ToolOutcome(f"error: {name} timed out after {timeout:g}s (--tool-timeout)", True)
     except Diverged:  # an ask that is not the one recorded: the conversation cannot go on
@@ -184,7 +185,7 @@ async def call_hook(name: str, fn: Callable[..., Any], *args: Any) -> Any:
     try:
         if inspect.iscoroutinefunction(fn):
             return await fn(*args)
-        value = await in_thread(name, functools.partial(fn, *args))
+        value = await _in_thread(functools.partial(fn, *args))
         return await value if asyncio.iscoroutine(value) else value  # a lambda of an async
     except Diverged:
         raise
@@ -192,9 +193,9 @@ async def call_hook(name: str, fn: Callable[..., Any], *args: Any) -> Any:
         raise HookFailed(f"{name} raised {raised(exc)}") from None
 
 
-async def in_thread(name: str, call: Callable[[], Any]) -> Any:
-    """`call()` in a daemon thread of its own, with the caller's context: a plain tool or
-    hook (a checker running the model's code) holds no other conversation up.
+async def _in_thread(call: Callable[[], Any]) -> Any:
+    """`call()` on a daemon worker thread, with the caller's context: a plain tool or hook
+    (a checker running the model's code) holds no other conversation up.
 
     Not `asyncio.to_thread`: the loop's executor threads are joined when the run ends and again
     at interpreter exit, so one tool that never returns (past --tool-timeout, its result
@@ -223,8 +224,33 @@ async def in_thread(name: str, call: Callable[[], Any]) -> Any:
         with contextlib.suppress(RuntimeError):  # the loop closed while it ran
             loop.call_soon_threadsafe(settle, value, exc)
 
-    threading.Thread(target=work, name=f"tool {name}", daemon=True).start()
+    _WORKERS.run(work)
     return await future
+
+
+class _DaemonWorkers:
+    """Worker threads for plain tools and hooks: daemons (never joined at exit, so a tool that
+    never returns holds nothing open), reused between calls (a thread start costs milliseconds
+    on a loaded machine), one more started whenever none is idle. The idle count is a
+    semaphore, as in `concurrent.futures.ThreadPoolExecutor`."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._idle = threading.Semaphore(0)
+
+    def run(self, job: Callable[[], None]) -> None:
+        """Run `job` (which raises nothing) on an idle worker, or on a new one."""
+        self._jobs.put(job)
+        if not self._idle.acquire(blocking=False):
+            threading.Thread(target=self._serve, name="jsonlbatch-tool", daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            self._jobs.get()()
+            self._idle.release()
+
+
+_WORKERS = _DaemonWorkers()
 
 
 async def _within(work: Coroutine[Any, Any, Any], timeout: float | None) -> Any:
