@@ -175,8 +175,8 @@ def _run(requests: str, output: str, tools: str, max_turns: int, tool_timeout: f
     turn is sent as soon as its tools have run.
 
     Writes CONVERSATIONS (one line per request line, when its conversation ends), the calls
-    file beside it (every model call as an exec response line: report, view, export and merge
-    read it) and the tool journal. Stop it at any time: the same command resumes, sending no
+    file beside it (every model call as an exec response line: report, view and export read
+    it) and the tool journal. Stop it at any time: the same command resumes, sending no
     answered call again and running no tool that ran. Exit status as exec's: 0 all ended, 1 bad
     input or no server, 2 a wrong option, 3 some conversations failed, 4 stopped by
     --max-cost, 130 interrupted.
