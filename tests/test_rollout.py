@@ -348,17 +348,23 @@ def test_an_ask_to_a_model_no_pool_serves_is_the_tools_error_not_the_runs_end(
 def test_a_plain_tool_that_never_returns_does_not_hold_the_command_open(tmp_path, mock_server):
     """A sync tool past --tool-timeout keeps its thread (Python cannot stop one), but the
     command still ends with its summary: the thread is not joined at exit."""
-    url = mock_server(tool_rate=1.0)
-    tools = [{"type": "function", "function": {"name": "stuck", "parameters": {"type": "object"}}}]
-    requests = write_requests(tmp_path / "req.jsonl", 2, tools=tools)
     text = "import threading\n\ndef stuck(**kw):\n    threading.Event().wait()\n"
+    contents = _one_tool_run(tmp_path, mock_server, "stuck", text, "--tool-timeout", "0.3")
+    assert contents == ["error: stuck timed out after 0.3s (--tool-timeout)"] * 2
+
+
+def _one_tool_run(tmp_path, mock_server, name: str, text: str, *options: str) -> list[str]:
+    """Two conversations whose model calls tool `name` (defined by `text`) at each of their two
+    turns; the tool messages, after checking the command ended well (within 30 s)."""
+    url = mock_server(tool_rate=1.0)
+    tools = [{"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}]
+    requests = write_requests(tmp_path / "req.jsonl", 2, tools=tools)
     out = tmp_path / "conv.jsonl"
     done = cli("rollout", str(requests), "-o", str(out), "--tools",
-               str(write_tools(tmp_path, text)), "--url", url, "--tool-timeout", "0.3",
-               "--max-turns", "2", timeout=30)  # fmt: skip
+               str(write_tools(tmp_path, text)), "--url", url, "--max-turns", "2", *options,
+               timeout=30)  # fmt: skip
     assert done.returncode == 0, done.stderr
-    contents = [m["content"] for c in lines(out) for m in c["messages"] if m["role"] == "tool"]
-    assert contents == ["error: stuck timed out after 0.3s (--tool-timeout)"] * 2
+    return [m["content"] for c in lines(out) for m in c["messages"] if m["role"] == "tool"]
 
 
 @pytest.mark.parametrize(
@@ -415,15 +421,8 @@ def test_a_tool_returning_text_that_is_not_utf8_is_its_error_not_the_runs_end(
 ):
     """Text decoded with surrogateescape (a subprocess's output, a file) holds lone surrogates,
     which no JSON line can: the model is told, the run goes on."""
-    url = mock_server(tool_rate=1.0)
-    tools = [{"type": "function", "function": {"name": "cat", "parameters": {"type": "object"}}}]
-    requests = write_requests(tmp_path / "req.jsonl", 2, tools=tools)
     text = "def cat(**kw):\n    return b'caf\\xe9'.decode('utf-8', 'surrogateescape')\n"
-    out = tmp_path / "conv.jsonl"
-    done = cli("rollout", str(requests), "-o", str(out), "--tools",
-               str(write_tools(tmp_path, text)), "--url", url, "--max-turns", "2")  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    contents = [m["content"] for c in lines(out) for m in c["messages"] if m["role"] == "tool"]
+    contents = _one_tool_run(tmp_path, mock_server, "cat", text)
     said = "error: cat returned text that is not UTF-8 (surrogates not allowed at character 3)"
     assert contents == [said] * 2
 
