@@ -516,3 +516,20 @@ def lookup(q):
     out = tmp_path / "conv.jsonl"
     jsonlbatch.rollout(requests, out, tools=write_tools(tmp_path, text), urls=[url], quiet=True)
     assert [(c["custom_id"], c["turns"]) for c in lines(out)] == [("c1", 4), ("c0", 1)]
+
+
+def test_an_ask_from_a_plain_tool_is_its_error_at_once_not_a_hang(tmp_path, mock_server):
+    """A plain tool runs in a worker thread: `asyncio.run(conv.ask(...))` there would wait on
+    another event loop than the run's until --tool-timeout. It is refused at once, saying why."""
+    text = """
+import asyncio
+import jsonlbatch
+
+def lookup(**kw):
+    conv = jsonlbatch.current_conversation()
+    body = {"model": "mock", "messages": [{"role": "user", "content": "?"}]}
+    return asyncio.run(conv.ask(body)).text
+"""
+    contents = _one_tool_run(tmp_path, mock_server, "lookup", text, "--tool-timeout", "10")
+    said = "error: lookup raised AskFailed: ask() must be awaited in an async tool or hook"
+    assert len(contents) == 2 and all(c.startswith(said) for c in contents), contents

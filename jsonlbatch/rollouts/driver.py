@@ -72,6 +72,7 @@ class Rollout:
         self._journal: Journal | None = None
         self._make: Callable[[bytes], Request] | None = None
         self._outbox: asyncio.Queue[Request | None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the run's, where asks are sent
         self._waiting: dict[str, asyncio.Future[Result]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._complete = False
@@ -130,6 +131,7 @@ class Rollout:
         self._journal = Journal(self.output, self.tools_path)
         outbox: asyncio.Queue[Request | None] = asyncio.Queue()
         self._outbox = outbox
+        self._loop = asyncio.get_running_loop()
         more = True
         while True:
             while more and len(self._tasks) < self.live:
@@ -333,6 +335,9 @@ class Rollout:
         return as_content("user_turn", said)
 
     async def _ask(self, conv: Conversation, body: dict[str, Any], url: str) -> AskAnswer:
+        if asyncio.get_running_loop() is not self._loop:  # asyncio.run(ask) in a plain tool
+            raise AskFailed("ask() must be awaited in an async tool or hook: a plain function "
+                            "runs in a worker thread, away from the run's event loop")  # fmt: skip
         run = self._runs.get(conv.id)
         count = run.next_ask() if run is not None else 1
         custom_id = call_id(conv.id, conv.turn, count)
