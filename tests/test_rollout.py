@@ -343,3 +343,193 @@ def test_an_ask_to_a_model_no_pool_serves_is_the_tools_error_not_the_runs_end(
         assert conv["tool_errors"] >= 1
     asks = [line for line in lines(tmp_path / "conv.calls.jsonl") if ".ask" in line["custom_id"]]
     assert len(asks) == 3 and all(a["error"]["code"] == "model_unavailable" for a in asks)
+
+
+def test_a_plain_tool_that_never_returns_does_not_hold_the_command_open(tmp_path, mock_server):
+    """A sync tool past --tool-timeout keeps its thread (Python cannot stop one), but the
+    command still ends with its summary: the thread is not joined at exit."""
+    text = "import threading\n\ndef stuck(**kw):\n    threading.Event().wait()\n"
+    contents = _one_tool_run(tmp_path, mock_server, "stuck", text, "--tool-timeout", "0.3")
+    assert contents == ["error: stuck timed out after 0.3s (--tool-timeout)"] * 2
+
+
+def _one_tool_run(tmp_path, mock_server, name: str, text: str, *options: str) -> list[str]:
+    """Two conversations whose model calls tool `name` (defined by `text`) at each of their two
+    turns; the tool messages, after checking the command ended well (within 30 s)."""
+    url = mock_server(tool_rate=1.0)
+    tools = [{"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}]
+    requests = write_requests(tmp_path / "req.jsonl", 2, tools=tools)
+    out = tmp_path / "conv.jsonl"
+    done = cli("rollout", str(requests), "-o", str(out), "--tools",
+               str(write_tools(tmp_path, text)), "--url", url, "--max-turns", "2", *options,
+               timeout=30)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return [m["content"] for c in lines(out) for m in c["messages"] if m["role"] == "tool"]
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        (
+            "import os\n\ndef f():\n    pass\n\nraise RuntimeError('boom')\n",
+            "RuntimeError: boom (line 6)",
+        ),
+        ("def f(x):\n    return (\n", "SyntaxError: '(' was never closed (line 2)"),
+    ],
+)
+def test_a_tools_file_given_by_a_relative_path_names_its_line_once(
+    tmp_path, monkeypatch, text, said
+):
+    from jsonlbatch.errors import InputError
+    from jsonlbatch.rollouts import load_tools
+
+    write_tools(tmp_path, text)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InputError) as raised:
+        load_tools("tools.py")
+    assert str(raised.value) == f"tools.py does not import: {said}"
+
+
+def test_a_request_asking_several_choices_is_refused_naming_its_line(tmp_path, mock_server):
+    """A conversation follows one answer per turn: `n: 2` would be paid for and the second
+    choice silently dropped, so it is refused before anything is sent."""
+    url = mock_server(record_bodies=10)
+    requests = write_requests(tmp_path / "req.jsonl", 3)
+    text = requests.read_text().splitlines()
+    text[2] = text[2].replace('"body": {', '"body": {"n": 2, ')
+    requests.write_text("\n".join(text) + "\n")
+    out = tmp_path / "conv.jsonl"
+    done = cli("rollout", str(requests), "-o", str(out), "--tools",
+               str(write_tools(tmp_path, "def lookup(q):\n    return q\n")), "--url", url)  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert f"{requests}:3: body.n: a rollout follows one answer per turn" in done.stderr
+    assert not out.exists()
+
+
+def test_a_tools_dict_entry_that_is_not_a_function_is_refused_naming_it():
+    """A dict says what it means: an entry that cannot be called is the caller's mistake, not
+    a tool silently left out (the model would be told it does not exist)."""
+    from jsonlbatch.errors import UsageError
+    from jsonlbatch.rollouts import load_tools
+
+    with pytest.raises(UsageError, match="the tools dict: 'lookup' is a str, not a function"):
+        load_tools({"expert": lambda topic: topic, "lookup": "lookup"})
+
+
+def test_a_tool_returning_text_that_is_not_utf8_is_its_error_not_the_runs_end(
+    tmp_path, mock_server
+):
+    """Text decoded with surrogateescape (a subprocess's output, a file) holds lone surrogates,
+    which no JSON line can: the model is told, the run goes on."""
+    text = "def cat(**kw):\n    return b'caf\\xe9'.decode('utf-8', 'surrogateescape')\n"
+    contents = _one_tool_run(tmp_path, mock_server, "cat", text)
+    said = "error: cat returned text that is not UTF-8 (surrogates not allowed at character 3)"
+    assert contents == [said] * 2
+
+
+def test_a_checker_still_judges_the_answer_of_the_last_turn(tmp_path, mock_server):
+    """With --max-turns N, the N-th answer is checked too: a checker that passes it ends the
+    conversation `completed` (its final state says so); one that would go on ends it as
+    `max_turns`, with the last answer last (what it would say is not sent)."""
+    url = mock_server()  # answers text: every turn goes to the checker
+    requests = write_requests(tmp_path / "req.jsonl", 2, tools=TOOLS[:1])
+    text = """
+import jsonlbatch
+
+def new_state(line):
+    return {"checked": 0}
+
+def user_turn(messages):
+    conv = jsonlbatch.current_conversation()
+    conv.state["checked"] += 1
+    passes = conv.id == "c0" and conv.turn == 2
+    return None if passes else "that fails; fix it"
+
+def final_state(state):
+    return state
+
+def lookup(q):
+    return q
+"""
+    out = tmp_path / "conv.jsonl"
+    jsonlbatch.rollout(requests, out, tools=write_tools(tmp_path, text), urls=[url], quiet=True,
+                       max_turns=2)  # fmt: skip
+    convs = by_id(out)
+    assert (convs["c0"]["status"], convs["c0"]["final_state"]) == ("completed", {"checked": 2})
+    assert (convs["c1"]["status"], convs["c1"]["final_state"]) == ("max_turns", {"checked": 2})
+    for conv in convs.values():
+        assert conv["turns"] == 2 and conv["messages"][-1]["role"] == "assistant"
+
+
+def test_a_tool_or_hook_calling_sys_exit_is_its_error_not_the_runs_end(tmp_path, mock_server):
+    """`sys.exit()` in a tool (a script turned into a tool, argparse) raises SystemExit, which
+    is no Exception: it is the tool's error message (or the hook's failure), not the end of
+    the run with a traceback."""
+    url = mock_server(tool_rate=1.0)
+    requests = write_requests(tmp_path / "req.jsonl", 2, tools=TOOLS)
+    text = """
+import sys
+
+def lookup(q):
+    sys.exit(3)
+
+async def expert(topic="none"):
+    sys.exit("bye")
+
+def final_state(state):
+    sys.exit(0)
+"""
+    out = tmp_path / "conv.jsonl"
+    done = cli("rollout", str(requests), "-o", str(out), "--tools",
+               str(write_tools(tmp_path, text)), "--url", url, "--max-turns", "2")  # fmt: skip
+    assert done.returncode == 3, done.stderr  # the conversations failed in final_state
+    assert "Traceback" not in done.stderr
+    contents = {m["content"] for c in lines(out) for m in c["messages"] if m["role"] == "tool"}
+    assert contents <= {
+        "error: lookup raised SystemExit: 3",
+        "error: expert raised SystemExit: bye",
+    }
+    assert contents
+    for conv in lines(out):
+        assert conv["error"]["message"] == "final_state raised SystemExit: 0"
+
+
+def test_a_slow_plain_user_turn_holds_no_other_conversation_up(tmp_path, mock_server):
+    """A checker that runs the model's code for seconds is a plain function: it runs in a
+    thread, as a tool does, so the other conversations go on meanwhile (no barrier)."""
+    url = mock_server()  # answers text: each turn goes to user_turn
+    requests = write_requests(tmp_path / "req.jsonl", 2, tools=TOOLS[:1])
+    text = """
+import time
+import jsonlbatch
+
+def user_turn(messages):
+    conv = jsonlbatch.current_conversation()
+    if conv.id == "c0":
+        time.sleep(1.5)
+        return None
+    return "again" if conv.turn < 4 else None
+
+def lookup(q):
+    return q
+"""
+    out = tmp_path / "conv.jsonl"
+    jsonlbatch.rollout(requests, out, tools=write_tools(tmp_path, text), urls=[url], quiet=True)
+    assert [(c["custom_id"], c["turns"]) for c in lines(out)] == [("c1", 4), ("c0", 1)]
+
+
+def test_an_ask_from_a_plain_tool_is_its_error_at_once_not_a_hang(tmp_path, mock_server):
+    """A plain tool runs in a worker thread: `asyncio.run(conv.ask(...))` there would wait on
+    another event loop than the run's until --tool-timeout. It is refused at once, saying why."""
+    text = """
+import asyncio
+import jsonlbatch
+
+def lookup(**kw):
+    conv = jsonlbatch.current_conversation()
+    body = {"model": "mock", "messages": [{"role": "user", "content": "?"}]}
+    return asyncio.run(conv.ask(body)).text
+"""
+    contents = _one_tool_run(tmp_path, mock_server, "lookup", text, "--tool-timeout", "10")
+    said = "error: lookup raised AskFailed: ask() must be awaited in an async tool or hook"
+    assert len(contents) == 2 and all(c.startswith(said) for c in contents), contents

@@ -201,3 +201,85 @@ def test_a_rerun_tool_whose_ask_differs_from_the_recorded_one_fails_not_misanswe
     for conv in lines(out):
         assert conv["status"] == "failed"
         assert "#t1.ask1 asks other than what" in conv["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("turn", None), ("i", "0"), ("content", 3), ("error", "no")]
+)
+def test_a_damaged_tool_journal_entry_is_a_clean_error_naming_its_line(
+    tmp_path, monkeypatch, field, value
+):
+    """The tool journal is read back as hostile input: an entry edited by hand stops the run
+    with its file, line and field (exit 1), not a traceback, and nothing is sent."""
+    monkeypatch.setenv("ROLLOUT_TEST_LOG", str(tmp_path / "ran.log"))
+    requests = write_requests(tmp_path / "req.jsonl", 2, tools=TOOLS[:1])
+    tools = write_tools(tmp_path, TOOLS_PY)
+    out = tmp_path / "conv.jsonl"
+    journal = tmp_path / "conv.tools.jsonl"
+    with BackgroundMock(MockConfig(tool_rate=1.0)) as mock:
+        jsonlbatch.rollout(requests, out, tools=tools, urls=[mock.url], quiet=True, max_turns=2)
+        out.write_text("")  # both conversations rebuilt from their journals
+        entries = lines(journal)
+        if value is None:
+            del entries[1][field]
+        else:
+            entries[1][field] = value
+        journal.write_text("".join(json.dumps(e) + "\n" for e in entries))
+        sent = _requests_at(mock)
+        done = subprocess.run(
+            [sys.executable, "-m", "jsonlbatch", "rollout", str(requests), "-o", str(out),
+             "--tools", str(tools), "--url", mock.url, "--max-turns", "2"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert _requests_at(mock) == sent
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    assert f"{journal}:2: {field}:" in done.stderr
+
+
+def test_a_damaged_calls_line_read_back_is_a_clean_error(tmp_path, monkeypatch):
+    """exec's scan checks a response line's response and error; the metrics a resume reads
+    back (the fingerprint) are checked where they are read: an edit there is no traceback."""
+    monkeypatch.setenv("ROLLOUT_TEST_LOG", str(tmp_path / "ran.log"))
+    requests = write_requests(tmp_path / "req.jsonl", 2, tools=TOOLS[:1])
+    tools = write_tools(tmp_path, TOOLS_PY)
+    out, calls = tmp_path / "conv.jsonl", tmp_path / "conv.calls.jsonl"
+    with BackgroundMock(MockConfig(tool_rate=1.0)) as mock:
+        jsonlbatch.rollout(requests, out, tools=tools, urls=[mock.url], quiet=True, max_turns=2)
+        out.write_text("")
+        entries = lines(calls)
+        damaged = next(e for e in entries if e["custom_id"].endswith("#t2"))
+        damaged["metrics"] = ["not", "an", "object"]
+        calls.write_text("".join(json.dumps(e) + "\n" for e in entries))
+        done = subprocess.run(
+            [sys.executable, "-m", "jsonlbatch", "rollout", str(requests), "-o", str(out),
+             "--tools", str(tools), "--url", mock.url, "--max-turns", "2"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    assert f"the line of {damaged['custom_id']}: metrics: not an object" in done.stderr
+
+
+def test_a_conversation_failed_by_the_server_runs_again_once_its_line_is_removed(
+    tmp_path, monkeypatch
+):
+    """What the refusal of --retry-failed tells the user to do: remove the failed
+    conversation's line. Its failed turn is then sent again, not read back as the answer."""
+    monkeypatch.setenv("ROLLOUT_TEST_LOG", str(tmp_path / "ran.log"))
+    requests = write_requests(tmp_path / "req.jsonl", 3, tools=TOOLS[:1])
+    tools = write_tools(tmp_path, TOOLS_PY)
+    out = tmp_path / "conv.jsonl"
+    with BackgroundMock(MockConfig(fail_rate=1.0)) as down:
+        failed = jsonlbatch.rollout(requests, out, tools=tools, urls=[down.url], quiet=True,
+                                    max_retries=0)  # fmt: skip
+    assert failed.statuses == {"failed": 3}
+    kept = [c for c in lines(out) if c["custom_id"] != "c1"]
+    out.write_text("".join(json.dumps(c) + "\n" for c in kept))
+    with BackgroundMock(MockConfig(tool_rate=0.0)) as up:
+        again = jsonlbatch.rollout(requests, out, tools=tools, urls=[up.url], quiet=True)
+        assert _requests_at(up) == 1
+    assert again.statuses == {"completed": 1}
+    assert {c["custom_id"]: c["status"] for c in lines(out)} == {
+        "c0": "failed", "c2": "failed", "c1": "completed"
+    }  # fmt: skip

@@ -65,7 +65,8 @@ def _checked(spec: RunSpec, driver: Rollout) -> RunSpec:
                          "known before its answers")  # fmt: skip
     if spec.options.retry_failed:
         raise UsageError("--retry-failed does not go with rollout: a failed call ends its "
-                         "conversation as failed; remove its line to run it again")  # fmt: skip
+                         "conversation as failed; remove its line from the conversations file "
+                         "to run it again (its failed turn is sent again)")  # fmt: skip
     if spec.options.changed != "refuse":
         raise UsageError(f"--changed {spec.options.changed} does not go with rollout: an edited "
                          "conversation is refused")  # fmt: skip
@@ -174,8 +175,8 @@ def _run(requests: str, output: str, tools: str, max_turns: int, tool_timeout: f
     turn is sent as soon as its tools have run.
 
     Writes CONVERSATIONS (one line per request line, when its conversation ends), the calls
-    file beside it (every model call as an exec response line: report, view, export and merge
-    read it) and the tool journal. Stop it at any time: the same command resumes, sending no
+    file beside it (every model call as an exec response line: report, view and export read
+    it) and the tool journal. Stop it at any time: the same command resumes, sending no
     answered call again and running no tool that ran. Exit status as exec's: 0 all ended, 1 bad
     input or no server, 2 a wrong option, 3 some conversations failed, 4 stopped by
     --max-cost, 130 interrupted.

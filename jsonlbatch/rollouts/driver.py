@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from jsonlbatch.errors import MAX_PROBLEMS, InputError, JsonlbatchError, Problem, problems_text
+from jsonlbatch.errors import MAX_PROBLEMS, InputError, Problem, problems_text
 from jsonlbatch.exec.prepare.input_scan import NO_FINGERPRINT, InputScan, OutputScan, edited
 from jsonlbatch.idset import IdSet
 from jsonlbatch.jsonl import iter_lines_at
@@ -33,7 +33,14 @@ from jsonlbatch.rollouts.journal import (
     finished_ids,
 )
 from jsonlbatch.rollouts.rollout_summary import RolloutSummary, Tally
-from jsonlbatch.rollouts.tools import Toolbox, ToolOutcome, as_content, call_tool
+from jsonlbatch.rollouts.tools import (
+    HookFailed,
+    Toolbox,
+    ToolOutcome,
+    as_content,
+    call_hook,
+    call_tool,
+)
 
 #: Model calls a conversation may make when --max-turns is not given.
 DEFAULT_MAX_TURNS = 20
@@ -65,6 +72,7 @@ class Rollout:
         self._journal: Journal | None = None
         self._make: Callable[[bytes], Request] | None = None
         self._outbox: asyncio.Queue[Request | None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the run's, where asks are sent
         self._waiting: dict[str, asyncio.Future[Result]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._complete = False
@@ -87,9 +95,9 @@ class Rollout:
                 continue
             obj = orjson.loads(raw)
             cid = obj["custom_id"]
-            if obj["url"] != CHAT_URL and len(problems) < MAX_PROBLEMS:
-                problems.append(Problem(scan.path, number, "url", f"a rollout runs chat "
-                                        f"conversations ({CHAT_URL}), not {obj['url']}"))  # fmt: skip
+            refused = _refusal(obj)
+            if refused is not None and len(problems) < MAX_PROBLEMS:
+                problems.append(Problem(scan.path, number, *refused))
             at = existing.ok.slot(call_id(cid, 1)) if values is not None else -1
             if at >= 0 and values is not None:
                 stored = values[at]
@@ -112,16 +120,18 @@ class Rollout:
         scan.pending = pending
         self.summary.conversations = scan.total
         self.summary.already_done = scan.already_done
+        # read now, before anything is sent: a damaged journal stops the run naming its line
+        self._index = ResumeIndex.read(self.calls_path, self.tools_path, self._finished)
+        self._finished = IdSet()  # no longer needed: pending lines are the unfinished ones
 
     async def requests(
         self, lines: Iterator[bytes], make: Callable[[bytes], Request]
     ) -> AsyncIterator[Request]:
         self._make = make
         self._journal = Journal(self.output, self.tools_path)
-        self._index = ResumeIndex.read(self.calls_path, self.tools_path, self._finished)
-        self._finished = IdSet()  # no longer needed: pending lines are the unfinished ones
         outbox: asyncio.Queue[Request | None] = asyncio.Queue()
         self._outbox = outbox
+        self._loop = asyncio.get_running_loop()
         more = True
         while True:
             while more and len(self._tasks) < self.live:
@@ -183,13 +193,15 @@ class Rollout:
         status, error = "completed", None
         try:
             if self.box.new_state is not None:
-                conv.state = await _hook(self.box.new_state, line)
+                conv.state = await call_hook("new_state", self.box.new_state, line)
             conv.messages = list(first.body.get("messages") or [])
             status, error = await self._turns(conv, run, first)
             final = None
             if self.box.final_state is not None and status != "failed":
-                final = orjson.loads(as_json(await _hook(self.box.final_state, conv.state)))
-        except _HookFailed as exc:
+                final = orjson.loads(
+                    as_json(await call_hook("final_state", self.box.final_state, conv.state))
+                )
+        except HookFailed as exc:
             status, error, final = "failed", {"message": str(exc), "turn": conv.turn}, None
         except Diverged as exc:
             status, error, final = "failed", {"message": str(exc), "turn": conv.turn}, None
@@ -220,7 +232,7 @@ class Rollout:
                 body = {**base, "messages": conv.messages}
                 request = Request(call_id(conv.id, conv.turn), first.url, body,
                                   fingerprint=_fingerprint(first.url, body))  # fmt: skip
-            result = await self._call(request, check=conv.turn > 1)
+            result = await self._call(request, check=conv.turn > 1, resend_failed=True)
             body = _decoded(result.body)
             run.tally.count(body, result.metrics)
             run.tally.turns += 1
@@ -237,14 +249,15 @@ class Rollout:
                 continue
             if self.box.user_turn is None:
                 return "completed", None
-            if conv.turn >= self.max_turns:
-                return "max_turns", None
+            # asked at the last turn too: a checker's verdict on the last answer decides
             nxt = await self._journaled(conv, run, 0, "user_turn", None, self._user_turn)
             if nxt.error:
                 return "failed", {"message": nxt.content, "turn": conv.turn, "tool": "user_turn"}
             said = orjson.loads(nxt.content)
             if said is None:
                 return "completed", None
+            if conv.turn >= self.max_turns:
+                return "max_turns", None  # what it would say next is not sent
             conv.messages.append(said)
 
     async def _tool(self, conv: Conversation, run: _Run, i: int, call: Any) -> dict[str, Any]:
@@ -312,8 +325,8 @@ class Rollout:
         conv = context.current_conversation()
         assert self.box.user_turn is not None
         try:
-            said = await _hook(self.box.user_turn, list(conv.messages))
-        except _HookFailed as exc:
+            said = await call_hook("user_turn", self.box.user_turn, list(conv.messages))
+        except HookFailed as exc:
             return ToolOutcome(str(exc), True)
         if isinstance(said, str):
             said = {"role": "user", "content": said}
@@ -322,6 +335,9 @@ class Rollout:
         return as_content("user_turn", said)
 
     async def _ask(self, conv: Conversation, body: dict[str, Any], url: str) -> AskAnswer:
+        if asyncio.get_running_loop() is not self._loop:  # asyncio.run(ask) in a plain tool
+            raise AskFailed("ask() must be awaited in an async tool or hook: a plain function "
+                            "runs in a worker thread, away from the run's event loop")  # fmt: skip
         run = self._runs.get(conv.id)
         count = run.next_ask() if run is not None else 1
         custom_id = call_id(conv.id, conv.turn, count)
@@ -339,12 +355,15 @@ class Rollout:
             raise AskFailed(f"ask {custom_id} failed: {_failure(result)}")
         return AskAnswer(custom_id, body)
 
-    async def _call(self, request: Request, *, check: bool) -> Result:
-        """The answer to `request`: read back from the calls file, or sent through the run."""
+    async def _call(self, request: Request, *, check: bool, resend_failed: bool = False) -> Result:
+        """The answer to `request`: read back from the calls file, or sent through the run.
+
+        A turn that failed for good ended its conversation; when that conversation is rebuilt
+        (its line removed, to run it again) the turn is sent again (`resend_failed`). A failed
+        ask is read back: it is part of a tool's journaled result."""
         assert self._index is not None and self._outbox is not None
         recorded = self._index.recorded_call(request.custom_id)
         if recorded is not None:
-            self.summary.replayed += 1
             metrics = recorded.get("metrics") or {}
             mark = metrics.get("fingerprint")
             fresh = request.fingerprint
@@ -354,9 +373,12 @@ class Rollout:
                     "(the tools or the request changed since): the conversation cannot resume"
                 )
             response = recorded.get("response") or {}
-            return Result(request.custom_id, response.get("status_code"), response.get("body"),
-                          request_id=response.get("request_id"), error=recorded.get("error"),
-                          metrics=metrics)  # fmt: skip
+            result = Result(request.custom_id, response.get("status_code"), response.get("body"),
+                            request_id=response.get("request_id"), error=recorded.get("error"),
+                            metrics=metrics)  # fmt: skip
+            if result.ok or not resend_failed:
+                self.summary.replayed += 1
+                return result
         if self._closed:
             raise asyncio.CancelledError
         waiter: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
@@ -378,28 +400,21 @@ class _Run:
         return self.asks
 
 
-class _HookFailed(JsonlbatchError):
-    pass
-
-
-async def _hook(fn: Callable[..., Any], *args: Any) -> Any:
-    """Call a hook of TOOLS.py (async or not); its exception names it."""
-    try:
-        value = fn(*args)
-        if asyncio.iscoroutine(value):
-            value = await value
-        return value
-    except Diverged:
-        raise
-    except Exception as exc:
-        raise _HookFailed(f"{fn.__name__} raised {type(exc).__name__}: {exc}") from None
-
-
 def as_json(value: Any) -> bytes:
     try:
         return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
     except TypeError:
-        raise _HookFailed(f"final_state returned a {type(value).__name__}, not JSON") from None
+        raise HookFailed(f"final_state returned a {type(value).__name__}, not JSON") from None
+
+
+def _refusal(line: dict[str, Any]) -> tuple[str, str] | None:
+    """(field, why) when a request line cannot start a conversation, else None."""
+    if line["url"] != CHAT_URL:
+        return "url", f"a rollout runs chat conversations ({CHAT_URL}), not {line['url']}"
+    n = line["body"].get("n")
+    if isinstance(n, int) and n > 1:  # paid for, and all but the first answer dropped
+        return "body.n", f"a rollout follows one answer per turn; n must be 1, not {n}"
+    return None
 
 
 def _fingerprint(url: str, body: dict[str, Any]) -> str:

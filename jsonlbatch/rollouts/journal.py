@@ -105,6 +105,28 @@ def finished_ids(output: str) -> IdSet:
     return done
 
 
+#: The fields of a tool journal entry a resume relies on, and their types.
+_ENTRY_FIELDS: tuple[tuple[str, type, str], ...] = (
+    ("turn", int, "an integer"),
+    ("i", int, "an integer"),
+    ("content", str, "a string"),
+    ("error", bool, "true or false"),
+    ("asks", int, "an integer"),
+)
+
+
+def _check_entry(path: str, number: int, entry: dict[str, Any]) -> None:
+    """A journaled tool result is reused as it is: one edited by hand stops the resume,
+    naming its line, rather than fail mid-run or be taken as another call's."""
+    for name, kind, said in _ENTRY_FIELDS:
+        value = entry.get(name)
+        if type(value) is not kind:
+            raise OutputError(
+                f"{path}:{number}: {name}: not {said} ({value!r}); was it edited by hand? "
+                "Restore it, or remove the line to run that tool again"
+            )
+
+
 @dataclass
 class ResumeIndex:
     """Where the answered calls and journaled tool results of unfinished conversations are."""
@@ -122,9 +144,10 @@ class ResumeIndex:
             if cid is not None and conversation_of(cid) not in finished:
                 index.calls[cid] = offset
         for number, offset, raw in iter_journal(tools_path):
-            conv = _object(tools_path, number, raw)["custom_id"]
-            if conv not in finished:
-                index.tools[conv].append(offset)
+            entry = _object(tools_path, number, raw)
+            if entry["custom_id"] not in finished:
+                _check_entry(tools_path, number, entry)
+                index.tools[entry["custom_id"]].append(offset)
         return index
 
     def recorded_call(self, custom_id: str) -> dict[str, Any] | None:
@@ -133,7 +156,11 @@ class ResumeIndex:
         if offset is None:
             return None
         for raw in read_lines_at(self.calls_path, [offset]):
-            return _object(self.calls_path, 0, raw)
+            line = _object(self.calls_path, 0, raw)
+            if type(line.get("metrics", {})) is not dict:  # exec's scan checked the rest
+                raise OutputError(f"{self.calls_path}: the line of {custom_id}: metrics: not an "
+                                  "object; was it edited by hand?")  # fmt: skip
+            return line
         return None
 
     def journaled(self, conversation: str) -> dict[tuple[int, int], dict[str, Any]]:

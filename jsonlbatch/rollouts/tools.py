@@ -12,19 +12,24 @@ through `jsonlbatch.current_conversation()` (`context.py`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
+import functools
 import importlib.util
 import inspect
 import os
+import queue
 import sys
+import threading
 import traceback
 import types
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
-from jsonlbatch.errors import InputError, UsageError
+from jsonlbatch.errors import InputError, JsonlbatchError, UsageError
 from jsonlbatch.rollouts.context import Diverged
 
 #: Names TOOLS.py may define that are hooks of the run, not tools a model calls.
@@ -82,12 +87,11 @@ def _from_names(names: Mapping[str, Any], origin: str, module: str | None) -> To
     tools: dict[str, Callable[..., Any]] = {}
     hooks: dict[str, Callable[..., Any]] = {}
     for name, value in names.items():
-        if not callable(value):
-            continue
-        if module is not None and (name.startswith("_") or isinstance(value, type)):
-            continue  # a file's helpers and classes; a dict says what it means
-        if module is not None and getattr(value, "__module__", module) != module:
-            continue  # imported into the file (`from json import dumps`), not one of its tools
+        if module is None:  # a dict says what it means: each entry is a tool or a hook
+            if not callable(value):
+                raise UsageError(f"{origin}: {name!r} is a {type(value).__name__}, not a function")
+        elif name.startswith("_") or not (inspect.isfunction(value) and value.__module__ == module):
+            continue  # the file's own functions only: not its helpers, classes, imports, data
         (hooks if name in HOOKS else tools)[name] = value
     if not tools and not hooks:
         raise UsageError(f"{origin} defines no tool function")
@@ -102,11 +106,12 @@ def _from_names(names: Mapping[str, Any], origin: str, module: str | None) -> To
 
 def _where(exc: BaseException, path: str) -> str:
     """`ExcType: message (line N)` for an exception raised while importing `path`."""
-    line = getattr(exc, "lineno", None) if isinstance(exc, SyntaxError) else None
-    if line is None:
-        frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == path]
-        line = frames[-1].lineno if frames else None
-    text = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, SyntaxError):  # its str() already says "(file, line N)"
+        text, line = f"{type(exc).__name__}: {exc.msg}", exc.lineno
+    else:  # the import machinery names the file by its absolute path
+        here = os.path.abspath(path)
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == here]
+        text, line = f"{type(exc).__name__}: {exc}", frames[-1].lineno if frames else None
     return f"{text} (line {line})" if line else text
 
 
@@ -143,21 +148,116 @@ async def call_tool(box: Toolbox, name: Any, arguments: Any, timeout: float | No
         if inspect.iscoroutinefunction(fn):
             value = await _within(fn(**arguments), timeout)
         else:  # in a thread (the context goes with it): a slow tool holds no other call up
-            value = await _within(asyncio.to_thread(fn, **arguments), timeout)
+            value = await _within(_in_thread(functools.partial(fn, **arguments)), timeout)
     except TimeoutError:
         return ToolOutcome(f"error: {name} timed out after {timeout:g}s (--tool-timeout)", True)
     except Diverged:  # an ask that is not the one recorded: the conversation cannot go on
         raise
     except Exception as exc:  # the tool's own failure: the model is told, the run goes on
-        return ToolOutcome(f"error: {name} raised {type(exc).__name__}: {exc}", True)
+        return ToolOutcome(f"error: {name} raised {raised(exc)}", True)
     return as_content(name, value)
+
+
+class _Exited(Exception):
+    """A tool's `sys.exit()`, carried as an ordinary exception: a SystemExit that leaves an
+    asyncio task stops the whole event loop, every conversation with it."""
+
+
+def raised(exc: BaseException) -> str:
+    """`Type: message` of a tool's or hook's exception, a `sys.exit()` as SystemExit."""
+    return str(exc) if isinstance(exc, _Exited) else f"{type(exc).__name__}: {exc}"
+
+
+async def _no_exit(work: Awaitable[Any]) -> Any:
+    try:
+        return await work
+    except SystemExit as exc:
+        raise _Exited(f"SystemExit: {exc}") from None
+
+
+class HookFailed(JsonlbatchError):
+    """A hook of TOOLS.py raised (or gave what cannot be saved): its conversation fails."""
+
+
+async def call_hook(name: str, fn: Callable[..., Any], *args: Any) -> Any:
+    """Call a hook of TOOLS.py; a plain one in a thread, as a tool (a checker that runs the
+    model's code holds no other conversation up); its exception names it."""
+    try:
+        if inspect.iscoroutinefunction(fn):
+            return await fn(*args)
+        value = await _in_thread(functools.partial(fn, *args))
+        return await value if asyncio.iscoroutine(value) else value  # a lambda of an async
+    except Diverged:
+        raise
+    except (Exception, SystemExit) as exc:  # an async hook's sys.exit: its conversation fails
+        raise HookFailed(f"{name} raised {raised(exc)}") from None
+
+
+async def _in_thread(call: Callable[[], Any]) -> Any:
+    """`call()` on a daemon worker thread, with the caller's context: a plain tool or hook
+    (a checker running the model's code) holds no other conversation up.
+
+    Not `asyncio.to_thread`: the loop's executor threads are joined when the run ends and again
+    at interpreter exit, so one tool that never returns (past --tool-timeout, its result
+    dropped) would hold the finished command open forever. A daemon thread is left behind."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+    context = contextvars.copy_context()
+
+    def settle(value: Any, exc: BaseException | None) -> None:
+        if future.done():  # timed out or cancelled meanwhile
+            return
+        if exc is None:
+            future.set_result(value)
+        else:
+            future.set_exception(exc)
+
+    def work() -> None:
+        value: Any = None
+        exc: BaseException | None = None
+        try:
+            value = context.run(call)
+        except SystemExit as stop:
+            exc = _Exited(f"SystemExit: {stop}")
+        except BaseException as other:  # handed to the caller, as to_thread would
+            exc = other
+        with contextlib.suppress(RuntimeError):  # the loop closed while it ran
+            loop.call_soon_threadsafe(settle, value, exc)
+
+    _WORKERS.run(work)
+    return await future
+
+
+class _DaemonWorkers:
+    """Worker threads for plain tools and hooks: daemons (never joined at exit, so a tool that
+    never returns holds nothing open), reused between calls (a thread start costs milliseconds
+    on a loaded machine), one more started whenever none is idle. The idle count is a
+    semaphore, as in `concurrent.futures.ThreadPoolExecutor`."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._idle = threading.Semaphore(0)
+
+    def run(self, job: Callable[[], None]) -> None:
+        """Run `job` (which raises nothing) on an idle worker, or on a new one."""
+        self._jobs.put(job)
+        if not self._idle.acquire(blocking=False):
+            threading.Thread(target=self._serve, name="jsonlbatch-tool", daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            self._jobs.get()()
+            self._idle.release()
+
+
+_WORKERS = _DaemonWorkers()
 
 
 async def _within(work: Coroutine[Any, Any, Any], timeout: float | None) -> Any:
     """`work`'s value, or `TimeoutError` after `timeout` seconds. Not `asyncio.wait_for`: on
     Python 3.10 and 3.11 it swallows a cancellation that meets the work's end, and a rollout
     stopped then would wait for a conversation that goes on."""
-    task = asyncio.ensure_future(work)
+    task = asyncio.ensure_future(_no_exit(work))
     try:
         done, _ = await asyncio.wait({task}, timeout=timeout)
     except asyncio.CancelledError:
@@ -172,9 +272,14 @@ async def _within(work: Coroutine[Any, Any, Any], timeout: float | None) -> Any:
 def as_content(name: str, value: Any) -> ToolOutcome:
     """A tool's return value as a tool message's content: a str as it is, else its JSON."""
     if isinstance(value, str):
+        try:
+            value.encode()  # a lone surrogate (text decoded with surrogateescape) is no JSON
+        except UnicodeEncodeError as exc:
+            return ToolOutcome(f"error: {name} returned text that is not UTF-8 ({exc.reason} "
+                               f"at character {exc.start})", True)  # fmt: skip
         return ToolOutcome(value)
     try:
         return ToolOutcome(orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode())
-    except TypeError:
+    except TypeError as exc:
         kind = type(value).__name__
-        return ToolOutcome(f"error: {name} returned a {kind}, which is not JSON", True)
+        return ToolOutcome(f"error: {name} returned a {kind}, which is not JSON ({exc})", True)
