@@ -131,3 +131,31 @@ def test_cli_errors_are_clean_messages(tmp_path: Path) -> None:
         assert result.returncode == code, (args, result.stderr)
         assert message in result.stderr, (args, result.stderr)
         assert "Traceback" not in result.stderr
+
+
+def test_a_conversations_file_is_refused_naming_its_calls_file(tmp_path: Path) -> None:
+    """`report conv.jsonl` (a rollout's conversations) said "N malformed response lines"."""
+    conv = tmp_path / "conv.jsonl"
+    line = {"custom_id": "c0", "status": "completed", "turns": 1, "messages": []}
+    conv.write_bytes(orjson.dumps(line) + b"\n")
+    result = cli("report", str(conv))
+    assert result.returncode == 1, result.stderr
+    assert "conversations file" in result.stderr
+    assert str(tmp_path / "conv.calls.jsonl") in result.stderr
+    assert "malformed" not in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_calls_file_turn_sent_again_counts_its_last_line(tmp_path: Path) -> None:
+    """A failed conversation run again appends its turn's new answer after the old failure:
+    the turn counts once, as its last line (as exec's resume takes a success over a failure)."""
+    path = write_lines(
+        tmp_path / "conv.calls.jsonl",
+        [
+            ok_line("c0#t1", start=0.0, latency=1.0),
+            failed_line("c0#t2", start=1.0, latency=1.0),
+            failed_line("c1#t1", start=0.0, latency=1.0),  # never sent again: still a failure
+            ok_line("c0#t2", start=5.0, latency=1.0),
+        ],
+    )
+    run = build_report([str(path)]).runs[0]
+    assert (run.lines, run.succeeded, run.failed) == (3, 2, 1)

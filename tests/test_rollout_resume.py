@@ -283,3 +283,21 @@ def test_a_conversation_failed_by_the_server_runs_again_once_its_line_is_removed
     assert {c["custom_id"]: c["status"] for c in lines(out)} == {
         "c0": "failed", "c2": "failed", "c1": "completed"
     }  # fmt: skip
+
+
+def test_the_resume_note_counts_finished_conversations(tmp_path, monkeypatch, capsys):
+    """It said "2 of 3 requests already have a result in conv.calls.jsonl": what it counts is
+    the conversations finished in the conversations file."""
+    monkeypatch.setenv("ROLLOUT_TEST_LOG", str(tmp_path / "ran.log"))
+    requests = write_requests(tmp_path / "req.jsonl", 3, tools=TOOLS[:1])
+    tools = write_tools(tmp_path, TOOLS_PY)
+    out = tmp_path / "conv.jsonl"
+    with BackgroundMock(MockConfig(tool_rate=0.0)) as mock:
+        jsonlbatch.rollout(requests, out, tools=tools, urls=[mock.url], quiet=True)
+        kept = [c for c in lines(out) if c["custom_id"] != "c1"]
+        out.write_text("".join(json.dumps(c) + "\n" for c in kept))
+        capsys.readouterr()
+        jsonlbatch.rollout(requests, out, tools=tools, urls=[mock.url], quiet=False)
+    err = capsys.readouterr().err
+    assert f"resuming: 2 of 3 conversations already finished in {out}" in err, err
+    assert "requests already have a result" not in err

@@ -278,3 +278,26 @@ def test_schema_and_judge_verdicts_and_cache_hits_are_shown(tmp_path: Path) -> N
     assert searcher.page(Query(status="invalid"))[1] == [1]
     assert searcher.page(Query(status="cached"))[1] == [2]
     assert searcher.facets()["status"]["invalid"] == 1
+
+
+def test_a_calls_file_turn_1_shows_its_request_lines_prompt(tmp_path: Path) -> None:
+    """`view --requests req.jsonl conv.calls.jsonl`: the request line `task-00001` is the first
+    turn `task-00001#t1`; a later turn's prompt is not in either file, and the pane says so."""
+    calls = tmp_path / "conv.calls.jsonl"
+    with calls.open("w") as fh:
+        for cid in ("task-00001#t1", "task-00001#t1.ask1", "task-00001#t2"):
+            line = response_line(1, fail_every=1000)
+            line["custom_id"] = cid
+            fh.write(json.dumps(line) + "\n")
+    requests = write_requests(tmp_path / "q.jsonl", 3)
+    proc = ViewProcess(str(calls), "--requests", str(requests))
+    try:
+        _, first = _get(proc.url + "api/line?row=0")
+        assert first["request_known"] and [t["role"] for t in first["prompt"]] == ["system", "user"]
+        assert "prompt_note" not in first
+        for row in (1, 2):
+            _, later = _get(proc.url + f"api/line?row={row}")
+            assert not later["request_known"] and later["prompt"] == []
+            assert "conversations file" in later["prompt_note"]
+    finally:
+        proc.close()

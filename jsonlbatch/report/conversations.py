@@ -17,6 +17,12 @@ import re
 from collections import Counter
 from typing import Any
 
+import orjson
+
+from jsonlbatch.jsonl import iter_lines
+from jsonlbatch.records import is_failure
+from jsonlbatch.samples import load_line
+
 _TURN = re.compile(r"#t(\d{1,6})(\.ask\d{1,9})?\Z")
 
 
@@ -34,6 +40,31 @@ def conversation_of(custom_id: str) -> str | None:
     other custom_id."""
     found = _TURN.search(custom_id)
     return None if found is None else custom_id[: found.start()]
+
+
+def superseded_failures(path: str) -> set[int]:
+    """Line numbers of a calls file's failed lines that a later line of the same id replaces.
+
+    A failed conversation run again (its line removed from the conversations file) sends its
+    failed turn again, and the new answer is appended after the old failure: the turn's last
+    line is its outcome, as exec's resume takes an id's success over its failures. Only failed
+    lines are held while reading (a few, unless a server was down), not an id per line."""
+    failed: dict[str, int] = {}  # id -> line number of its latest failure not yet replaced
+    replaced: set[int] = set()
+    for number, raw in iter_lines(path):
+        try:
+            obj = load_line(raw)
+        except orjson.JSONDecodeError:
+            continue  # load_run reports it
+        cid = obj.get("custom_id") if isinstance(obj, dict) else None
+        if not isinstance(cid, str) or turn_of(cid) is None:
+            continue
+        earlier = failed.pop(cid, None)
+        if earlier is not None:
+            replaced.add(earlier)
+        if is_failure(obj):
+            failed[cid] = number
+    return replaced
 
 
 def turn_id(conversation: str, turn: int, ask: int | None = None) -> str:

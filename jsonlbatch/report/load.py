@@ -25,7 +25,12 @@ from jsonlbatch.errors import InputError, Problem, UsageError
 from jsonlbatch.jsonl import ends_with_newline, iter_lines
 from jsonlbatch.prices import Tokens, tokens_of
 from jsonlbatch.records import check_response, is_failure, json_object, reasoning_tokens
-from jsonlbatch.report.conversations import count_tool_names, tool_names, turn_of
+from jsonlbatch.report.conversations import (
+    count_tool_names,
+    superseded_failures,
+    tool_names,
+    turn_of,
+)
 from jsonlbatch.samples import chat_usage, hosted_choices, load_line
 
 #: Per-request columns, each an `array('d')` aligned with the successful requests.
@@ -211,9 +216,15 @@ def load_run(
     data = RunData(label or path)
     problems: list[Problem] = []
     lines = _JsonLines(path, problems, "response", allow_torn=True)
+    replaced: set[int] | None = None  # a calls file's failed lines a later line replaces
     for number, obj in lines:
         if data.lines == 0 and not problems:
             _refuse_request_file(obj, path)
+        if replaced is None:
+            cid = obj.get("custom_id") if isinstance(obj, dict) else None
+            replaced = superseded_failures(path) if isinstance(cid, str) and turn_of(cid) else set()
+        if number in replaced:
+            continue
         line = _parse(obj, path, number, problems)
         if line is not None:
             data.add(line)
@@ -300,6 +311,13 @@ def _refuse_request_file(obj: Any, path: str) -> None:
         raise InputError(
             f"{path} holds requests, not responses: report reads the output of "
             "`jsonlbatch exec` (pass requests with --requests)"
+        )
+    if isinstance(obj, dict) and "messages" in obj and "status" in obj and "response" not in obj:
+        stem = path[: -len(".jsonl")] if path.endswith(".jsonl") else path
+        raise InputError(
+            f"{path} is a rollout's conversations file (its lines have `messages` and `status`), "
+            f"not responses: report reads its calls file, {stem}.calls.jsonl, where every model "
+            "call of the rollout is a response line"
         )
 
 

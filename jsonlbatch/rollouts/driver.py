@@ -118,6 +118,7 @@ class Rollout:
                 f"{self.calls_path} and {self.tools_path} to start over"
             )
         scan.pending = pending
+        scan.done_words = f"conversations already finished in {self.output}"
         self.summary.conversations = scan.total
         self.summary.already_done = scan.already_done
         # read now, before anything is sent: a damaged journal stops the run naming its line

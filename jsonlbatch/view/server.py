@@ -29,6 +29,7 @@ from aiohttp import web
 from jsonlbatch.cost import Price
 from jsonlbatch.errors import JsonlbatchError, UsageError
 from jsonlbatch.redact import redact
+from jsonlbatch.report.conversations import conversation_of, turn_of
 from jsonlbatch.view.detail import describe
 from jsonlbatch.view.index import OVERSIZED, LineIndex, open_regular
 from jsonlbatch.view.media import image_bytes, media_at
@@ -270,12 +271,18 @@ class Viewer:
             cid = orjson.loads(raw).get("custom_id")
         except (orjson.JSONDecodeError, AttributeError):
             cid = None
+        place = turn_of(cid) if isinstance(cid, str) else None
         if isinstance(cid, str):
             found = self._requests_of(cid)
+            conversation = conversation_of(cid)
+            if not found and place == (1, False) and conversation is not None:
+                found = self._requests_of(conversation)  # a rollout's first turn is its line
             if found:
                 number, at, request_raw = found[0]
                 link = functools.partial(media_url, number, at)
         out = describe(raw, request_raw, line=row + 1, link=link)
+        if request_raw is None and place is not None and place != (1, False):
+            out["prompt_note"] = _LATER_TURN_PROMPT
         out["row"] = row
         return out
 
@@ -345,6 +352,14 @@ class Viewer:
             html = f"<p>No report: {_escape(redact(str(exc)))}</p>"
         return web.Response(text=html, content_type="text/html",
                             headers={"Content-Security-Policy": _REPORT_CSP})  # fmt: skip
+
+
+#: Shown for a calls file's later turn or ask: the calls file keeps answers, not prompts.
+_LATER_TURN_PROMPT = (
+    "Prompt not stored: a rollout's calls file keeps each call's answer, not what was sent. "
+    "A later turn's prompt is the conversation up to it (the `messages` of its line in the "
+    "conversations file, conv.jsonl); an ask's body is its tool's own."
+)
 
 
 def media_url(requests: int, row: int, message: int, part: int) -> str:

@@ -72,10 +72,8 @@ class Recorder:
             self.summary.repaired_bytes = cut
             self.note(f"repaired {output}: cut a torn last line ({cut} bytes)")
         if scan.already_done:
-            self.note(
-                f"resuming: {scan.already_done} of {scan.total} requests already have "
-                f"a result in {output}"
-            )
+            done = scan.done_words or f"requests already have a result in {output}"
+            self.note(f"resuming: {scan.already_done} of {scan.total} {done}")
         if scan.foreign:
             self.note(
                 f"warning: {scan.foreign} ids in {output} have no request in "

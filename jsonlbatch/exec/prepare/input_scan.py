@@ -67,6 +67,9 @@ class InputScan:
     urls: Counter[str] = field(default_factory=Counter)  # endpoint paths of the pending lines
     already_done: int = 0  # have a line in the output (a success, or a failure not retried)
     failed_before: int = 0  # of those, failures
+    #: What `already_done` counts, in the resume note's words, when a request source counts
+    #: something else (a rollout: "conversations already finished in conv.jsonl").
+    done_words: str = ""
     replace: IdSet = field(default_factory=IdSet)  # ids whose old lines go before sending
     retried: int = 0  # failures sent again (--retry-failed)
     schemas: int = 0  # lines that may declare an answer schema (the contract check runs)

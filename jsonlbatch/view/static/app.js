@@ -363,7 +363,8 @@ function requestView(data, { compact = false } = {}) {
   if (data.problem) parts.push(turn("error", el("p", { text: data.problem }), "error"));
   if (!compact) {
     for (const t of data.prompt || []) parts.push(promptTurn(t));
-    if (!data.request_known) parts.push(el("p", { class: "muted", text: "Prompt not shown: start the viewer with --requests REQUESTS.jsonl to see it." }));
+    if (data.prompt_note) parts.push(el("p", { class: "muted", text: data.prompt_note }));
+    else if (!data.request_known) parts.push(el("p", { class: "muted", text: "Prompt not shown: start the viewer with --requests REQUESTS.jsonl to see it." }));
   }
   if (data.error) parts.push(turn("error", el("pre", { class: "wrap" }, el("code", { text: data.error })), "error"));
   for (const choice of data.choices || []) parts.push(answerBlock(choice));
