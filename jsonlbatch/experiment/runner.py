@@ -44,9 +44,9 @@ from jsonlbatch.experiment.state import StepState, step_hash
 from jsonlbatch.extras import require
 from jsonlbatch.filecheck import read_text
 from jsonlbatch.gen import RequestWriter, write_requests
+from jsonlbatch.gen.row_requests import row_custom_id
 from jsonlbatch.gen.sources import Row, iter_rows, select
 from jsonlbatch.gen.templates import Prompt, RowTemplate, compile_condition
-from jsonlbatch.gen.writer import row_custom_id
 from jsonlbatch.post.outputs import JsonlWriter
 from jsonlbatch.records import CHAT_URL, RESPONSES_URL
 from jsonlbatch.redact import register_secret
