@@ -87,7 +87,8 @@ def test_the_old_names_still_import():
 @pytest.mark.parametrize("stage", ["exec", "gen"])
 def test_stage_modules_stay_under_450_lines(stage):
     """The run loop and the request writer grew past 450 lines doing two or three things each;
-    split by meaning, these stages' modules stay one thing each."""
+    split by meaning, these stages' modules stay one thing each (mock/content.py, 478 lines,
+    keeps the mock out for now)."""
     long = {
         str(path.relative_to(ROOT)): n
         for path in sorted((ROOT / stage).rglob("*.py"))
