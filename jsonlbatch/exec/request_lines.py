@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import orjson
 
@@ -26,28 +27,19 @@ from jsonlbatch.exec.route.router import ordered_lines
 from jsonlbatch.records import Request, fingerprint
 
 
+@dataclass
 class RequestLines:
     """The pending lines of `path` (a copy of a pipe, or the file `requests` names), read as
     requests until `stopping` is set."""
 
-    def __init__(
-        self,
-        *,
-        requests: str,
-        path: str,
-        scan: InputScan,
-        options: ExecOptions,
-        file_refs: FileRefs | None,
-        stopping: asyncio.Event,
-    ) -> None:
-        self.requests = requests
-        self.path = path
-        self.scan = scan
-        self.opts = options
-        self.file_refs = file_refs
-        self.stopping = stopping
-        #: The model every request is sent to, once the preflight has said (`--model`).
-        self.model_override: str | None = None
+    requests: str
+    path: str
+    scan: InputScan
+    opts: ExecOptions
+    file_refs: FileRefs | None
+    stopping: asyncio.Event
+    #: The model every request is sent to, once the preflight has said (`--model`).
+    model_override: str | None = None
 
     def check_unchanged(self) -> None:
         """The file is still the one the scan read: its offsets mean the same lines."""

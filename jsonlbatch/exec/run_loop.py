@@ -97,7 +97,7 @@ class Run:
         self.stopping = asyncio.Event()
         #: The pending lines as requests, onto the queues (`request_lines.py`).
         self.lines = RequestLines(
-            requests=job.requests, path=job.source, scan=self.scan, options=opts,
+            requests=job.requests, path=job.source, scan=self.scan, opts=opts,
             file_refs=job.file_refs, stopping=self.stopping,
         )  # fmt: skip
         self.abort: JsonlbatchError | None = None
