@@ -235,7 +235,7 @@ class Contract:
             schema, format_checker=cls.FORMAT_CHECKER, registry=Registry()
         )
         self._fast = fast_validator(schema) if fast and shape.fast else None
-        self.seconds = limits().seconds  # one answer's check, all its choices (judge_body)
+        self.seconds = limits().seconds  # one answer's check, all its choices (check_choices)
 
     def check(self, value: Any) -> str | None:
         if self._fast is not None:
@@ -424,7 +424,7 @@ def answer_texts(body: Any, tool: str | None = None) -> list[str | Any]:
     return out
 
 
-def judge(contract: Contract, answer: str | Any) -> ChoiceVerdict:
+def check_choice(contract: Contract, answer: str | Any) -> ChoiceVerdict:
     """The verdict on one choice's answer (its text, or an already decoded tool input)."""
     if isinstance(answer, str):
         root = contract.schema.get("type")
@@ -438,13 +438,13 @@ def judge(contract: Contract, answer: str | Any) -> ChoiceVerdict:
     return ChoiceVerdict(error is None, error, value)
 
 
-def judge_body(contract: Contract, body: Any, tool: str | None = None) -> list[ChoiceVerdict]:
+def check_choices(contract: Contract, body: Any, tool: str | None = None) -> list[ChoiceVerdict]:
     """The verdict on every choice of a usable answer's body."""
     texts = answer_texts(body, tool)
     if not texts:
         return [ChoiceVerdict(False, "the answer has no choices")]
     with deadline(contract.seconds):  # one limit for all the choices (n=100: not 100 limits)
-        return [judge(contract, text) for text in texts]
+        return [check_choice(contract, text) for text in texts]
 
 
 # -- what later stages read ---------------------------------------------------------------------

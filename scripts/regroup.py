@@ -166,7 +166,7 @@ SPLITS: dict[str, Split] = {
             "\n"
             "Validators are compiled once per distinct schema (`compile_schema`, keyed by the\n"
             "schema's canonical JSON), so checking costs one dictionary lookup plus the validation\n"
-            "itself; `judge` gives each choice its verdict, and `recorded` reads it back."
+            "itself; `check_choice` gives each choice its verdict, and `recorded` reads it back."
         ),
     ),
 }

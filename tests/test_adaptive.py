@@ -13,7 +13,7 @@ import pytest
 from batchutil import cli_process, exec_cli, failures, read_results, write_requests
 
 from jsonlbatch.exec.route.adaptive_concurrency import START, WINDOW, AdaptiveConcurrency
-from jsonlbatch.exec.route.endpoint_concurrency import Outcome
+from jsonlbatch.exec.route.endpoint_concurrency import EndpointAttempt
 from jsonlbatch.exec.route.server_metrics import ServerLoad, load, parse_prometheus
 from jsonlbatch.exec.send.priority import Payloads, sign_of
 from jsonlbatch.mock.gpu import GpuModel
@@ -52,11 +52,11 @@ def test_a_lasting_queue_cuts_the_limit_to_what_runs_and_a_passing_one_does_not(
 
 def test_429s_and_503s_cut_the_limit_and_it_stays_within_its_bounds():
     c = AdaptiveConcurrency(maximum=40, start=32)
-    c.observe(Outcome(429, 0.1, True))
+    c.observe(EndpointAttempt(429, 0.1, True))
     _tick(c, waiting=0, running=32)
     assert c.limit == int(32 * 0.7)
     for _ in range(20):
-        c.observe(Outcome(503, 0.1))
+        c.observe(EndpointAttempt(503, 0.1))
         c.decide(None, c.limit)
     assert c.limit == 1
     for _ in range(100):
@@ -68,12 +68,12 @@ def test_without_gauges_latency_steers():
     c = AdaptiveConcurrency(maximum=1000)
     for _ in range(3):  # answers stay as fast as the best seen: grow
         for _ in range(c.limit):
-            c.observe(Outcome(200, 1.0))
+            c.observe(EndpointAttempt(200, 1.0))
         c.decide(None, c.limit)
     assert c.limit == 8 * START
     grown = c.limit
     for _ in range(grown):  # three times slower: shrink
-        c.observe(Outcome(200, 3.0))
+        c.observe(EndpointAttempt(200, 3.0))
     c.decide(None, c.limit)
     assert c.limit < grown
 

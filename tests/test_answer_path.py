@@ -19,7 +19,7 @@ from contractutil import SCHEMA
 from test_exec_contract import schema_requests
 
 from jsonlbatch import execute
-from jsonlbatch.contract import compile_schema, judge
+from jsonlbatch.contract import check_choice, compile_schema
 from jsonlbatch.exec.hooks.seams import Seams
 from jsonlbatch.records import Request, Result
 
@@ -38,7 +38,7 @@ def broken_cache(tmp_path: Path, mock_server, requests: Path) -> tuple[Path, set
     assert summary.failed == 0  # unchecked: every answer is a success, and stored
     contract = compile_schema(SCHEMA)
     broken = {cid for cid, line in read_results(first).items()
-              if not judge(contract, answer_text(line)).valid}  # fmt: skip
+              if not check_choice(contract, answer_text(line)).valid}  # fmt: skip
     assert broken  # the mock broke most of them (a third only wrapped in fences)
     return cache, broken
 
@@ -57,7 +57,7 @@ def test_cached_answers_that_break_the_schema_are_sent_not_served(
                 cache=str(cache), schema_check=False, cache_key_url=True)  # fmt: skip
         contract = compile_schema(SCHEMA)
         broken = {cid for cid, line in read_results(tmp_path / "unchecked.jsonl").items()
-                  if not judge(contract, answer_text(line)).valid}  # fmt: skip
+                  if not check_choice(contract, answer_text(line)).valid}  # fmt: skip
     else:
         cache, broken = broken_cache(tmp_path, mock_server, requests)
     out = tmp_path / "checked.jsonl"
@@ -70,7 +70,7 @@ def test_cached_answers_that_break_the_schema_are_sent_not_served(
         assert record is not None, f"{cid} written without a verdict"
         if line["error"] is None:  # a success is only ever an answer that holds the schema
             assert record["valid"] is True
-            assert judge(compile_schema(SCHEMA), answer_text(line)).valid
+            assert check_choice(compile_schema(SCHEMA), answer_text(line)).valid
         if cid in broken:  # never the stored broken answer as a hit
             assert line["metrics"].get("cache") != "hit"
     hits = [c for c, r in results.items() if r["metrics"].get("cache") == "hit"]

@@ -21,7 +21,7 @@ from batchapiutil import BatchServer
 from batchutil import read_results, write_requests
 
 import jsonlbatch
-from jsonlbatch.exec.hooks.check_hook import Accept, Answer, Reject
+from jsonlbatch.exec.hooks.check_hook import Accept, AnswerToCheck, Reject
 from jsonlbatch.exec.hooks.seams import Seams
 from jsonlbatch.exec.output.events import Answered, Failed
 
@@ -43,7 +43,7 @@ async def test_aexecute_with_batch_api_in_a_running_loop_takes_the_callers_check
     seen: Counter[str] = Counter()
     asked: list[str] = []
 
-    def no_three(answer: Answer) -> Accept | Reject:
+    def no_three(answer: AnswerToCheck) -> Accept | Reject:
         asked.append(answer.request.custom_id)
         if answer.request.custom_id == "req-3":
             return Reject("not this one", code="caller_said_no")
@@ -111,7 +111,7 @@ async def test_cancel_stops_the_watch_and_a_part_without_marks_is_checked_when_c
                                for m in old))  # fmt: skip
     checked: list[str] = []
 
-    def refuse_all(answer: Answer) -> Reject:
+    def refuse_all(answer: AnswerToCheck) -> Reject:
         checked.append(answer.request.custom_id)
         return Reject("checked", code="caller_checked")
 

@@ -15,10 +15,10 @@ from contractutil import GOOD, SCHEMA
 from jsonlbatch.contract import (
     ANY_OBJECT,
     SchemaError,
+    check_choice,
+    check_choices,
     compile_schema,
     declared_schema,
-    judge,
-    judge_body,
     strip_json,
     with_schema,
 )
@@ -107,7 +107,7 @@ def test_other_declarations_are_honoured():
     ],
 )
 def test_stripping_rules_and_validation(text, valid, says):
-    verdict = judge(compile_schema(SCHEMA), text)
+    verdict = check_choice(compile_schema(SCHEMA), text)
     assert verdict.valid is valid, verdict
     if says:
         assert says in verdict.error
@@ -126,7 +126,7 @@ def test_choices_of_each_endpoint_are_judged():
     contract = compile_schema(SCHEMA)
     text = orjson.dumps(GOOD).decode()
     chat = {"choices": [{"message": {"content": text}}, {"message": {"content": "nope"}}]}
-    assert [v.valid for v in judge_body(contract, chat)] == [True, False]
+    assert [v.valid for v in check_choices(contract, chat)] == [True, False]
     responses = {
         "output": [{"type": "message", "content": [{"type": "output_text", "text": text}]}]
     }
@@ -136,9 +136,9 @@ def test_choices_of_each_endpoint_are_judged():
         "content": [{"type": "tool_use", "id": "t", "name": "rec", "input": GOOD}],
     }
     for body in (responses, messages, tool):
-        assert [v.valid for v in judge_body(contract, body, "rec" if body is tool else None)] == [
-            True
-        ]
+        assert [
+            v.valid for v in check_choices(contract, body, "rec" if body is tool else None)
+        ] == [True]
 
 
 def test_mock_answers_hold_the_schema_and_breaks_are_deterministic():
@@ -149,11 +149,11 @@ def test_mock_answers_hold_the_schema_and_breaks_are_deterministic():
             CHAT_URL, {"model": "m", "messages": [{"role": "user", "content": str(i)}]}, SCHEMA
         )
         clean = json_answer(SCHEMA, body)
-        assert judge(contract, clean).valid
+        assert check_choice(contract, clean).valid
         broken = json_answer(SCHEMA, body, break_json=0.5)
         assert broken == json_answer(SCHEMA, body, break_json=0.5)  # same request, same answer
         if broken != clean:
-            kinds[judge(contract, broken).valid] += 1
+            kinds[check_choice(contract, broken).valid] += 1
         assert json_answer(SCHEMA, {**body, "seed": 7}) != clean or i > 3  # a new seed draws anew
     broken_share = (kinds[True] + kinds[False]) / 600
     assert 0.4 < broken_share < 0.6
@@ -217,7 +217,9 @@ def test_fast_path_agrees_with_jsonschema():
     assert fast._fast is not None and slow._fast is None
     for i in range(300):
         body = {"model": "m", "messages": [{"role": "user", "content": str(i)}]}
-        verdicts = [judge(c, json_answer(SCHEMA, body, break_json=0.8)) for c in (fast, slow)]
+        verdicts = [
+            check_choice(c, json_answer(SCHEMA, body, break_json=0.8)) for c in (fast, slow)
+        ]
         assert verdicts[0] == verdicts[1]
     assert not fast_safe({"type": "string", "format": "date"})  # formats: jsonschema alone
     assert not fast_safe({"enum": [1, True]})

@@ -12,7 +12,7 @@ import pytest
 from batchutil import cli, exec_cli, read_results, start_exec
 from contractutil import SCHEMA
 
-from jsonlbatch.contract import compile_schema, judge, with_schema
+from jsonlbatch.contract import check_choice, compile_schema, with_schema
 from jsonlbatch.cost import parse_price
 from jsonlbatch.exec.hooks.contract_check import FEEDBACK, journal_path
 from jsonlbatch.exec.send.budget import spent_in_output
@@ -124,7 +124,8 @@ def test_broken_answers_fail_then_retry_failed_reasks_them(tmp_path, mock_server
     for cid, line in results.items():
         choice = line["metrics"]["contract"]["choices"][0]
         text = line["response"]["body"]["choices"][0]["message"]["content"]
-        assert choice == judge(contract, text).as_json()  # the recorded verdict is the answer's
+        # the recorded verdict is the answer's
+        assert choice == check_choice(contract, text).as_json()
         assert (cid in failed) == (not choice["valid"])
         if cid in failed:
             assert (
@@ -194,7 +195,7 @@ def test_reask_with_feedback_quotes_the_error(tmp_path, mock_server):
     reasked = 0
     for line in lines:
         first = json_answer(SCHEMA, line["body"], 0, 0.5)
-        verdict = judge(contract, first)
+        verdict = check_choice(contract, first)
         record = results[line["custom_id"]]["metrics"]["contract"]
         if verdict.valid:
             assert record["asks"] == 1
@@ -314,7 +315,7 @@ def test_export_fields_and_votes_read_the_recorded_value(tmp_path, mock_server):
         if record["valid"] and not results[vote["id"]]["error"]:
             assert vote["answer"] == record["choices"][0]["value"]["label"]
     assert len(lines) == 12
-    for row in response_rows(str(out)):  # a judge or repair prompt reads the value as data
+    for row in response_rows(str(out)):  # a check_choice or repair prompt reads the value as data
         record = results[row.data["custom_id"]]["metrics"]["contract"]
         assert row.data["valid"] is record["valid"]
         assert row.data["json"] == (record["choices"][0]["value"] if record["valid"] else None)

@@ -20,8 +20,8 @@ from jsonlbatch.errors import UsageError
 from jsonlbatch.exec import execute
 from jsonlbatch.exec.hooks.check_hook import (
     Accept,
-    Answer,
     AnswerCheck,
+    AnswerToCheck,
     Check,
     CheckVerdict,
     as_check,
@@ -160,7 +160,7 @@ def test_a_check_with_begin_and_end_but_no_base_class_is_called_whole(
             self.open: set[str] = set()
             self.log: list[str] = []
 
-        def __call__(self, answer: Answer, /) -> CheckVerdict:
+        def __call__(self, answer: AnswerToCheck, /) -> CheckVerdict:
             assert answer.request.custom_id in self.open
             self.log.append("call")
             return Accept()
@@ -183,7 +183,7 @@ def test_a_check_with_begin_and_end_but_no_base_class_is_called_whole(
     assert check.open == set()
 
     class OnlyBegin:
-        def __call__(self, answer: Answer, /) -> CheckVerdict:
+        def __call__(self, answer: AnswerToCheck, /) -> CheckVerdict:
             return Accept()
 
         def begin(self, request: Request, /) -> Request:

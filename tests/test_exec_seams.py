@@ -17,10 +17,10 @@ from batchutil import chat_body, read_results, write_requests
 
 from jsonlbatch.errors import UsageError
 from jsonlbatch.exec import execute
-from jsonlbatch.exec.hooks.check_hook import Accept, Answer, AskAgain, CheckVerdict, Reject
+from jsonlbatch.exec.hooks.check_hook import Accept, AnswerToCheck, AskAgain, CheckVerdict, Reject
 from jsonlbatch.exec.hooks.seams import Seams
 from jsonlbatch.exec.output.events import Answered, Failed, RateLimited, Retried, Sent, Snapshot
-from jsonlbatch.exec.route.endpoint_concurrency import Outcome
+from jsonlbatch.exec.route.endpoint_concurrency import EndpointAttempt
 from jsonlbatch.exec.route.model_pools import PoolSpec
 from jsonlbatch.records import Request, Result
 
@@ -37,7 +37,7 @@ def test_on_answer_check_accepts_rejects_and_reasks(tmp_path: Path, mock_server)
     write_requests(requests, 4)
     seen: list[tuple[str, int]] = []
 
-    def check(answer: Answer) -> CheckVerdict:
+    def check(answer: AnswerToCheck) -> CheckVerdict:
         req = answer.request
         seen.append((req.custom_id, len(req.body["messages"])))
         assert answer.body()["choices"]  # the decoded answer is there to judge
@@ -65,7 +65,7 @@ def test_reask_ends_as_a_failure_after_max_retries(tmp_path: Path, mock_server) 
     requests, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     write_requests(requests, 1)
 
-    def never(answer: Answer) -> CheckVerdict:
+    def never(answer: AnswerToCheck) -> CheckVerdict:
         return AskAgain(answer.request.body, "still wrong")
 
     execute(requests, output, urls=[url], quiet=True, max_retries=2, seams=Seams(check=never))
@@ -156,9 +156,9 @@ def test_event_stream_reports_each_step(tmp_path: Path, mock_server) -> None:
 class CountingLimit:
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self.outcomes: list[Outcome] = []
+        self.outcomes: list[EndpointAttempt] = []
 
-    def observe(self, outcome: Outcome) -> None:
+    def observe(self, outcome: EndpointAttempt) -> None:
         self.outcomes.append(outcome)
 
 

@@ -16,7 +16,7 @@ from conftest import free_port
 from sendutil import Reply, ScriptedServer, chat_answer, request, sender
 
 from jsonlbatch.errors import AuthenticationError
-from jsonlbatch.exec.hooks.check_hook import Accept, Answer, AskAgain, CheckVerdict, Reject
+from jsonlbatch.exec.hooks.check_hook import Accept, AnswerToCheck, AskAgain, CheckVerdict, Reject
 from jsonlbatch.exec.output.events import RateLimited, Retried, Sent
 from jsonlbatch.exec.send.body_caps import TOO_LARGE
 from jsonlbatch.exec.send.sender import Stop
@@ -154,7 +154,7 @@ async def test_a_refused_connection_waits_for_the_server_without_using_an_attemp
 
 
 async def test_a_check_rejects_or_asks_again_with_a_new_body() -> None:
-    def check(answer: Answer) -> CheckVerdict:
+    def check(answer: AnswerToCheck) -> CheckVerdict:
         req = answer.request
         assert answer.body()["choices"][0]["message"]["content"] == "hi"
         if req.custom_id == "bad":
@@ -175,7 +175,7 @@ async def test_a_check_rejects_or_asks_again_with_a_new_body() -> None:
 
 
 async def test_asking_again_ends_as_the_checks_failure_after_max_retries() -> None:
-    def never(answer: Answer) -> CheckVerdict:
+    def never(answer: AnswerToCheck) -> CheckVerdict:
         return AskAgain(answer.request.body, "still wrong")
 
     async with ScriptedServer() as server, sender([server.url], max_retries=2, check=never) as s:

@@ -22,7 +22,7 @@ import orjson
 import pytest
 from batchutil import ENV, cli, exec_cli, odd_server, read_results, start_cli
 
-from jsonlbatch.contract import SchemaError, compile_schema, judge, with_schema
+from jsonlbatch.contract import SchemaError, check_choice, compile_schema, with_schema
 from jsonlbatch.errors import UsageError
 from jsonlbatch.records import CHAT_URL
 from jsonlbatch.schema_bounds import ENV_VAR, parse_limits
@@ -154,10 +154,10 @@ def test_bounds_in_process():
     # client's warning) fails to format its own traceback, a failure of the test, not of jsonlbatch
     gc.collect()
     deep = compile_schema({"type": "array", "items": {"$ref": "#"}})
-    assert judge(deep, "Here: " + "[" * 5000 + "]" * 5000).error == (
+    assert check_choice(deep, "Here: " + "[" * 5000 + "]" * 5000).error == (
         "the JSON value nests too deeply to be read"
     )
-    assert "nests too deeply" in (judge(deep, "[" * 1000 + "]" * 1000).error or "")
+    assert "nests too deeply" in (check_choice(deep, "[" * 1000 + "]" * 1000).error or "")
     assert parse_limits("enum=5, seconds=0.5").enum == 5
     for bad in ("enum=lots", "seconds=nan", "seconds=inf", "depth=0", "size=5"):
         with pytest.raises(UsageError, match=ENV_VAR):

@@ -1,7 +1,7 @@
 """The send path's three layers alone (exec/send/sender.py, exec/send/transport.py), and issue 39's rule: a
 `Retry-After` delays its own request; only evidence of a run-wide limit holds every request.
 
-In-process: the transport over real HTTP to the mock on 127.0.0.1, `judge` on values, and the
+In-process: the transport over real HTTP to the mock on 127.0.0.1, `assess` on values, and the
 retry policy and endpoint layers of a real `Sender` over a real pool, once with a scripted
 transport (to play refused and closed connections exactly) and once over real HTTP.
 """
@@ -34,7 +34,7 @@ from jsonlbatch.exec.send.budget import Meter
 from jsonlbatch.exec.send.pacing import Pacing
 from jsonlbatch.exec.send.retry import Backoff, batch_cap, retry_after_of
 from jsonlbatch.exec.send.sender import Sender
-from jsonlbatch.exec.send.transport import Broken, Health, Next, Reply, Transport, judge
+from jsonlbatch.exec.send.transport import Broken, Health, Next, Reply, Transport, assess
 from jsonlbatch.records import CHAT_URL, Request, Result
 
 _OK = orjson.dumps(
@@ -109,14 +109,14 @@ def test_retry_after_ms_wins_over_retry_after():
     ],
 )
 def test_judge_says_what_comes_next_and_what_it_tells_of_the_endpoint(got, nxt, health):
-    judged = judge(_request(), got, {"attempts": 1}, 0.0, 0.1)
-    assert (judged.next, judged.health) == (nxt, health)
-    assert judged.result.metrics["attempts"] == 1  # the metrics go in the line
-    assert (judged.answer is not None) is (nxt is Next.ANSWER)
+    assessed = assess(_request(), got, {"attempts": 1}, 0.0, 0.1)
+    assert (assessed.next, assessed.health) == (nxt, health)
+    assert assessed.result.metrics["attempts"] == 1  # the metrics go in the line
+    assert (assessed.answer is not None) is (nxt is Next.ANSWER)
     if isinstance(got, Reply) and got.status == 429:
-        assert judged.retry_after == 1.0
+        assert assessed.retry_after == 1.0
     if isinstance(got, Broken):
-        assert judged.result.status_code is None and judged.result.error["code"] == got.code
+        assert assessed.result.status_code is None and assessed.result.error["code"] == got.code
 
 
 # -- backoff ---------------------------------------------------------------------------------

@@ -9,19 +9,13 @@ import click
 from jsonlbatch.cli.params import Finite, NonEmpty
 from jsonlbatch.cli.sections import Section, Sectioned
 from jsonlbatch.errors import UsageError
+from jsonlbatch.gen.body_fields import load_body_file, merge_patch, parse_param
 from jsonlbatch.gen.response_rows import looks_like_responses, response_rows
+from jsonlbatch.gen.row_requests import write_requests
 from jsonlbatch.gen.schemas import load_schema
 from jsonlbatch.gen.sources import FORMATS, iter_rows, select
 from jsonlbatch.gen.templates import Prompt, RowTemplate, compile_condition
-from jsonlbatch.gen.writer import (
-    CHARS_PER_TOKEN,
-    PROMPT_FIELDS,
-    RequestWriter,
-    load_body_file,
-    merge_patch,
-    parse_param,
-    write_requests,
-)
+from jsonlbatch.gen.writer import CHARS_PER_TOKEN, PROMPT_FIELDS, RequestWriter
 from jsonlbatch.records import CHAT_URL
 from jsonlbatch.stats import plural
 

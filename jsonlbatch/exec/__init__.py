@@ -3,10 +3,11 @@
 `front_door` is the way in: a `RunSpec` (what every way of asking for a run builds) started by
 `start`/`astart` (`execute`/`aexecute` here are deprecated aliases: the public ones are
 `jsonlbatch.execute`/`aexecute`, with the command line's option names); `job.Job` is a run
-prepared, `run_loop` the run itself. The stages, in the order a request meets them: `prepare/` (the input and output
-passes), `route/` (which server), `send/` (the attempts), `hooks/` (what a caller plugs in:
-checks, an answer store; the answer contract), `output/` (the written line, events, the bar,
-the summary, what a caller gets back). docs/architecture.md draws one request's path.
+prepared, `run_loop` the run itself (`run_setup` what is built for it before the first send,
+`request_lines` its readers). The stages, in the order a request meets them: `prepare/` (the
+input and output passes), `route/` (which server), `send/` (the attempts), `hooks/` (what a
+caller plugs in: checks, an answer store; the answer contract), `output/` (the written line,
+events, the bar, the summary, what a caller gets back). docs/architecture.md draws one request's path.
 
     from jsonlbatch.exec import RunSpec, Urls, start
     outcome = start(RunSpec(requests="requests.jsonl", output="responses.jsonl",

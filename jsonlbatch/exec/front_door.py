@@ -39,7 +39,7 @@ from jsonlbatch.errors import Interrupted, UsageError
 from jsonlbatch.exec.exec_options import ExecOptions
 from jsonlbatch.exec.hooks.seams import NO_SEAMS, Seams
 from jsonlbatch.exec.job import Job, refuse_running_loop, run_coroutine
-from jsonlbatch.exec.output.run_outcome import Outcome
+from jsonlbatch.exec.output.run_outcome import RunOutcome
 from jsonlbatch.exec.output.run_summary import RunSummary
 from jsonlbatch.exec.route.endpoints_file import read_endpoints
 from jsonlbatch.exec.route.model_pools import PoolSpec
@@ -152,7 +152,9 @@ class EndpointsFiles:
         return running.run_job(list(dict.fromkeys(u for spec in specs for u in spec.urls)))
 
 
-def start(spec: RunSpec, *, handle_signals: bool = True, stop: StopHandle | None = None) -> Outcome:
+def start(
+    spec: RunSpec, *, handle_signals: bool = True, stop: StopHandle | None = None
+) -> RunOutcome:
     """Run `spec` to its end (blocking) and return its outcome.
 
     Raises what the run raises: the package's errors (bad input, a server that never came,
@@ -172,17 +174,19 @@ def start(spec: RunSpec, *, handle_signals: bool = True, stop: StopHandle | None
             from jsonlbatch.exec.prepare.dry_run import dry_run
 
             with Job(spec.requests, spec.output, spec.options, seams=seams) as job:
-                return Outcome(spec.output, dry=dry_run(job))
+                return RunOutcome(spec.output, dry=dry_run(job))
         if not spec.target.uses_job:
             if stop is not None:
                 stop.attach(None)
             running = Running(spec, None, handle_signals, stopped)
-            return Outcome(spec.output, spec.target.start(running))
+            return RunOutcome(spec.output, spec.target.start(running))
         job = stack.enter_context(Job(spec.requests, spec.output, spec.options, seams=seams))
         job.prepare()  # bad input fails here, before any server boots
         if stop is not None:
             stop.attach(job)
-        return Outcome(spec.output, spec.target.start(Running(spec, job, handle_signals, stopped)))
+        return RunOutcome(
+            spec.output, spec.target.start(Running(spec, job, handle_signals, stopped))
+        )
     raise AssertionError("unreachable")  # for type checkers: the block returns
 
 
@@ -275,7 +279,7 @@ class StopHandle:
             job.stop()
 
 
-async def astart(spec: RunSpec) -> Outcome:
+async def astart(spec: RunSpec) -> RunOutcome:
     """`start` for callers inside a running event loop (a notebook, an async application).
 
     The run goes on in a worker thread with its own loop, so nothing blocks the caller's loop

@@ -39,7 +39,8 @@ from jsonlbatch.exec.output.run_summary import RunSummary
 from jsonlbatch.exec.prepare.file_refs import FileRefs
 from jsonlbatch.exec.prepare.input_scan import InputScan, OutputScan, scan_input, scan_output
 from jsonlbatch.exec.route.endpoints import parse_endpoint
-from jsonlbatch.exec.run_loop import Prepared, Run
+from jsonlbatch.exec.run_loop import Run
+from jsonlbatch.exec.run_setup import Prepared
 from jsonlbatch.exec.send.file_collect import open_files_dir
 from jsonlbatch.exec.send.streaming import NO_STREAM_URLS
 from jsonlbatch.jsonl import (

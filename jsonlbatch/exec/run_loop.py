@@ -1,16 +1,17 @@
 """The run loop: one `Job.run`, from the pending lines to the last written result.
 
 One request's path: the before-send lookup (`store_hook.answer_stored`) writes what a store
-already answers; `_read` reads each other pending line (in the router's order) onto a bounded
-queue; a worker (`_work`) takes it and hands it to `sender.Sender` (pool, meter, attempts,
-on-answer check); the result is given to the store, then to `recorder.Recorder`, which appends its
-line. Around that, `main` opens the HTTP session, has the pools built (`model_pools.build_pools`),
-runs the preflight (`preflight.py`), ticks the event stream (`events.py`) and stops cleanly on
-Ctrl-C, a budget stop or a fatal error.
+already answers; `RequestLines.read` (`request_lines.py`) reads each other pending line (in the
+router's order) onto a bounded queue; a worker (`_work`) takes it and hands it to
+`sender.Sender` (pool, meter, attempts, on-answer check); the result is given to the store, then
+to `recorder.Recorder`, which appends its line. Around that, `main` opens the HTTP session, has
+the pools built (`model_pools.build_pools`) and the rest the run needs (`run_setup.py`: meter,
+hosted files, priority signs), runs the preflight (`preflight.py`), ticks the event stream
+(`events.py`) and stops cleanly on Ctrl-C, a budget stop or a fatal error.
 
 A run whose requests come from a source (`Seams.source`, `request_source.py`: a rollout) has
-`_feed` in place of `_read`: the same queue, workers, checks and recorder, and each result
-handed back to the source after its line is queued.
+`RequestLines.feed` in place of `read`: the same queue, workers, checks and recorder, and each
+result handed back to the source after its line is queued.
 """
 
 from __future__ import annotations
@@ -19,28 +20,21 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 
 import aiohttp
-import orjson
 
 from jsonlbatch.errors import (
-    InputError,
     Interrupted,
     JsonlbatchError,
     LaunchError,
     ServerUnavailableError,
     UsageError,
 )
-from jsonlbatch.exec.exec_options import AUTO_MAX_CONCURRENCY, ExecOptions
-from jsonlbatch.exec.hooks.check_hook import Check
-from jsonlbatch.exec.hooks.contract_check import AnswerChecker
-from jsonlbatch.exec.hooks.request_source import RequestSource
+from jsonlbatch.exec.exec_options import AUTO_MAX_CONCURRENCY
 from jsonlbatch.exec.hooks.seams import Seams
 from jsonlbatch.exec.hooks.store_hook import (
     AnswerStore,
-    EarlyAnswers,
     Vetter,
     answer_stored,
     occurrences,
@@ -49,42 +43,17 @@ from jsonlbatch.exec.output.events import EventBus, Snapshot
 from jsonlbatch.exec.output.progress_bar import Progress
 from jsonlbatch.exec.output.recorder import Recorder
 from jsonlbatch.exec.output.run_summary import RunSummary
-from jsonlbatch.exec.prepare.file_refs import FileRefs, has_refs
-from jsonlbatch.exec.prepare.input_scan import InputScan, OutputScan, stat_input
+from jsonlbatch.exec.request_lines import RequestLines
 from jsonlbatch.exec.route import adaptive_concurrency as adaptive
 from jsonlbatch.exec.route.endpoints import Endpoint
 from jsonlbatch.exec.route.model_pools import ModelPools, PoolSpec, build_pools, parse_endpoints
-from jsonlbatch.exec.route.model_routing import split_pending, unavailable
+from jsonlbatch.exec.route.model_routing import unavailable
 from jsonlbatch.exec.route.preflight import preflight
-from jsonlbatch.exec.route.router import ordered_lines
 from jsonlbatch.exec.route.server_metrics import compare, keep_servers, scrape_all
-from jsonlbatch.exec.send.budget import Budget, BudgetReached, Meter, spent_in_output
-from jsonlbatch.exec.send.file_collect import Collector
-from jsonlbatch.exec.send.file_uploads import Uploads, sidecar_paths
-from jsonlbatch.exec.send.hosted_files import HostedFiles
-from jsonlbatch.exec.send.pacing import Pacing
-from jsonlbatch.exec.send.priority import sign_of
+from jsonlbatch.exec.run_setup import Prepared, hosted_files, make_meter, set_priority_signs
+from jsonlbatch.exec.send.budget import BudgetReached
 from jsonlbatch.exec.send.sender import Sender, Stop
-from jsonlbatch.jsonl import OutputLock
-from jsonlbatch.records import Request, Result, fingerprint
-
-
-@dataclass
-class Prepared:
-    """What `Job.prepare` found and holds, handed to the run loop: the two files (and `source`,
-    what is read: the request file or a copy of a pipe), the options, both scans, the lock."""
-
-    requests: str
-    output: str
-    source: str
-    options: ExecOptions
-    scan: InputScan
-    existing: OutputScan
-    lock: OutputLock
-    checks: Check | None  # every check an answer passes (`Job.checks`)
-    contract: AnswerChecker  # the answer contract's journal is closed with the run
-    early: EarlyAnswers | None = None  # lines answered during the scan, waiting to be written
-    file_refs: FileRefs | None = None  # the `file://` files its lines name (prepare/file_refs.py)
+from jsonlbatch.records import Request, Result
 
 
 class Run:
@@ -124,13 +93,13 @@ class Run:
             self.progress.listen(self.bus, streams=opts.stream)
         for callback, types in seams.subscribers:
             self.bus.subscribe(callback, *types)
-        budget = None
-        if opts.price is not None:
-            spent = spent_in_output(job.output, opts.price) if opts.max_cost is not None else 0.0
-            budget = Budget(opts.price, opts.max_cost, spent)
-            self.summary.spent_before = spent
-        self.meter = Meter(Pacing.of(opts), budget)
+        self.meter = make_meter(opts, job.output, self.summary)
         self.stopping = asyncio.Event()
+        #: The pending lines as requests, onto the queues (`request_lines.py`).
+        self.lines = RequestLines(
+            requests=job.requests, path=job.source, scan=self.scan, opts=opts,
+            file_refs=job.file_refs, stopping=self.stopping,
+        )  # fmt: skip
         self.abort: JsonlbatchError | None = None
         self.signals = 0
         self._cancel_scheduled = False
@@ -144,7 +113,6 @@ class Run:
         self.endpoints: list[Endpoint] = []
         self.n_workers = self.opts.fixed_concurrency  # workers; more when concurrency is tuned
         self.pools: ModelPools | None = None
-        self.model_override: str | None = None
         self.early = job.early
         # marks this run's lines (metrics.run); the early answers' lines have it already
         self.run_id = self.early.run_id if self.early is not None else os.urandom(4).hex()
@@ -239,7 +207,7 @@ class Run:
                 preflight(pools, self.opts.model, self.scan.models, self.progress.note)
             )
             try:
-                self.model_override = await self.preflight
+                self.lines.model_override = await self.preflight
             except asyncio.CancelledError:
                 if not self.signals:
                     raise
@@ -249,11 +217,7 @@ class Run:
                 self.summary.started_at = time.time()
                 self.progress.start()
                 before = await scrape_all(session, endpoints, headers)
-                for ep, found in zip(endpoints, before, strict=True):
-                    ep.priority_sign = sign_of(found.kind if found is not None else None)
-                    if self.opts.priority is not None and not ep.priority_sign:
-                        self.progress.note(f"--priority: {ep.name} shows no vLLM or SGLang "
-                                           "/metrics; no priority is sent to it")  # fmt: skip
+                set_priority_signs(self.opts, endpoints, before, self.progress.note)
                 if make is None:  # -c auto, or the default for launched and vLLM/SGLang servers
                     tuners = adaptive.start(self.opts.concurrency, AUTO_MAX_CONCURRENCY,
                                             endpoints, before, session, headers)  # fmt: skip
@@ -261,7 +225,8 @@ class Run:
                 self.sender = Sender(
                     opts=self.opts, session=session, pools=pools, meter=self.meter,
                     stopping=self.stopping, summary=self.summary, bus=self.bus,
-                    check=self.job.checks, files=self._hosted_files(session),
+                    check=self.job.checks,
+                    files=hosted_files(self.opts, self.job.file_refs, self.job.output, session),
                 )  # fmt: skip
                 await self._send_all()
                 if not self.signals and self.abort is None:
@@ -275,28 +240,13 @@ class Run:
             await asyncio.gather(ticker, syncer, *tuners, return_exceptions=True)
             await pools.close()
 
-    def _hosted_files(self, session: aiohttp.ClientSession) -> HostedFiles | None:
-        """The uploads of the lines' `file://` files and `--files-dir`'s collector, if any."""
-        opts, refs = self.opts, self.job.file_refs
-        uploads = None
-        if refs is not None and refs.by_hash:
-            sidecars = sidecar_paths(self.job.output, opts.cache)
-            uploads = Uploads(refs, sidecars, session, opts.timeout)
-        collector = None
-        if opts.files_dir is not None:
-            collector = Collector(opts.files_dir, self.job.output, session, timeout=opts.timeout,
-                                  stall=opts.stream_stall_timeout,
-                                  max_bytes=opts.max_file_bytes)  # fmt: skip
-        if uploads is None and collector is None:
-            return None
-        return HostedFiles(uploads, collector, opts.require_files, opts.reask)
-
     async def _send_all(self) -> None:
         store, source = self.store, self.source
         if source is not None:
             fed: asyncio.Queue[Request | None] = asyncio.Queue(maxsize=2 * self.n_workers)
             self.queues.append((fed, self.n_workers))
-            self.readers.append(asyncio.ensure_future(self._feed(fed, source)))
+            feed = self.lines.feed(fed, source, self.pending, self.n_workers)
+            self.readers.append(asyncio.ensure_future(feed))
             self.workers += [asyncio.ensure_future(self._work(fed)) for _ in range(self.n_workers)]
             try:
                 await self._wait([*self.readers, *self.workers])
@@ -311,10 +261,11 @@ class Run:
             await self._answer(store)
             if self.stopping.is_set() or not self.pending:
                 return
-        for offsets, n_workers in self._parts():
+        for offsets, n_workers in self.lines.parts(self.pools, self.pending, self.n_workers):
             queue: asyncio.Queue[Request | None] = asyncio.Queue(maxsize=2 * n_workers)
             self.queues.append((queue, n_workers))
-            self.readers.append(asyncio.ensure_future(self._read(queue, n_workers, offsets)))
+            read = self.lines.read(queue, n_workers, offsets)
+            self.readers.append(asyncio.ensure_future(read))
             self.workers += [asyncio.ensure_future(self._work(queue)) for _ in range(n_workers)]
         await self._wait([*self.readers, *self.workers])
 
@@ -330,67 +281,16 @@ class Run:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    def _parts(self) -> list[tuple[Sequence[int], int]]:
-        """The pending lines and workers of each pool (`model_routing.split_pending`)."""
-        if self.pools is None or len(self.pools.pools) < 2:
-            return [(self.pending, min(self.n_workers, len(self.pending)))]
-        return split_pending(
-            self.pools, self.job.source, self.pending, self.model_override, self.n_workers
-        )
-
-    def _check_source(self) -> None:
-        stat = stat_input(self.job.source)
-        if (stat.st_size, stat.st_mtime_ns) != (self.scan.size, self.scan.mtime_ns):
-            raise InputError(
-                f"{self.job.requests} changed after it was checked; run the command again"
-            )
-
-    def _request(self, raw: bytes) -> Request:
-        """A pending line as the request to send (after `--model`), with its fingerprint."""
-        obj = orjson.loads(raw)
-        url, body = obj["url"], obj["body"]
-        refs = self.job.file_refs
-        if refs is not None and has_refs(raw) and not refs.resolve(body):
-            raw = orjson.dumps(obj)  # its files by content (`file://sha256:`), not by path
-        mark = fingerprint(raw, url, body)  # of the request as the file asks it
-        if self.model_override is not None:
-            body["model"] = self.model_override
-        return Request(obj["custom_id"], url, body, fingerprint=mark, priority=obj.get("priority"))
-
     async def _answer(self, store: AnswerStore) -> None:
         """Before anything is sent: write what the store answers (`store_hook.answer_stored`) and
         keep only the rest pending."""
-        self._check_source()
+        self.lines.check_unchanged()
         self._store_notes()
         assert self.vetter is not None
         self.pending = await answer_stored(
-            store, self.vetter, self.job.source, self.pending, self.repeats, self._request,
+            store, self.vetter, self.job.source, self.pending, self.repeats, self.lines.request,
             self._record, self.stopping,
         )  # fmt: skip
-
-    async def _read(
-        self, queue: asyncio.Queue[Request | None], n_workers: int, offsets: Sequence[int]
-    ) -> None:
-        self._check_source()
-        route = self.opts.route_options()
-        for raw in ordered_lines(self.job.source, offsets, route):
-            await queue.put(self._request(raw))
-            if self.stopping.is_set():
-                break
-        for _ in range(n_workers):
-            await queue.put(None)
-
-    async def _feed(self, queue: asyncio.Queue[Request | None], source: RequestSource) -> None:
-        """`_read` for a run whose requests come from `source`: the file's pending lines are
-        its input; what it yields goes onto the same queue, as it becomes ready."""
-        self._check_source()
-        lines = ordered_lines(self.job.source, self.pending, self.opts.route_options())
-        async for request in source.requests(lines, self._request):
-            await queue.put(request)
-            if self.stopping.is_set():
-                break
-        for _ in range(self.n_workers):
-            await queue.put(None)
 
     def _before_send(self, request: Request) -> Result | None:
         """A source's request (a turn, an `ask`) that needs no sending: a model no pool takes

@@ -14,8 +14,12 @@ from __future__ import annotations
 
 from jsonlbatch.experiment.judge import JudgeConfig, JudgeSummary, run_judge
 from jsonlbatch.experiment.rules import PassRule
-from jsonlbatch.experiment.runner import ExperimentResult, Outcome, run_experiment
+from jsonlbatch.experiment.runner import ExperimentResult, StepOutcome, run_experiment
 from jsonlbatch.experiment.spec import Experiment, load_experiment
+
+#: The name `StepOutcome` had before exec's run and endpoint outcomes were told apart; kept so
+#: that `from jsonlbatch.experiment import Outcome` goes on working.
+Outcome = StepOutcome
 
 __all__ = [
     "Experiment",
@@ -24,6 +28,7 @@ __all__ = [
     "JudgeSummary",
     "Outcome",
     "PassRule",
+    "StepOutcome",
     "load_experiment",
     "run_experiment",
     "run_judge",

@@ -44,9 +44,9 @@ from jsonlbatch.experiment.state import StepState, step_hash
 from jsonlbatch.extras import require
 from jsonlbatch.filecheck import read_text
 from jsonlbatch.gen import RequestWriter, write_requests
+from jsonlbatch.gen.row_requests import row_custom_id
 from jsonlbatch.gen.sources import Row, iter_rows, select
 from jsonlbatch.gen.templates import Prompt, RowTemplate, compile_condition
-from jsonlbatch.gen.writer import row_custom_id
 from jsonlbatch.post.outputs import JsonlWriter
 from jsonlbatch.records import CHAT_URL, RESPONSES_URL
 from jsonlbatch.redact import register_secret
@@ -66,7 +66,9 @@ ROW_ID = "_row_id"
 
 
 @dataclass
-class Outcome:
+class StepOutcome:
+    """What one step of one condition did: ran, resumed, or skipped (its inputs unchanged)."""
+
     condition: str
     step: str
     status: str  # ran, resumed, skipped
@@ -76,7 +78,7 @@ class Outcome:
 @dataclass
 class ExperimentResult:
     directory: str
-    outcomes: list[Outcome] = field(default_factory=list)
+    outcomes: list[StepOutcome] = field(default_factory=list)
     reports: list[str] = field(default_factory=list)
     table: str = ""  # the conditions side by side, when the file has a report step
     failed: dict[str, int] = field(default_factory=dict)  # failed first-round requests
@@ -159,7 +161,7 @@ class _ConditionRun:
             self.api_key = os.environ.get(condition.settings["api_key_env"])
             register_secret(self.api_key)
 
-    def run(self) -> list[Outcome]:
+    def run(self) -> list[StepOutcome]:
         outcomes = []
         with self.stack:
             outcomes.append(self.gen())
@@ -209,12 +211,12 @@ class _ConditionRun:
     # -- steps ---------------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _step(self, name: str, digest: str, outputs: Sequence[str]) -> Iterator[Outcome | None]:
+    def _step(self, name: str, digest: str, outputs: Sequence[str]) -> Iterator[StepOutcome | None]:
         """Yields None when the step must run (after clearing stale outputs), else the skip."""
         status = self.state.status(name, digest)
         if status == "done":
             self.say(f"{name}: unchanged, skipped")
-            yield Outcome(self.cond.name, name, "skipped")
+            yield StepOutcome(self.cond.name, name, "skipped")
             return
         if status == "new":
             for path in outputs:
@@ -225,7 +227,7 @@ class _ConditionRun:
         self.state.start(name, digest)
         yield None
 
-    def gen(self) -> Outcome:
+    def gen(self) -> StepOutcome:
         data, prompt = self.exp.data, self.exp.prompt
         settings = {
             "data": {k: v for k, v in data.items() if k != "file"},
@@ -240,7 +242,7 @@ class _ConditionRun:
             summary = self._write_requests()
             self.state.finish("gen", digest, summary)
             self.say(f"gen: {summary['requests']} requests")
-            return Outcome(self.cond.name, "gen", "ran", f"{summary['requests']} requests")
+            return StepOutcome(self.cond.name, "gen", "ran", f"{summary['requests']} requests")
 
     def _write_requests(self) -> dict[str, Any]:
         data, spec, c = self.exp.data, self.exp.prompt, self.cond.settings
@@ -298,7 +300,7 @@ class _ConditionRun:
         s = writer.summary
         return {"requests": s.requests, "prompts": s.prompts}
 
-    def exec(self, step: Step) -> Outcome:
+    def exec(self, step: Step) -> StepOutcome:
         digest = step_hash("exec", {}, [self.requests])
         with self._step("exec", digest, [self.responses]) as skipped:
             if skipped:
@@ -321,9 +323,9 @@ class _ConditionRun:
             sent = f"{summary.written - summary.cache_hits} sent"
             if summary.cache_hits:
                 sent += f", {summary.cache_hits} from the answer cache"
-            return Outcome(self.cond.name, "exec", status, sent)
+            return StepOutcome(self.cond.name, "exec", status, sent)
 
-    def judge(self, step: Step) -> Outcome:
+    def judge(self, step: Step) -> StepOutcome:
         s = step.settings
         texts = {k: read_text(s[k], "template") for k in ("template", "retry_template") if s.get(k)}
         body: dict[str, Any] = {**(s.get("params") or {}), "temperature": s.get("temperature", 0)}
@@ -366,7 +368,7 @@ class _ConditionRun:
             self.state.finish("judge", digest, summary.as_dict())
             detail = f"{summary.passed}/{summary.items} passed in {summary.rounds_run} rounds"
             self.say(f"judge: {detail}")
-            return Outcome(self.cond.name, "judge", "ran", detail)
+            return StepOutcome(self.cond.name, "judge", "ran", detail)
 
     @property
     def answers(self) -> str:
@@ -374,7 +376,7 @@ class _ConditionRun:
         judged = self.exp.step("judge") is not None
         return os.path.join(self.dir, "judge", "final.jsonl") if judged else self.responses
 
-    def export(self, step: Step) -> Outcome:
+    def export(self, step: Step) -> StepOutcome:
         s = step.settings
         out = os.path.join(self.dir, f"results.{s.get('format', 'jsonl')}")
         files = [self.answers, *export_inputs(self.dir, self.requests), s.get("into")]
@@ -385,9 +387,9 @@ class _ConditionRun:
             summary = export_results(self.answers, out, self.requests, self.dir, s)
             self.state.finish("export", digest, summary)
             self.say(f"export: {summary['rows']} rows -> {out}")
-            return Outcome(self.cond.name, "export", "ran", f"{summary['rows']} rows")
+            return StepOutcome(self.cond.name, "export", "ran", f"{summary['rows']} rows")
 
-    def post(self, step: Step) -> list[Outcome]:
+    def post(self, step: Step) -> list[StepOutcome]:
         source = self.answers
         outcomes = []
         for key, part in PARTS.items():
@@ -404,5 +406,5 @@ class _ConditionRun:
                 summary = part.run(source, out, settings)
                 self.state.finish(name, digest, summary)
                 self.say(f"{name}: {describe(summary)}")
-                outcomes.append(Outcome(self.cond.name, name, "ran"))
+                outcomes.append(StepOutcome(self.cond.name, name, "ran"))
         return outcomes

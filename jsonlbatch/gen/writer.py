@@ -7,6 +7,10 @@ passes `records.check_request`, the check `jsonlbatch exec` applies when it read
 The file appears only when complete: lines go to a temp file beside the target, which is
 renamed over it on success and removed on any error, so a half-written request file never
 looks like a finished one.
+
+What the writer is given comes from beside it: the body fields every request starts from
+(`body_fields.py`: `--body-file`, `--param`, merge patches), and a source's rows made into its
+prompts (`row_requests.py`: `write_requests`, each row's id and errors naming the row).
 """
 
 from __future__ import annotations
@@ -14,8 +18,7 @@ from __future__ import annotations
 import math
 import os
 import tempfile
-from array import array
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -25,10 +28,8 @@ import orjson
 from jsonlbatch.contract import DEFAULT_NAME, SchemaError, check_declared, with_schema
 from jsonlbatch.cost import image_tokens
 from jsonlbatch.errors import InputError, OutputError, UsageError
-from jsonlbatch.filecheck import read_json
+from jsonlbatch.gen.body_fields import merge_patch
 from jsonlbatch.gen.schemas import SchemaLike, as_schema, checked_schema, row_schema, strict_ok
-from jsonlbatch.gen.sources import Row
-from jsonlbatch.gen.templates import Prompt, RowTemplate
 from jsonlbatch.jsonl import check_output
 from jsonlbatch.records import (
     CHAT_URL,
@@ -51,7 +52,7 @@ PROMPT_FIELDS = {
     MODERATIONS_URL: "input",
 }
 #: Endpoints that take chat messages (a string prompt becomes one user message).
-_CHAT_LIKE = frozenset({CHAT_URL, RESPONSES_URL, MESSAGES_URL})
+CHAT_LIKE = frozenset({CHAT_URL, RESPONSES_URL, MESSAGES_URL})
 #: Endpoints that generate nothing: generation fields have no meaning there.
 _NO_GENERATION = frozenset({EMBEDDINGS_URL, MODERATIONS_URL})
 
@@ -93,43 +94,6 @@ class GenSummary:
         """Prompt tokens sent, text estimated as characters / 4 (no tokenizer: a rough guide
         only), plus the image tokens."""
         return math.ceil(self.prompt_chars / CHARS_PER_TOKEN) + self.image_tokens
-
-
-def merge_patch(target: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
-    """`target` updated by `patch` as in JSON Merge Patch (RFC 7386): objects merge key by key,
-    `None` removes a key, anything else replaces. `target` is not modified."""
-    out = dict(target)
-    for key, value in patch.items():
-        if value is None:
-            out.pop(key, None)
-        elif isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
-            out[key] = merge_patch(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
-def parse_param(text: str) -> dict[str, Any]:
-    """`key=JSON` as a merge patch; a dotted key reaches into objects
-    (`chat_template_kwargs.enable_thinking=false`); a value that is not JSON is a string."""
-    key, sep, raw = text.partition("=")
-    if not sep or not key or any(not part for part in key.split(".")):
-        raise UsageError(f"--param wants KEY=JSON, got {text!r}")
-    try:
-        value: Any = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        value = raw
-    for part in reversed(key.split(".")):
-        value = {part: value}
-    return value
-
-
-def load_body_file(path: str) -> dict[str, Any]:
-    """A JSON object of body fields to start every request from."""
-    body = read_json(path, "body file")
-    if not isinstance(body, dict):
-        raise InputError(f"body file {path} must hold a JSON object")
-    return body
 
 
 class RequestWriter:
@@ -311,7 +275,7 @@ class RequestWriter:
 
     def _payload(self, custom_id: str, prompt: str | list[Any]) -> dict[str, Any]:
         field = PROMPT_FIELDS[self.url]
-        if self.url not in _CHAT_LIKE:
+        if self.url not in CHAT_LIKE:
             is_chat = isinstance(prompt, list) and any(isinstance(m, dict) for m in prompt)
             if is_chat or not isinstance(prompt, (str, list)):
                 msg = f"{self.url} takes a string or a list of strings, not chat messages"
@@ -401,85 +365,6 @@ class RequestWriter:
             self.close()
         else:
             self.abort()
-
-
-def write_requests(
-    rows: Iterable[Row],
-    writer: RequestWriter,
-    prompt: Prompt,
-    *,
-    custom_id: RowTemplate | None = None,
-    schema_field: str | None = None,
-    model: RowTemplate | None = None,
-    extra: Callable[[Row], Mapping[str, Any]] | None = None,
-) -> None:
-    """One prompt per row into `writer`; errors name the row. The id is the rendered
-    `custom_id` template, else the row's natural key (a response's id), else its index.
-    `schema_field` names the column holding each row's answer schema (an empty cell: the
-    writer's schema, if any). `model` renders each row's model (`--model "{{ model }}"`): one
-    request file for a fleet, instead of a `gen` per model joined with `cat`. `extra(row)` gives
-    more of the row's body (an experiment's code interpreter tool with the row's files)."""
-    check_prompt(prompt, writer.url)  # a usage error up front, not one per row
-    first = writer.summary.prompts
-    row_of_prompt = array("q")  # 8 bytes a row: names the earlier row of a repeated id
-    for row in rows:
-        cid = row_custom_id(row, custom_id)
-        content = prompt.build(row)
-        schema = None
-        if schema_field is not None:
-            if schema_field not in row.data:
-                raise InputError(
-                    "no schema column",
-                    [row.problem(schema_field, f"has no field {schema_field!r} (--schema-field)")],
-                )
-            schema = row.data[schema_field] if row.data[schema_field] not in ("", None) else None
-        # the tools of a continued conversation, unless the writer sets its own (--param)
-        per_row = {k: v for k, v in prompt.carried(row).items() if k not in writer.defaults}
-        if model is not None:
-            name = model.render(row).strip()
-            if not name:
-                raise InputError("no model", [row.problem(None, "--model renders empty here")])
-            per_row["model"] = name
-        if extra is not None:
-            per_row.update(extra(row))
-        try:
-            writer.add(cid, content, schema=schema, **per_row)
-        except RequestError as exc:
-            fields = exc.fields
-            if schema_field is not None:  # a row's schema: name its column
-                fields = [(schema_field if f == "schema" else f, m) for f, m in fields]
-            if exc.repeats is not None and exc.repeats >= first:
-                earlier = row_of_prompt[exc.repeats - first]
-                fields = [("custom_id", f"{exc.custom_id!r} repeats the id of row {earlier}")]
-            raise InputError(
-                "cannot write the request of a row", [row.problem(f, m) for f, m in fields]
-            ) from None
-        row_of_prompt.append(row.index)
-
-
-def check_prompt(prompt: Prompt, url: str) -> None:
-    """Refuse chat-only prompt parts (a system text, a messages template) for the endpoints
-    that take a plain prompt, before any row is read (the Responses and Messages APIs take
-    messages too)."""
-    if url in _CHAT_LIKE or (prompt.system is None and prompt.messages is None):
-        return
-    what = "--system" if prompt.system is not None else "--messages"
-    raise UsageError(
-        f"{what} builds chat messages, but {url} takes a prompt string: use --template or "
-        f"--prompt alone, or --url {CHAT_URL}"
-    )
-
-
-def row_custom_id(row: Row, custom_id: RowTemplate | None = None) -> str:
-    """A row's custom_id: the rendered `custom_id` template, else the row's natural key (a
-    response's id), else its index in its source."""
-    if custom_id is not None:
-        cid = custom_id.render(row).strip()
-    else:
-        cid = row.key if row.key is not None else str(row.index)
-    if not cid:
-        raise InputError("empty custom_id", [row.problem("custom_id", "the id rendered empty")])
-    return cid
 
 
 def _check_options(

@@ -20,8 +20,9 @@ from typing import Any
 from aiohttp import web
 
 from jsonlbatch.errors import UsageError
-from jsonlbatch.mock.app import MockConfig, MockStats, create_app, stats_of
+from jsonlbatch.mock.app import create_app, stats_of
 from jsonlbatch.mock.content import prompt_tokens, reasoning_text, reply_text
+from jsonlbatch.mock.mock_config import MockConfig, MockStats
 
 __all__ = [
     "BackgroundMock",

@@ -2,7 +2,9 @@
 
 Shapes, status codes and error bodies follow what vLLM sends today, so a client proven against
 the mock behaves the same against a real server. Handlers stay lean (orjson, precomputed bytes,
-no access log): an instant mock must never be the bottleneck of a client benchmark.
+no access log): an instant mock must never be the bottleneck of a client benchmark. Its
+settings and counters are `mock_config.py`'s; what it refuses in a request body, and the error
+bodies it refuses with, `request_checks.py`'s.
 """
 
 from __future__ import annotations
@@ -12,211 +14,48 @@ import hmac
 import os
 import random
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
 import orjson
 from aiohttp import web
 
-from jsonlbatch.errors import UsageError
 from jsonlbatch.mock import containers, content, hermes_calls, hosted
-from jsonlbatch.mock.gpu import GpuEngine, GpuModel
+from jsonlbatch.mock.gpu import GpuEngine
 from jsonlbatch.mock.limits import MockLimits, add_headers
-from jsonlbatch.records import check_messages
+from jsonlbatch.mock.mock_config import MockConfig, MockStats
+from jsonlbatch.mock.request_checks import (
+    CONTEXT_MSG,
+    ERROR_TYPES,
+    Refusal,
+    check_chat,
+    check_completion,
+    check_embedding,
+    error_body,
+)
 
 #: Where the mock server (`python -m jsonlbatch.mock`) reads its API key.
 MOCK_API_KEY_ENV = "JSONLBATCH_MOCK_API_KEY"
 
-_RATES = (
-    "fail_rate",
-    "rate_limit_rate",
-    "drop_rate",
-    "hang_rate",
-    "stream_error_rate",
-    "break_json",
-    "tool_rate",
-)
-_DURATIONS = ("latency", "latency_jitter", "warmup")
 _UNAUTHORIZED = orjson.dumps({"error": "Unauthorized"})
 _DROP, _HANG, _LIMIT, _FAIL = "drop", "hang", 429, 500
 _MAX_BODY = 256 << 20  # long prompts are legitimate; vLLM sets no cap either
 
 
-@dataclass
-class MockConfig:
-    """How the mock behaves: which models it serves, how fast it answers, which faults it
-    injects. Every random choice comes from `seed`, so a run can be replayed."""
-
-    served_models: tuple[str, ...] = ("mock",)
-    accept_any_model: bool = False
-    latency: float = 0.0
-    latency_jitter: float = 0.0
-    tokens_per_second: float | None = None
-    default_max_tokens: int = content.DEFAULT_MAX_TOKENS
-    fail_rate: float = 0.0
-    rate_limit_rate: float = 0.0
-    retry_after: float | None = 1.0  # None: injected 429s carry no Retry-After
-    drop_rate: float = 0.0
-    hang_rate: float = 0.0  # share never answered: held until the client gives up
-    stream_error_rate: float = 0.0
-    break_json: float = 0.0  # share of schema answers broken (content.json_answer), by request
-    tool_rate: float = 0.0  # share of "auto" tool requests that call a tool (content.compose)
-    api_key: str | None = None
-    max_model_len: int | None = None
-    warmup: float = 0.0
-    reasoning: bool = False
-    seed: int = 0
-    gpu: GpuModel | None = None  # behave like a GPU server (mock/gpu.py); None: fixed latency
-    rpm: float | None = None  # enforced limits (mock/limits.py), with provider headers
-    tpm: float | None = None
-    rate_limit_burst: float = 1.0  # seconds of rate a limit's bucket holds
-    rate_limit_headers: str = "openai"  # or "anthropic"
-    record_bodies: int = 0  # keep the last N request bodies received (GET /mock/bodies)
-    tool_call_format: str = "structured"  # or "hermes": calls as <tool_call> text (hermes_calls.py)
-    container_ttl: float | None = None  # code interpreter containers expire (mock/containers.py)
-    uncited_file: bool = False  # the interpreter writes one file its answer does not cite
-
-    def __post_init__(self) -> None:
-        if isinstance(self.served_models, str):
-            self.served_models = (self.served_models,)
-        self.served_models = tuple(self.served_models)
-        if not self.served_models or not all(isinstance(m, str) and m for m in self.served_models):
-            raise UsageError("served_models must list at least one non-empty model name")
-        for name in _RATES:
-            value = getattr(self, name)
-            if not 0.0 <= value <= 1.0:
-                raise UsageError(f"{name} must be between 0 and 1, got {value}")
-        if self.fail_rate + self.rate_limit_rate + self.drop_rate + self.hang_rate > 1.0:
-            raise UsageError(
-                "fail_rate + rate_limit_rate + drop_rate + hang_rate must not exceed 1"
-            )
-        if self.retry_after is not None and self.retry_after < 0:
-            raise UsageError(f"retry_after must not be negative, got {self.retry_after}")
-        if self.record_bodies < 0:
-            raise UsageError(f"record_bodies must not be negative, got {self.record_bodies}")
-        for name in _DURATIONS:
-            if getattr(self, name) < 0:
-                raise UsageError(f"{name} must not be negative, got {getattr(self, name)}")
-        if self.tokens_per_second is not None and self.tokens_per_second <= 0:
-            raise UsageError(f"tokens_per_second must be positive, got {self.tokens_per_second}")
-        if self.default_max_tokens < 1:
-            raise UsageError(
-                f"default_max_tokens must be at least 1, got {self.default_max_tokens}"
-            )
-        if self.tool_call_format not in hermes_calls.TOOL_CALL_FORMATS:
-            raise UsageError(f"tool_call_format must be one of: "
-                             f"{', '.join(hermes_calls.TOOL_CALL_FORMATS)}")  # fmt: skip
-        if self.max_model_len is not None and self.max_model_len < 1:
-            raise UsageError(f"max_model_len must be at least 1, got {self.max_model_len}")
-
-
-@dataclass
-class MockStats:
-    """What the server saw, so tests can prove a client sent no more and no less than needed."""
-
-    requests: Counter[str] = field(default_factory=Counter)  # by path
-    responses: Counter[int] = field(default_factory=Counter)  # by status code
-    dropped: int = 0
-    hung: int = 0
-    stream_errors: int = 0
-    #: The last `MockConfig.record_bodies` generation request bodies, oldest first.
-    bodies: deque[dict[str, Any]] = field(default_factory=deque)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "requests": dict(self.requests),
-            "responses": {str(k): v for k, v in self.responses.items()},
-            "dropped": self.dropped,
-            "hung": self.hung,
-            "stream_errors": self.stream_errors,
-        }
-
-
-class _Reject(Exception):
-    """A request the server refuses with a 4xx error body (vLLM's nested shape)."""
-
-    def __init__(self, message: str, status: int = 400, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.param = param
-
-
-def _error_body(status: int, message: str, kind: str, param: str | None = None) -> bytes:
-    return orjson.dumps(
-        {"error": {"message": message, "type": kind, "param": param, "code": status}}
-    )
-
-
-_ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 503: "ServiceUnavailableError"}
-_CONTEXT_MSG = "This model's maximum context length is {limit} tokens. However, "
-_INJECTED_500 = _error_body(
+_INJECTED_500 = error_body(
     500, "Internal server error (injected by jsonlbatch mock)", "InternalServerError"
 )
-_INJECTED_429 = _error_body(
+_INJECTED_429 = error_body(
     429, "Rate limit exceeded (injected by jsonlbatch mock)", "RateLimitError"
 )
-_WARMING = _error_body(503, "The server is warming up", "ServiceUnavailableError")
+_WARMING = error_body(503, "The server is warming up", "ServiceUnavailableError")
 _STREAM_ERROR = b"data: " + orjson.dumps(
     {"error": {"message": "Stream interrupted (injected by jsonlbatch mock)",
                "type": "InternalServerError", "param": None, "code": 500}}
 ) + b"\n\n"  # fmt: skip
-
-
-def _positive_int(body: dict[str, Any], key: str) -> None:
-    value = body.get(key)
-    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-        raise _Reject(f"{key} must be an integer of at least 1, got {value!r}", param=key)
-
-
-def _check_common(body: dict[str, Any]) -> None:
-    for key in ("n", "max_tokens", "max_completion_tokens"):
-        _positive_int(body, key)
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise _Reject(f"stream must be a boolean, got {stream!r}", param="stream")
-    options = body.get("stream_options")
-    if options is not None:
-        if not stream:
-            raise _Reject("Stream options can only be defined when `stream=True`.", param="stream")
-        if not isinstance(options, dict):
-            raise _Reject("stream_options must be an object", param="stream_options")
-
-
-def _check_chat(body: dict[str, Any]) -> None:
-    _check_common(body)
-    if "messages" not in body:
-        raise _Reject("Field required: messages", param="messages")
-    problems = check_messages(body["messages"], "messages")
-    if problems:
-        raise _Reject("; ".join(f"{f}: {m}" for f, m in problems), param="messages")
-    tools, choice = body.get("tools"), body.get("tool_choice")
-    if tools is not None and not isinstance(tools, list):
-        raise _Reject("tools must be a list", param="tools")
-    if isinstance(choice, dict):
-        name = content.function_name(choice)
-        if name not in [content.function_name(t) for t in tools or ()]:
-            raise _Reject(f"tool_choice names an unknown function {name!r}", param="tool_choice")
-
-
-def _check_prompt(body: dict[str, Any], key: str) -> None:
-    value = body.get(key)
-    if not isinstance(value, (str, list)) or (isinstance(value, list) and not value):
-        raise _Reject(f"{key} must be a string or a non-empty list", param=key)
-
-
-def _check_completion(body: dict[str, Any]) -> None:
-    _check_common(body)
-    _check_prompt(body, "prompt")
-
-
-def _check_embedding(body: dict[str, Any]) -> None:
-    _check_prompt(body, "input")
-    _positive_int(body, "dimensions")
-    if body.get("encoding_format", "float") not in ("float", "base64"):
-        raise _Reject("encoding_format must be 'float' or 'base64'", param="encoding_format")
 
 
 class _Mock:
@@ -294,9 +133,9 @@ class _Mock:
         if model is None:
             return self.config.served_models[0]
         if not isinstance(model, str) or not model:
-            raise _Reject("model must be a non-empty string", param="model")
+            raise Refusal("model must be a non-empty string", param="model")
         if model not in self.served and not self.config.accept_any_model:
-            raise _Reject(f"The model `{model}` does not exist.", 404, "model")
+            raise Refusal(f"The model `{model}` does not exist.", 404, "model")
         return model
 
     def prompt_tokens(self, body: dict[str, Any]) -> int:
@@ -306,13 +145,13 @@ class _Mock:
         if limit is None:
             return prompt
         if budget is None and prompt >= limit:
-            raise _Reject(
-                _CONTEXT_MSG.format(limit=limit) + f"your request has {prompt} input tokens. "
+            raise Refusal(
+                CONTEXT_MSG.format(limit=limit) + f"your request has {prompt} input tokens. "
                 "Please reduce the length of the input messages."
             )
         if budget is not None and prompt + budget > limit:
-            raise _Reject(
-                _CONTEXT_MSG.format(limit=limit) + f"you requested {prompt + budget} tokens "
+            raise Refusal(
+                CONTEXT_MSG.format(limit=limit) + f"you requested {prompt + budget} tokens "
                 f"({prompt} in the messages, {budget} in the completion). "
                 "Please reduce the length of the messages or completion."
             )
@@ -332,15 +171,15 @@ class _Mock:
             try:
                 body = orjson.loads(await request.read())
             except orjson.JSONDecodeError as exc:
-                raise _Reject(f"JSON decode error: {exc}") from None
+                raise Refusal(f"JSON decode error: {exc}") from None
             if not isinstance(body, dict):
-                raise _Reject("The request body must be a JSON object")
+                raise Refusal("The request body must be a JSON object")
             check(body)
             model = self.model_of(body)
             prompt = self.prompt_tokens(body)
-        except _Reject as exc:
-            kind = _ERROR_TYPES.get(exc.status, "BadRequestError")
-            return self.respond(_error_body(exc.status, str(exc), kind, exc.param), exc.status)
+        except Refusal as exc:
+            kind = ERROR_TYPES.get(exc.status, "BadRequestError")
+            return self.respond(error_body(exc.status, str(exc), kind, exc.param), exc.status)
         if self.config.record_bodies:
             self.stats.bodies.append(body)
         refused = self.limits and self.limits.admit(request, body, prompt)
@@ -367,23 +206,23 @@ class _Mock:
         return await answer(request, body, model, prompt)
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
-        return await self.handle(request, _check_chat, self.answer_chat)
+        return await self.handle(request, check_chat, self.answer_chat)
 
     def hosted_route(self, check: Callable[..., None], answer: Callable[..., Any]) -> Any:
         """A handler for one of `hosted.ROUTES` (Responses, Messages, Moderations)."""
 
         async def route(request: web.Request) -> web.StreamResponse:
             return await self.handle(
-                request, lambda body: check(body, _Reject), lambda *args: answer(self, *args)
+                request, lambda body: check(body, Refusal), lambda *args: answer(self, *args)
             )
 
         return route
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self.handle(request, _check_completion, self.answer_completion)
+        return await self.handle(request, check_completion, self.answer_completion)
 
     async def embeddings(self, request: web.Request) -> web.StreamResponse:
-        return await self.handle(request, _check_embedding, self.answer_embedding)
+        return await self.handle(request, check_embedding, self.answer_embedding)
 
     async def answer_chat(
         self, request: web.Request, body: dict[str, Any], model: str, prompt: int
@@ -525,7 +364,7 @@ class _Mock:
         name = request.match_info["model"]
         if name not in self.served and not self.config.accept_any_model:
             missing = f"The model `{name}` does not exist."
-            return self.respond(_error_body(404, missing, "NotFoundError", "model"), 404)
+            return self.respond(error_body(404, missing, "NotFoundError", "model"), 404)
         card = {"id": name, "object": "model", "owned_by": "jsonlbatch-mock", "root": name}
         return self.respond(orjson.dumps(card))
 

@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 import pytest
 
-from jsonlbatch.contract import compile_schema, judge
+from jsonlbatch.contract import check_choice, compile_schema
 from real_vllm.vllmtier import SERVED, read_lines, run_cli, serve_flags
 
 #: Short by construction (an enum and a boolean), so a constrained answer ends well within
@@ -78,7 +78,7 @@ def test_structured_output_backend_answers_hold_the_schema(
     for cid, line in results.items():
         record = line["metrics"]["contract"]  # every answer was checked, constrained or not
         text = line["response"]["body"]["choices"][0]["message"]["content"] or ""
-        assert record["choices"][0] == judge(contract, text).as_json(), cid
+        assert record["choices"][0] == check_choice(contract, text).as_json(), cid
         assert (line["error"] is None) == record["valid"], cid
     if not backends:
         pytest.skip("this vLLM build has no structured-output backend (xgrammar, llguidance, "

@@ -70,7 +70,7 @@ ACCEPT = Accept()
 
 
 @dataclass(slots=True)
-class Answer:
+class AnswerToCheck:
     """A usable answer as it arrived: `result` is the line it would make; `raw` the body's
     bytes (None for a streamed answer, whose body is rebuilt as `decoded`)."""
 
@@ -89,10 +89,15 @@ class Answer:
         return self.decoded
 
 
+#: The name `AnswerToCheck` had before (a check written to it still imports it); a caller's
+#: typed response line is `exec/output/run_outcome.py`'s `Answer`.
+Answer = AnswerToCheck
+
+
 class CheckFunction(Protocol):
     """The least a check is: a callable from an answer to a verdict (`as_check` completes it)."""
 
-    def __call__(self, answer: Answer, /) -> CheckVerdict: ...
+    def __call__(self, answer: AnswerToCheck, /) -> CheckVerdict: ...
 
 
 @runtime_checkable
@@ -104,7 +109,7 @@ class AnswerCheck(Protocol):
     base class; a plain callable (`CheckFunction`) is completed; a callable with `begin` but
     no `end` (or the other way) is refused where it enters the run (`as_check`)."""
 
-    def __call__(self, answer: Answer, /) -> CheckVerdict:
+    def __call__(self, answer: AnswerToCheck, /) -> CheckVerdict:
         """What to do with this usable answer: `Accept()`, `Reject(...)`, `AskAgain(...)`."""
         ...
 
@@ -137,7 +142,7 @@ class Check:
     """`AnswerCheck` with the defaults: override what you need. `begin` and `end` bracket one
     request's asks; the defaults keep no state."""
 
-    def __call__(self, answer: Answer, /) -> CheckVerdict:
+    def __call__(self, answer: AnswerToCheck, /) -> CheckVerdict:
         return ACCEPT
 
     def begin(self, request: Request, /) -> Request:
@@ -153,7 +158,7 @@ class _Plain(Check):
     def __init__(self, check: CheckFunction) -> None:
         self.check = check
 
-    def __call__(self, answer: Answer, /) -> CheckVerdict:
+    def __call__(self, answer: AnswerToCheck, /) -> CheckVerdict:
         return self.check(answer)
 
 
@@ -163,7 +168,7 @@ class _Whole(Check):
     def __init__(self, check: AnswerCheck) -> None:
         self.check = check
 
-    def __call__(self, answer: Answer, /) -> CheckVerdict:
+    def __call__(self, answer: AnswerToCheck, /) -> CheckVerdict:
         return self.check(answer)
 
     def begin(self, request: Request, /) -> Request:
@@ -229,7 +234,7 @@ def vet(check: Check | None, request: Request, result: Result, raw: bytes | None
         return None
     sent = check.begin(request)
     try:
-        verdict = check(Answer(sent, result, raw, body, stored=True))
+        verdict = check(AnswerToCheck(sent, result, raw, body, stored=True))
     finally:
         check.end(request)
     if isinstance(verdict, Accept):
@@ -245,7 +250,7 @@ class _Chain(Check):
     def __init__(self, checks: list[Check]) -> None:
         self.checks = checks
 
-    def __call__(self, answer: Answer, /) -> CheckVerdict:
+    def __call__(self, answer: AnswerToCheck, /) -> CheckVerdict:
         for check in self.checks:
             verdict = check(answer)
             if not isinstance(verdict, Accept):

@@ -33,8 +33,15 @@ from typing import Any
 import orjson
 
 from jsonlbatch.contract import declared_schema
-from jsonlbatch.exec.hooks.check_hook import ACCEPT, Answer, AskAgain, Check, CheckVerdict, Reject
-from jsonlbatch.exec.hooks.tool_contract import broken_turn, judge_answer, tool_feedback
+from jsonlbatch.exec.hooks.check_hook import (
+    ACCEPT,
+    AnswerToCheck,
+    AskAgain,
+    Check,
+    CheckVerdict,
+    Reject,
+)
+from jsonlbatch.exec.hooks.tool_contract import broken_turn, check_answer_choices, tool_feedback
 from jsonlbatch.idset import IdSet
 from jsonlbatch.jsonl import AppendWriter, iter_lines, rewrite_atomically
 from jsonlbatch.records import CHAT_URL, COMPLETIONS_URL, MESSAGES_URL, RESPONSES_URL, Request
@@ -125,7 +132,7 @@ class AnswerChecker(Check):
 
     # -- the check -----------------------------------------------------------------------------
 
-    def __call__(self, answer: Answer, /) -> CheckVerdict:
+    def __call__(self, answer: AnswerToCheck, /) -> CheckVerdict:
         req = answer.request
         state = self._states.get(req.custom_id)
         if state is None:  # a Sender used without begin(): the request as sent is the original
@@ -133,7 +140,7 @@ class AnswerChecker(Check):
         declared = declared_schema(req.url, state.original) if self.enabled else None
         if declared is None:
             return ACCEPT
-        verdicts = judge_answer(req.url, state.original, declared, answer.body())
+        verdicts = check_answer_choices(req.url, state.original, declared, answer.body())
         bad = next((v for v in verdicts if not v.valid), None)
         metrics = answer.result.metrics
         record: dict[str, Any] = {

@@ -1,9 +1,10 @@
 """Requests made while a run goes, instead of read from its file: `RequestSource`.
 
 exec's own run reads the pending lines of its request file onto the workers' queue
-(`run_loop.Run._read`). A source replaces that reader: the run loop drains what the source
-yields onto the same queue, the same workers send each request (the same scheduler, routing by
-`body.model`, cache, retries, budget, on-answer checks) and the same recorder writes its line;
+(`request_lines.RequestLines.read`). A source replaces that reader: the run loop drains what the
+source yields onto the same queue, the same workers send each request (the same scheduler,
+routing by `body.model`, cache, retries, budget, on-answer checks) and the same recorder writes
+its line;
 then the result is handed back to the source, which may yield the next request that depends on
 it. A rollout (`jsonlbatch/rollouts/`) is one: each conversation's next turn is a request made
 from the answer to the last, sent as soon as its tools have run.

@@ -41,7 +41,7 @@ from typing import Any
 
 import orjson
 
-from jsonlbatch.exec.hooks.check_hook import ACCEPT, Answer, Check, CheckVerdict
+from jsonlbatch.exec.hooks.check_hook import ACCEPT, AnswerToCheck, Check, CheckVerdict
 from jsonlbatch.records import CHAT_URL
 
 #: The formats `--parse-tool-calls` reads.
@@ -121,7 +121,7 @@ class ToolCallParser(Check):
             raise ValueError(f"unknown tool-call parser {parser!r}")
         self.parser = parser
 
-    def __call__(self, answer: Answer, /) -> CheckVerdict:
+    def __call__(self, answer: AnswerToCheck, /) -> CheckVerdict:
         if answer.request.url != CHAT_URL or not _offers_tools(answer.request.body):
             return ACCEPT
         body = answer.body()

@@ -31,10 +31,10 @@ from jsonlbatch.contract import (
     Declared,
     SchemaError,
     answer_texts,
+    check_choice,
+    check_choices,
     compile_schema,
     declared_schema,
-    judge,
-    judge_body,
 )
 from jsonlbatch.records import CHAT_URL
 
@@ -82,17 +82,21 @@ def check_tool_schemas(url: str, body: Any) -> list[tuple[str, str]]:
     return problems
 
 
-def judge_answer(url: str, request_body: Any, declared: Declared, body: Any) -> list[ChoiceVerdict]:
+def check_answer_choices(
+    url: str, request_body: Any, declared: Declared, body: Any
+) -> list[ChoiceVerdict]:
     """The verdict on every choice of an answer: a turn that calls tools against the tools'
-    schemas, any other against the answer schema (`contract.judge_body`)."""
+    schemas, any other against the answer schema (`contract.check_choices`)."""
     contract = compile_schema(declared.schema)
     tools = tool_schemas(url, request_body) if declared.tool is None else {}
     choices = body.get("choices") if isinstance(body, dict) else None
     if not tools or not isinstance(choices, list) or not choices:
-        return judge_body(contract, body, declared.tool)
+        return check_choices(contract, body, declared.tool)
     texts = answer_texts(body)
     with deadline(contract.seconds):
-        return [_judge_choice(contract, tools, c, t) for c, t in zip(choices, texts, strict=False)]
+        return [
+            _check_tool_choice(contract, tools, c, t) for c, t in zip(choices, texts, strict=False)
+        ]
 
 
 def broken_turn(body: Any, tool: str | None, verdicts: list[ChoiceVerdict]) -> Any:
@@ -128,12 +132,12 @@ def _calls_message(choice: Any) -> dict[str, Any] | None:
             "tool_calls": message["tool_calls"]}  # fmt: skip
 
 
-def _judge_choice(
+def _check_tool_choice(
     contract: Contract, tools: dict[str, tuple[str, Any]], choice: Any, text: Any
 ) -> ChoiceVerdict:
     message = _calls_message(choice)
     if message is None:
-        return judge(contract, text)
+        return check_choice(contract, text)
     for k, call in enumerate(message["tool_calls"], 1):
         function = call.get("function") if isinstance(call, dict) else None
         name = function.get("name") if isinstance(function, dict) else None

@@ -1,6 +1,6 @@
 """What a run gives a Python caller back: its summary, and its answers by custom_id.
 
-`Outcome.results` reads the output file on use, so a caller never parses lines by hand:
+`RunOutcome.results` reads the output file on use, so a caller never parses lines by hand:
 
     outcome = jsonlbatch.execute("in.jsonl", "out.jsonl", serve="mock", reask=2)
     answer = outcome.results["q-17"]
@@ -254,7 +254,7 @@ def _custom_id(raw: bytes) -> str | None:
 
 
 @dataclass
-class Outcome:
+class RunOutcome:
     """What a started run gives back: its summary (None for a dry run), the dry run's count
     (`exec.prepare.dry_run.DryRunReport`), and the answers (`results`, read from the output on use)."""
 

@@ -39,8 +39,8 @@ import aiohttp
 
 from jsonlbatch.exec.route.endpoint_concurrency import (
     ConcurrencyController,
+    EndpointAttempt,
     FixedConcurrency,
-    Outcome,
 )
 from jsonlbatch.exec.route.server_metrics import ServerCounters, ServerLoad, fetch, load
 
@@ -74,12 +74,12 @@ class AdaptiveConcurrency:
     def limit(self) -> int:
         return max(1, int(self._limit))
 
-    def observe(self, outcome: Outcome, /) -> None:
-        if outcome.status in _OVERLOAD or outcome.rate_limited:
+    def observe(self, attempt: EndpointAttempt, /) -> None:
+        if attempt.status in _OVERLOAD or attempt.rate_limited:
             self._overloaded = True
-        elif outcome.status is not None and outcome.status < 300:
+        elif attempt.status is not None and attempt.status < 300:
             self._done += 1
-            self._latency += outcome.latency_s
+            self._latency += attempt.latency_s
 
     def _set(self, limit: float) -> None:
         self._limit = min(float(self.maximum), max(1.0, limit))

@@ -15,12 +15,16 @@ from typing import Protocol
 
 
 @dataclass(frozen=True, slots=True)
-class Outcome:
+class EndpointAttempt:
     """One attempt on an endpoint: `status` None for a transport error or a cut stream."""
 
     status: int | None
     latency_s: float
     rate_limited: bool = False
+
+
+#: The name `EndpointAttempt` had before (a controller written to it still imports it).
+Outcome = EndpointAttempt
 
 
 class ConcurrencyController(Protocol):
@@ -29,7 +33,7 @@ class ConcurrencyController(Protocol):
     @property
     def limit(self) -> int: ...
 
-    def observe(self, outcome: Outcome, /) -> None: ...
+    def observe(self, attempt: EndpointAttempt, /) -> None: ...
 
 
 class FixedConcurrency:
@@ -40,5 +44,5 @@ class FixedConcurrency:
             raise ValueError("a concurrency limit must be at least 1")
         self.limit = limit
 
-    def observe(self, outcome: Outcome, /) -> None:
+    def observe(self, attempt: EndpointAttempt, /) -> None:
         """A fixed limit learns nothing."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from jsonlbatch.exec.hooks.check_hook import Answer, AskAgain, Reject
+from jsonlbatch.exec.hooks.check_hook import AnswerToCheck, AskAgain, Reject
 from jsonlbatch.exec.route.endpoint_pool import EndpointPool
 from jsonlbatch.exec.route.endpoints import Endpoint
 from jsonlbatch.exec.send.file_collect import Collector, FilesFailed, no_files_verdict
@@ -41,7 +41,7 @@ class HostedFiles:
             return upload_failure(req, exc)
 
     async def on_answer(
-        self, answer: Answer, endpoint: Endpoint, pool: EndpointPool
+        self, answer: AnswerToCheck, endpoint: Endpoint, pool: EndpointPool
     ) -> Reject | AskAgain | None:
         """Collect the answer's files; None to go on to the run's check, else the verdict."""
         if self.collector is None or answer.request.url != RESPONSES_URL:

@@ -5,7 +5,7 @@ pool's in-flight cap, the meter (`--max-cost`), then attempts in three layers, a
 auth, redirects and the transport:
 
 - the retry policy (`Sender._attempts`): counts attempts, and after each decides (from what
-  `transport.judge` says it means) to keep the result, show the answer to the on-answer check
+  `transport.assess` says it means) to keep the result, show the answer to the on-answer check
   (which may accept, reject or re-ask), fit the request to the context, or retry after a
   backoff or the server's `Retry-After`;
 - the endpoint (`Sender._try`): paced by the meter's rate limits, an endpoint chosen by the
@@ -39,7 +39,7 @@ from jsonlbatch.exec.hooks.check_hook import (
 from jsonlbatch.exec.hooks.contract_check import fit_to_context
 from jsonlbatch.exec.output.events import EventBus, RateLimited, Retried, Sent
 from jsonlbatch.exec.output.run_summary import RunSummary
-from jsonlbatch.exec.route.endpoint_concurrency import Outcome
+from jsonlbatch.exec.route.endpoint_concurrency import EndpointAttempt
 from jsonlbatch.exec.route.endpoint_pool import EndpointPool
 from jsonlbatch.exec.route.endpoints import Endpoint
 from jsonlbatch.exec.route.model_pools import ModelPools
@@ -48,7 +48,7 @@ from jsonlbatch.exec.send.hosted_files import HostedFiles
 from jsonlbatch.exec.send.priority import Payloads
 from jsonlbatch.exec.send.retry import Backoff, batch_cap
 from jsonlbatch.exec.send.streaming import STREAM_URLS, stream_body
-from jsonlbatch.exec.send.transport import Broken, Health, Judged, Next, Transport, judge
+from jsonlbatch.exec.send.transport import Assessed, Broken, Health, Next, Transport, assess
 from jsonlbatch.records import Request, Result
 
 
@@ -70,10 +70,10 @@ class Asking:
 
 @dataclass(slots=True)
 class Tried:
-    """One attempt, judged, on the endpoint that made it."""
+    """One attempt, assessed, on the endpoint that made it."""
 
     endpoint: Endpoint
-    judged: Judged
+    assessed: Assessed
 
 
 class Sender:
@@ -149,16 +149,16 @@ class Sender:
         while True:
             attempt += 1
             tried = await self._try(asking, pool, ticket, attempt, failed_on)
-            judged = tried.judged
-            result = judged.result
-            nxt = judged.next
+            assessed = tried.assessed
+            result = assessed.result
+            nxt = assessed.next
             if nxt is Next.ANSWER:
-                assert judged.answer is not None
+                assert assessed.answer is not None
                 verdict: CheckVerdict | None = None
                 if self.files is not None:  # its files collected before the container expires
-                    verdict = await self.files.on_answer(judged.answer, tried.endpoint, pool)
+                    verdict = await self.files.on_answer(assessed.answer, tried.endpoint, pool)
                 if verdict is None and self.check is not None:
-                    verdict = self.check(judged.answer)
+                    verdict = self.check(assessed.answer)
                 if verdict is None or isinstance(verdict, Accept):
                     return result
                 result = refused(result, verdict, attempt)
@@ -178,7 +178,7 @@ class Sender:
                     return result  # out of retries, and no replica it has not failed on is up
                 # a set-aside endpoint is waited for in acquire() instead
                 up = tried.endpoint.up
-                delay = self.backoff.delay(attempt, judged.retry_after) if up else 0.0
+                delay = self.backoff.delay(attempt, assessed.retry_after) if up else 0.0
                 reason = (result.error or {}).get("code", "error")
                 await self._retry(asking.req, attempt, reason, delay)
             elif nxt is Next.FINAL:
@@ -287,7 +287,7 @@ class Sender:
                 self.meter.after_answer(ticket, got.status, got.headers, retry_after)
             end = time.perf_counter()
             status = got.status
-            endpoint.controller.observe(Outcome(status, end - start, status == 429))
+            endpoint.controller.observe(EndpointAttempt(status, end - start, status == 429))
             if status == 429 and self.bus.wants(RateLimited):
                 self.bus.emit(RateLimited(req.custom_id, endpoint.name, retry_after))
             metrics: dict[str, Any] = {
@@ -296,15 +296,15 @@ class Sender:
                 "start_time": round(start_wall, 6),
                 "latency_s": round(end - start, 6),
             }
-            judged = judge(req, got, metrics, start, end)
-            health = judged.health
+            assessed = assess(req, got, metrics, start, end)
+            health = assessed.health
             if health is Health.GOOD:
                 pool.record_success(endpoint)
             elif health is Health.FAULT:
-                pool.record_failure(endpoint, judged.fault)
+                pool.record_failure(endpoint, assessed.fault)
             elif health is Health.BUSY:  # starting or overloaded: probe /health until ready
                 pool.set_aside(endpoint, "HTTP 503 (starting or overloaded)")
-            return Tried(endpoint, judged)
+            return Tried(endpoint, assessed)
 
 
 __all__ = ["BudgetReached", "Sender", "Stop"]

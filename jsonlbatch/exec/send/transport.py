@@ -4,7 +4,7 @@ The bottom layer of sending (`sender.py` holds the two above it: the retry polic
 endpoint choice with its accounting), as httpx keeps its transport apart from auth and
 redirects. `Transport.post` sends one POST and reads its answer whole; every way it can fail is
 a `Broken` value, not an exception, so the layers above never sort aiohttp's exception classes.
-`judge` turns what came back into the request's `Result` and says what happens next (`Next`)
+`assess` turns what came back into the request's `Result` and says what happens next (`Next`)
 and what it tells about the endpoint's health (`Health`), without touching either: the layers
 above act on it. Both are small enough to test alone (tests/test_send_layers.py).
 """
@@ -20,7 +20,7 @@ from typing import Any
 import aiohttp
 
 from jsonlbatch.answers import unusable_reason
-from jsonlbatch.exec.hooks.check_hook import Answer
+from jsonlbatch.exec.hooks.check_hook import AnswerToCheck
 from jsonlbatch.exec.route.endpoints import Endpoint, describe_exception
 from jsonlbatch.exec.send.body_caps import TOO_LARGE, read_answer, read_body
 from jsonlbatch.exec.send.http_reply import http_result
@@ -146,26 +146,26 @@ class Health(enum.Enum):
 
 
 @dataclass(slots=True)
-class Judged:
+class Assessed:
     """An attempt's `result` (the line it would make), and what it means."""
 
     result: Result
     next: Next
     health: Health
-    answer: Answer | None = None
+    answer: AnswerToCheck | None = None
     retry_after: float | None = None
     fault: str = ""  # why the endpoint failed, when `health` is FAULT
 
 
-def judge(
+def assess(
     req: Request, got: Reply | Broken, metrics: dict[str, Any], start: float, end: float
-) -> Judged:
+) -> Assessed:
     """What an attempt's answer (or its failure) means for `req`; `metrics` go in its result,
     `start` and `end` are the attempt's `time.perf_counter()` times (for a stream's timings)."""
     if isinstance(got, Broken):
         result = _failure(req, got.code, got.message, metrics)
         nxt = Next.KEEP if got.code == TOO_LARGE else Next.RETRY
-        return Judged(result, nxt, Health.FAULT, fault=got.message)
+        return Assessed(result, nxt, Health.FAULT, fault=got.message)
     status, streamed = got.status, got.streamed
     if streamed is not None:
         body = streamed.body()
@@ -174,24 +174,26 @@ def judge(
             metrics.update(streamed.metrics(start, end))
             result = Result(req.custom_id, status, body, got.request_id or body["id"], None,
                             metrics)  # fmt: skip
-            return Judged(result, Next.ANSWER, Health.GOOD, Answer(req, result, decoded=body))
+            return Assessed(
+                result, Next.ANSWER, Health.GOOD, AnswerToCheck(req, result, decoded=body)
+            )
         message = f"HTTP {status} stream without an answer ({reason})"
         result = _failure(req, "invalid_response", message, metrics)
-        return Judged(result, Next.RETRY, Health.FAULT, fault=message)
+        return Assessed(result, Next.RETRY, Health.FAULT, fault=message)
     result, verdict = http_result(req, status, got.raw, got.request_id, metrics)
     if verdict is Verdict.OK:
-        return Judged(result, Next.ANSWER, Health.GOOD, Answer(req, result, raw=got.raw))
+        return Assessed(result, Next.ANSWER, Health.GOOD, AnswerToCheck(req, result, raw=got.raw))
     if verdict is Verdict.ABORT:
-        return Judged(result, Next.ABORT, Health.SAME)
+        return Assessed(result, Next.ABORT, Health.SAME)
     if verdict is Verdict.FINAL:
-        return Judged(result, Next.FINAL, Health.SAME)
+        return Assessed(result, Next.FINAL, Health.SAME)
     if status == 503:
         health = Health.BUSY
     elif status >= 500 or result.status_code is None:  # 5xx, or a 2xx without an answer
         health = Health.FAULT
     else:  # 408, 409, 429
         health = Health.SAME
-    return Judged(result, Next.RETRY, health, retry_after=got.retry_after, fault=f"HTTP {status}")
+    return Assessed(result, Next.RETRY, health, retry_after=got.retry_after, fault=f"HTTP {status}")
 
 
 def _failure(req: Request, code: str, message: str, metrics: dict[str, Any]) -> Result:
