@@ -7,11 +7,12 @@
     summary = jsonlbatch.execute("requests.jsonl", "responses.jsonl",
                                  urls=["http://localhost:8000/v1"], concurrency=256)
 
-The stages are subpackages (`jsonlbatch.gen`, `.exec`, `.serve`, `.post`, `.report`, `.mock`)
-over a small shared core (`records`, `jsonl`, `errors`, `redact`, `stats`, `idset`); docs/architecture.md
-draws the map. Importing the package imports no stage: each name below is loaded on first use
-(`jsonlbatch.execute` imports the executor, `jsonlbatch.post` the post stage), so a command line
-or a script that only writes requests never pays for aiohttp or the executor.
+The stages are subpackages (`jsonlbatch.gen`, `.exec`, `.serve`, `.post`, `.report`, `.mock`) over
+a small shared core (`batch_format`, `file_io`, `pricing`, `answer_contract`, `errors`, `redact`,
+`stats`); docs/architecture.md draws the map. Importing the package imports no stage: each name
+below is loaded on first use (`jsonlbatch.execute` imports the executor, `jsonlbatch.post` the post
+stage), so a command line or a script that only writes requests never pays for aiohttp or the
+executor.
 """
 
 from __future__ import annotations

@@ -34,8 +34,8 @@ from pathlib import Path
 import orjson
 from bench_exec import exec_command, free_port, pin, start_server
 
+from jsonlbatch.batch_format.records import Result, fingerprint, request_line
 from jsonlbatch.cache import Cache, body_digest
-from jsonlbatch.records import Result, fingerprint, request_line
 
 CHAT = "/v1/chat/completions"
 

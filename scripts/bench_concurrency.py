@@ -40,7 +40,7 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_routing import prompt, start_mocks, stop
 
-from jsonlbatch.records import request_line
+from jsonlbatch.batch_format.records import request_line
 
 SPEEDS = (2.0, 1.0, 1.0, 0.5)  # replica speed, times --time-scale
 

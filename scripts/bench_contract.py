@@ -35,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_exec
 from bench_exec import exec_command, free_port, median, pin
 
-from jsonlbatch.contract import with_schema
-from jsonlbatch.records import CHAT_URL, request_line
+from jsonlbatch.answer_contract.schema_forms import with_schema
+from jsonlbatch.batch_format.records import CHAT_URL, request_line
 
 SCHEMA = {
     "type": "object",

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import orjson
 
-from jsonlbatch.records import request_line
+from jsonlbatch.batch_format.records import request_line
 
 HERE = Path(__file__).resolve().parent
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from bench_memory import parse_args, write_requests
 
-from jsonlbatch.records import Result
+from jsonlbatch.batch_format.records import Result
 
 _PREPARE = """
 import resource, sys, time

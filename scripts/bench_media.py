@@ -34,7 +34,7 @@ from typing import Any
 import orjson
 from bench_exec import compile_package, exec_command, free_port, median, pin, start_server
 
-from jsonlbatch.records import request_line
+from jsonlbatch.batch_format.records import request_line
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = """[{"role": "user", "content": [

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from bench_exec import exec_command, free_port, pin, start_server
 
-from jsonlbatch.records import request_line
+from jsonlbatch.batch_format.records import request_line
 
 
 def write_requests(path: Path, start: int, n: int, mode: str = "wb") -> None:

@@ -31,7 +31,7 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_exec import exec_command, free_port, pin, start_server
 
-from jsonlbatch.records import request_line
+from jsonlbatch.batch_format.records import request_line
 
 PROMPT_WORDS = 40  # the mock counts a token per word
 MAX_TOKENS = 60

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import orjson
 
-from jsonlbatch.records import request_line
+from jsonlbatch.batch_format.records import request_line
 
 REPLICAS = 4
 VOCABULARY = [f"{a}{b}" for a in "bcdfghklmnprstvz" for b in ("a", "e", "i", "o", "u", "ar", "en")]

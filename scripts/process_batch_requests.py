@@ -29,8 +29,9 @@ from collections.abc import Callable, Iterator, Sequence
 import orjson
 
 import jsonlbatch
-from jsonlbatch.jsonl import OutputLock, check_output, rewrite_atomically
-from jsonlbatch.records import is_failure
+from jsonlbatch.batch_format.records import is_failure
+from jsonlbatch.file_io.jsonl import rewrite_atomically
+from jsonlbatch.file_io.output_guard import OutputLock, check_output
 from jsonlbatch.redact import redact
 
 EXIT_SOME_FAILED = 3

@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from jsonlbatch.records import is_failure
+from jsonlbatch.batch_format.records import is_failure
 
 # COLUMNS: a wide "terminal" where stderr is not one, as tqdm reads it, so that the progress
 # bar's postfix (ok=, ttft_p50=, per_endpoint=, paced:) is not cut to a width some tqdm

@@ -24,6 +24,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from jsonlbatch.batch_format.records import Request
 from jsonlbatch.exec.exec_options import ExecOptions
 from jsonlbatch.exec.hooks.check_hook import AnswerCheck, as_check
 from jsonlbatch.exec.output.events import EventBus, RateLimited, Retried, Sent
@@ -32,7 +33,6 @@ from jsonlbatch.exec.route.model_pools import PoolSpec, build_pools, parse_endpo
 from jsonlbatch.exec.send.budget import Meter
 from jsonlbatch.exec.send.pacing import Pacing
 from jsonlbatch.exec.send.sender import Sender
-from jsonlbatch.records import Request
 
 CHAT_URL = "/v1/chat/completions"
 

@@ -19,9 +19,9 @@ from contractutil import SCHEMA
 from test_exec_contract import schema_requests
 
 from jsonlbatch import execute
-from jsonlbatch.contract import check_choice, compile_schema
+from jsonlbatch.answer_contract.contract import check_choice, compile_schema
+from jsonlbatch.batch_format.records import Request, Result
 from jsonlbatch.exec.hooks.seams import Seams
-from jsonlbatch.records import Request, Result
 
 
 def answer_text(line: dict) -> str:

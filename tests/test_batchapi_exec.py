@@ -10,8 +10,8 @@ import pytest
 from batchapiutil import BatchServer
 from batchutil import cli, content, exec_cli, failures, read_results, start_exec, write_requests
 
+from jsonlbatch.batch_format.records import fingerprint
 from jsonlbatch.mock import reply_text
-from jsonlbatch.records import fingerprint
 
 FAST = ("--batch-api", "--poll-interval", "0.1")
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 import orjson
 from contractutil import GOOD, SCHEMA
 
+from jsonlbatch.answer_contract.schema_forms import with_schema
+from jsonlbatch.batch_format.records import CHAT_URL, is_failure
 from jsonlbatch.batchapi.client.batch_parts import declares
 from jsonlbatch.batchapi.client.batch_result_check import ResultChecks
 from jsonlbatch.batchapi.client.result_merge import Merged
-from jsonlbatch.contract import with_schema
 from jsonlbatch.exec.hooks.contract_check import AnswerChecker
-from jsonlbatch.records import CHAT_URL, is_failure
 
 ASKED_BODY = with_schema(CHAT_URL, {"model": "m", "messages": [{"role": "user", "content": "?"}]},
                          SCHEMA)  # fmt: skip
@@ -110,10 +110,10 @@ def test_a_part_marked_before_marks_kept_what_was_asked_is_read_from_the_request
     """Marks of an older release name only the ids: what was asked is read again from the
     request file, as it was sent (a chat line to Anthropic as a Messages request), so those
     answers take the shape and contract checks too (before: written unchecked)."""
+    from jsonlbatch.batch_format.records import MESSAGES_URL
     from jsonlbatch.batchapi.client.batch_parts import marks_path, read_asked
     from jsonlbatch.batchapi.client.providers import PROVIDERS
     from jsonlbatch.batchapi.client.submit_state import Part
-    from jsonlbatch.records import MESSAGES_URL
 
     requests = tmp_path / "in.jsonl"
     plain = {"model": "m", "messages": [{"role": "user", "content": "?"}], "max_tokens": 9}

@@ -17,11 +17,11 @@ import orjson
 import pytest
 from batchutil import ENV, cli
 
+from jsonlbatch.batch_format.records import request_line
 from jsonlbatch.cache import Cache, body_digest, body_key, cache_stats, count_draws, one_draw, prune
 from jsonlbatch.cache.pack import decode_record, encode_record
 from jsonlbatch.cache.store import MARKER, MERGE_AT, WALKED_MAX
 from jsonlbatch.errors import OutputError, UsageError
-from jsonlbatch.records import request_line
 
 CHAT = "/v1/chat/completions"
 

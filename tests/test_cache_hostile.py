@@ -20,6 +20,7 @@ import orjson
 from batchutil import ENV, chat_body, cli, exec_cli, read_results
 
 from jsonlbatch import execute
+from jsonlbatch.batch_format.records import request_line
 from jsonlbatch.cache import Cache, body_digest, cache_stats, prune
 from jsonlbatch.cache.pack import (
     INDEX_HEAD,
@@ -32,7 +33,6 @@ from jsonlbatch.cache.pack import (
     encode_record,
 )
 from jsonlbatch.cache.store import MERGE_AT
-from jsonlbatch.records import request_line
 
 CHAT = "/v1/chat/completions"
 

@@ -14,8 +14,8 @@ from batchutil import cli, exec_cli, read_results, start_cli, write_requests
 from conftest import free_port
 from contractutil import SCHEMA
 
-from jsonlbatch.contract import with_schema
-from jsonlbatch.records import CHAT_URL
+from jsonlbatch.answer_contract.schema_forms import with_schema
+from jsonlbatch.batch_format.records import CHAT_URL
 
 
 def test_a_dead_url_says_how_long_it_is_waited_for_and_what_waits(tmp_path: Path) -> None:

@@ -12,19 +12,23 @@ import pytest
 from batchutil import cli
 from contractutil import GOOD, SCHEMA
 
-from jsonlbatch.contract import (
-    ANY_OBJECT,
+from jsonlbatch.answer_contract.contract import (
     SchemaError,
     check_choice,
     check_choices,
     compile_schema,
-    declared_schema,
     strip_json,
-    with_schema,
+)
+from jsonlbatch.answer_contract.schema_forms import ANY_OBJECT, declared_schema, with_schema
+from jsonlbatch.batch_format.records import (
+    CHAT_URL,
+    COMPLETIONS_URL,
+    MESSAGES_URL,
+    RESPONSES_URL,
+    parse_request,
 )
 from jsonlbatch.gen import RequestWriter
 from jsonlbatch.mock.content import BREAKS, compose, json_answer
-from jsonlbatch.records import CHAT_URL, COMPLETIONS_URL, MESSAGES_URL, RESPONSES_URL, parse_request
 
 #: Nested objects, a `$ref` into `$defs`, an optional (nullable) field, an enum, an array.
 
@@ -210,8 +214,8 @@ def test_gen_cli_schema_file_row_schemas_and_bad_schemas(tmp_path):
 def test_fast_path_agrees_with_jsonschema():
     """fastjsonschema (the `fast` extra) only speeds the check up: every verdict is jsonschema's."""
     pytest.importorskip("fastjsonschema")
-    from jsonlbatch.contract import Contract
-    from jsonlbatch.schema_bounds import fast_safe
+    from jsonlbatch.answer_contract.contract import Contract
+    from jsonlbatch.answer_contract.schema_bounds import fast_safe
 
     fast, slow = Contract(SCHEMA), Contract(SCHEMA, fast=False)
     assert fast._fast is not None and slow._fast is None
@@ -284,9 +288,9 @@ def test_reask_journal_resumes_pending_requests_only(tmp_path):
     """Entries of requests whose line is written (a failure `--retry-failed` sends again, a
     success) are dropped at the start; a torn last entry is cut; a pending one resumes at the
     ask after the journaled one, unless the request changed since (its fingerprint)."""
+    from jsonlbatch.batch_format.idset import IdSet
+    from jsonlbatch.batch_format.records import Request
     from jsonlbatch.exec.hooks.contract_check import AnswerChecker, journal_path
-    from jsonlbatch.idset import IdSet
-    from jsonlbatch.records import Request
 
     out = tmp_path / "out.jsonl"
     journal = journal_path(str(out))

@@ -9,8 +9,8 @@ import orjson
 import pytest
 from batchutil import ENV, exec_cli, failures, read_results, write_requests
 
-from jsonlbatch.cost import Price, estimate_prompt_tokens, max_output_tokens, parse_price
 from jsonlbatch.exec.send.budget import Budget, BudgetReached, spent_in_output
+from jsonlbatch.pricing.cost import Price, estimate_prompt_tokens, max_output_tokens, parse_price
 
 EXIT_BUDGET = 4
 

@@ -13,8 +13,8 @@ import pytest
 from aiohttp import web
 from batchutil import cli, exec_cli, odd_server, read_results
 
-from jsonlbatch.answers import kind_for, number, unusable_reason, usage_metrics
-from jsonlbatch.records import CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, request_line
+from jsonlbatch.batch_format.answers import kind_for, number, unusable_reason, usage_metrics
+from jsonlbatch.batch_format.records import CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, request_line
 
 CHAT_OK = {"id": "c1", "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}]}
 

@@ -18,10 +18,10 @@ from batchutil import ENV, chat_body, cli, exec_cli, read_results, start_exec
 from conftest import free_port
 
 from jsonlbatch import execute
+from jsonlbatch.batch_format.records import request_line
 from jsonlbatch.cache import Cache, cache_stats
 from jsonlbatch.cache.pack import iter_records
 from jsonlbatch.exec.output.run_summary import RunSummary
-from jsonlbatch.records import request_line
 
 CHAT = "/v1/chat/completions"
 

@@ -12,13 +12,14 @@ import pytest
 from batchutil import cli, exec_cli, read_results, start_exec
 from contractutil import SCHEMA
 
-from jsonlbatch.contract import check_choice, compile_schema, with_schema
-from jsonlbatch.cost import parse_price
+from jsonlbatch.answer_contract.contract import check_choice, compile_schema
+from jsonlbatch.answer_contract.schema_forms import with_schema
+from jsonlbatch.batch_format.records import CHAT_URL, COMPLETIONS_URL, MESSAGES_URL, RESPONSES_URL
 from jsonlbatch.exec.hooks.contract_check import FEEDBACK, journal_path
 from jsonlbatch.exec.send.budget import spent_in_output
 from jsonlbatch.gen import response_rows
 from jsonlbatch.mock.content import json_answer
-from jsonlbatch.records import CHAT_URL, COMPLETIONS_URL, MESSAGES_URL, RESPONSES_URL
+from jsonlbatch.pricing.cost import parse_price
 
 
 def schema_requests(path: Path, count: int, url: str = CHAT_URL, **extra) -> list[dict]:

@@ -13,8 +13,8 @@ import pytest
 from batchutil import ENV, exec_cli, read_results, start_exec, write_requests
 
 import jsonlbatch
+from jsonlbatch.batch_format.records import Result
 from jsonlbatch.errors import OutputError
-from jsonlbatch.records import Result
 
 
 def _wait_for_lines(path, timeout=30.0):
@@ -97,7 +97,7 @@ def test_failing_rewrites_are_clean_errors_and_change_nothing(
     tmp_path, mock_server, monkeypatch, where, errno_, words
 ):
     """ENOSPC while --retry-failed rewrites the output; EROFS while a torn tail is cut."""
-    import jsonlbatch.jsonl as jsonl
+    import jsonlbatch.file_io.jsonl as jsonl
 
     out = tmp_path / "out.jsonl"
     req = _failed_then_retry(tmp_path, mock_server(), out)

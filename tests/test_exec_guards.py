@@ -66,7 +66,7 @@ def test_a_request_file_given_as_output_is_refused(tmp_path, mock_server):
 def test_a_failed_write_stops_the_run_without_a_half_line(tmp_path, mock_server, monkeypatch):
     """Disk full after some results: the run stops with an error, the file holds only whole
     lines, and the next run sends exactly what is missing."""
-    import jsonlbatch.jsonl as jsonl
+    import jsonlbatch.file_io.jsonl as jsonl
 
     url = mock_server(latency=0.01)
     write_requests(tmp_path / "req.jsonl", 100)

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 from batchutil import read_results, write_requests
 
+from jsonlbatch.batch_format.records import Result
 from jsonlbatch.errors import OutputError
 from jsonlbatch.exec.output.events import Answered, EventBus, Failed
 from jsonlbatch.exec.output.recorder import Recorder
 from jsonlbatch.exec.output.run_summary import RunSummary
 from jsonlbatch.exec.prepare.input_scan import scan_input, scan_output
-from jsonlbatch.jsonl import OutputLock
-from jsonlbatch.records import Result
+from jsonlbatch.file_io.output_guard import OutputLock
 
 
 def ok(custom_id: str, endpoint: str = "http://a/v1", tokens: int = 2) -> Result:

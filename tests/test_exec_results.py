@@ -9,7 +9,7 @@ from sendutil import chat_answer, request
 
 from jsonlbatch.exec.send.http_reply import http_result
 from jsonlbatch.exec.send.retry import Verdict, is_context_length_error, parse_retry_after
-from jsonlbatch.jsonl import BOM
+from jsonlbatch.file_io.jsonl import BOM
 from jsonlbatch.redact import register_secret
 
 

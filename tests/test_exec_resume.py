@@ -10,7 +10,7 @@ import sys
 import orjson
 from batchutil import ENV, cli, exec_cli, read_results, write_requests
 
-from jsonlbatch.records import Result
+from jsonlbatch.batch_format.records import Result
 
 
 def _run(tmp_path, url, *args):

@@ -16,6 +16,7 @@ import pytest
 from batchutil import chat_body, read_results, write_requests
 from conftest import free_port
 
+from jsonlbatch.batch_format.records import Request, Result, request_line
 from jsonlbatch.errors import UsageError
 from jsonlbatch.exec import execute
 from jsonlbatch.exec.hooks.check_hook import (
@@ -29,7 +30,6 @@ from jsonlbatch.exec.hooks.check_hook import (
 from jsonlbatch.exec.hooks.seams import Seams
 from jsonlbatch.exec.hooks.store_hook import EXTRA_MEMBERS, AnswerStore, StoreBase, as_store
 from jsonlbatch.exec.output.events import Answered
-from jsonlbatch.records import Request, Result, request_line
 
 
 def protocol_members(proto: type) -> set[str]:

@@ -15,6 +15,7 @@ import orjson
 import pytest
 from batchutil import chat_body, read_results, write_requests
 
+from jsonlbatch.batch_format.records import Request, Result
 from jsonlbatch.errors import UsageError
 from jsonlbatch.exec import execute
 from jsonlbatch.exec.hooks.check_hook import Accept, AnswerToCheck, AskAgain, CheckVerdict, Reject
@@ -22,7 +23,6 @@ from jsonlbatch.exec.hooks.seams import Seams
 from jsonlbatch.exec.output.events import Answered, Failed, RateLimited, Retried, Sent, Snapshot
 from jsonlbatch.exec.route.endpoint_concurrency import EndpointAttempt
 from jsonlbatch.exec.route.model_pools import PoolSpec
-from jsonlbatch.records import Request, Result
 
 
 def mock_posts(url: str) -> int:

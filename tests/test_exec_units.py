@@ -6,13 +6,13 @@ import random
 
 import pytest
 
+from jsonlbatch.batch_format.idset import IdSet
+from jsonlbatch.batch_format.records import Result
 from jsonlbatch.errors import UsageError
 from jsonlbatch.exec.prepare import input_scan as scan
 from jsonlbatch.exec.prepare import resume_scan as resume
 from jsonlbatch.exec.route.endpoints import auth_headers, parse_endpoint
 from jsonlbatch.exec.send.retry import Backoff, Verdict, classify, parse_retry_after
-from jsonlbatch.idset import IdSet
-from jsonlbatch.records import Result
 from jsonlbatch.redact import redact
 
 

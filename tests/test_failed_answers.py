@@ -14,8 +14,8 @@ import pytest
 from batchutil import cli, exec_cli, read_results
 from report_fixtures import ok_line, write_lines
 
-from jsonlbatch.contract import with_schema
-from jsonlbatch.records import CHAT_URL
+from jsonlbatch.answer_contract.schema_forms import with_schema
+from jsonlbatch.batch_format.records import CHAT_URL
 from jsonlbatch.view.detail import describe
 from jsonlbatch.view.index import LineIndex
 

@@ -17,12 +17,12 @@ import pytest
 from batchutil import ENV, cli, read_results, serve_app
 from test_hosted_files import ci_line, write
 
+from jsonlbatch.batch_format.records import Request
 from jsonlbatch.exec.prepare.file_refs import FileRefs
 from jsonlbatch.exec.route.endpoints import parse_endpoint
 from jsonlbatch.exec.send.file_collect import safe_file_name
 from jsonlbatch.exec.send.file_uploads import UploadFailed, Uploads
 from jsonlbatch.mock import BackgroundMock, MockConfig
-from jsonlbatch.records import Request
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import pytest
 from batchutil import cli, read_results
 from conftest import free_port
 
-from jsonlbatch.records import parse_request
+from jsonlbatch.batch_format.records import parse_request
 
 TASKS = [
     {"instance_id": "astropy__astropy-12907", "problem": "Separability matrix is wrong."},

@@ -9,13 +9,13 @@ import orjson
 import pytest
 
 import jsonlbatch
+from jsonlbatch.batch_format.records import check_request, parse_request
 from jsonlbatch.errors import InputError, OutputError, UsageError
 from jsonlbatch.gen.body_fields import merge_patch, parse_param
 from jsonlbatch.gen.row_requests import write_requests
 from jsonlbatch.gen.sources import Row
 from jsonlbatch.gen.templates import Prompt, RowTemplate
 from jsonlbatch.gen.writer import RequestError, RequestWriter
-from jsonlbatch.records import check_request, parse_request
 
 MSG = [{"role": "user", "content": "hi"}]
 

@@ -12,10 +12,10 @@ import orjson
 import pytest
 from batchutil import cli, exec_cli, failures, read_results
 
+from jsonlbatch.batch_format.samples import samples_of
 from jsonlbatch.exec.route.endpoints import auth_headers, parse_endpoint
 from jsonlbatch.mock import reply_text
 from jsonlbatch.mock.hosted import as_chat
-from jsonlbatch.samples import samples_of
 
 RESPONSES, MESSAGES, MODERATIONS = "/v1/responses", "/v1/messages", "/v1/moderations"
 

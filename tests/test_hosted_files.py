@@ -358,10 +358,10 @@ def test_a_reference_gone_between_scan_and_send_fails_its_request(tmp_path):
 
     import aiohttp
 
+    from jsonlbatch.batch_format.records import Request
     from jsonlbatch.exec.prepare.file_refs import FileRefs
     from jsonlbatch.exec.route.endpoints import parse_endpoint
     from jsonlbatch.exec.send.file_uploads import UploadFailed, Uploads
-    from jsonlbatch.records import Request
 
     ref = tmp_path / "ref.csv"
     ref.write_text("a")

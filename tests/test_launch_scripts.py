@@ -16,7 +16,7 @@ from batchutil import content, odd_server, read_results, write_requests
 from conftest import free_port
 from standins.harness import ROOT, Standins, standin_session
 
-from jsonlbatch.jsonl import OutputLock
+from jsonlbatch.file_io.output_guard import OutputLock
 
 SCRIPTS = ROOT / "scripts"
 pytestmark = pytest.mark.timeout(120, method="thread")

@@ -17,8 +17,8 @@ import jsonlbatch
 
 ROOT = Path(jsonlbatch.__file__).parent
 CORE = {
-    "answers", "contract", "cost", "errors", "extras", "filecheck", "idset", "jsonl", "lazy", "prices",
-    "records", "redact", "samples", "stats", "schema_bounds", "bounded_check", "media",
+    "answer_contract", "batch_format", "errors", "extras", "file_io", "lazy", "pricing", "redact",
+    "stats",
 }  # fmt: skip
 STAGES = {
     "gen", "exec", "serve", "post", "report", "mock", "experiment", "batchapi", "cache", "view",

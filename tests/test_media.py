@@ -18,9 +18,10 @@ import pytest
 from batchutil import ENV, cli
 from test_mock import post_json
 
-from jsonlbatch import cost, media
+from jsonlbatch.batch_format import media
 from jsonlbatch.gen import RequestWriter, file_part, image_part
 from jsonlbatch.gen.data_urls import MediaError, data_url
+from jsonlbatch.pricing import cost
 
 PDF = b"%PDF-1.4\n1 0 obj << >> endobj\ntrailer << >>\n%%EOF\n"
 
@@ -542,7 +543,7 @@ def test_lines_read_out_of_order_cost_their_size_not_a_buffer_each(tmp_path):
     """--route prefix sends the requests about one picture together (VQA: questions after an
     image), so exec reads lines out of file order: each jump must read that line, not refill a
     1 MB buffer (which made image runs at half the text runs' speed)."""
-    from jsonlbatch.jsonl import iter_lines_at, read_lines_at
+    from jsonlbatch.file_io.jsonl import iter_lines_at, read_lines_at
 
     path = tmp_path / "requests.jsonl"
     path.write_bytes(b"".join(b'{"i": %d, "x": "%s"}\n' % (i, b"A" * 25_000) for i in range(400)))

@@ -1,6 +1,6 @@
 """An output that is one of the inputs (by path, symbolic or hard link) is refused by every
 command that reads files and writes `-o`, and so is an output a running exec holds the lock on:
-one guard, `jsonl.check_output`, in each command's library function."""
+one guard, `output_guard.check_output`, in each command's library function."""
 
 from __future__ import annotations
 

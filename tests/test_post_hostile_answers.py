@@ -11,9 +11,9 @@ import orjson
 import pytest
 from batchutil import cli
 
+from jsonlbatch.batch_format.samples import MAX_CONTAINERS, LineTooLarge, load_line
 from jsonlbatch.experiment.rules import coerce
 from jsonlbatch.post.extract import canonical_number, extract_answer, normalize_answer
-from jsonlbatch.samples import MAX_CONTAINERS, LineTooLarge, load_line
 
 pytestmark = pytest.mark.timeout(120, method="thread")
 

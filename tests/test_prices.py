@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from batchutil import cli
 
-from jsonlbatch.cost import Price, parse_price
 from jsonlbatch.errors import UsageError
-from jsonlbatch.prices import TABLE, PriceBook, Tokens, bill, load_price_file, tokens_of
+from jsonlbatch.pricing.cost import Price, parse_price
+from jsonlbatch.pricing.prices import TABLE, PriceBook, Tokens, bill, load_price_file, tokens_of
 
 
 def test_usage_in_every_dialect_is_read_as_billed() -> None:

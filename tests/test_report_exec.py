@@ -12,7 +12,7 @@ import orjson
 import pytest
 from batchutil import cli, read_results
 
-from jsonlbatch.records import is_failure
+from jsonlbatch.batch_format.records import is_failure
 
 N = 30
 

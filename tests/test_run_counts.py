@@ -15,12 +15,12 @@ from batchutil import chat_body, read_results
 from contractutil import SCHEMA
 
 from jsonlbatch import execute
+from jsonlbatch.answer_contract.schema_forms import with_schema
+from jsonlbatch.batch_format.records import CHAT_URL, fingerprint, request_line
 from jsonlbatch.cache import cache_stats
-from jsonlbatch.contract import with_schema
 from jsonlbatch.exec.hooks.contract_check import journal_path
 from jsonlbatch.exec.hooks.seams import Seams
-from jsonlbatch.jsonl import iter_lines
-from jsonlbatch.records import CHAT_URL, fingerprint, request_line
+from jsonlbatch.file_io.jsonl import iter_lines
 
 
 def sent(url: str) -> int:

@@ -22,10 +22,11 @@ import orjson
 import pytest
 from batchutil import ENV, cli, exec_cli, odd_server, read_results, start_cli
 
-from jsonlbatch.contract import SchemaError, check_choice, compile_schema, with_schema
+from jsonlbatch.answer_contract.contract import SchemaError, check_choice, compile_schema
+from jsonlbatch.answer_contract.schema_bounds import ENV_VAR, parse_limits
+from jsonlbatch.answer_contract.schema_forms import with_schema
+from jsonlbatch.batch_format.records import CHAT_URL
 from jsonlbatch.errors import UsageError
-from jsonlbatch.records import CHAT_URL
-from jsonlbatch.schema_bounds import ENV_VAR, parse_limits
 
 SLOW = "^(a|aa)+$"  # backtracks without end on "aaa...ab" (in `re` as in `regex`)
 LOOP = {"$defs": {"a": {"anyOf": [{"$ref": "#/$defs/b"}]}, "b": {"allOf": [{"$ref": "#/$defs/a"}]}},
@@ -209,7 +210,7 @@ def test_sigterm_stops_a_run_checking_a_slow_pattern(tmp_path: Path):
 def test_unique_items_over_objects_is_one_pass():
     """jsonschema compares objects pairwise for uniqueItems, inside one keyword where no clock
     looks: 20,000 of them took minutes. One pass with a set, JSON's equality kept."""
-    from jsonlbatch.contract import Contract
+    from jsonlbatch.answer_contract.contract import Contract
 
     slow = Contract({"type": "array", "uniqueItems": True}, fast=False)
     assert slow.check([{"i": i, "tags": [i, "x"]} for i in range(20_000)]) is None

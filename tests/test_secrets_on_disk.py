@@ -15,9 +15,9 @@ from batchapiutil import BatchServer
 from batchutil import exec_cli, odd_server, read_results, start_exec
 from contractutil import SCHEMA
 
-from jsonlbatch.contract import with_schema
+from jsonlbatch.answer_contract.schema_forms import with_schema
+from jsonlbatch.batch_format.records import CHAT_URL
 from jsonlbatch.exec.hooks.contract_check import journal_path
-from jsonlbatch.records import CHAT_URL
 
 KEY = "sk-disk-Hq4Zr8Tn2Wv6Yp1Lc7"
 

@@ -22,6 +22,7 @@ from batchutil import chat_body, failures, read_results, write_requests
 from conftest import free_port
 from multidict import CIMultiDict
 
+from jsonlbatch.batch_format.records import CHAT_URL, Request, Result
 from jsonlbatch.exec.exec_options import ExecOptions
 from jsonlbatch.exec.front_door import execute
 from jsonlbatch.exec.output.events import EventBus, Retried, Sent
@@ -35,7 +36,6 @@ from jsonlbatch.exec.send.pacing import Pacing
 from jsonlbatch.exec.send.retry import Backoff, batch_cap, retry_after_of
 from jsonlbatch.exec.send.sender import Sender
 from jsonlbatch.exec.send.transport import Broken, Health, Next, Reply, Transport, assess
-from jsonlbatch.records import CHAT_URL, Request, Result
 
 _OK = orjson.dumps(
     {"id": "x1", "object": "chat.completion", "model": "mock", "choices": [

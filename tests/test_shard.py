@@ -11,9 +11,9 @@ import orjson
 import pytest
 from batchutil import cli, read_results, write_requests
 
+from jsonlbatch.batch_format.records import Result
 from jsonlbatch.errors import InputError, UsageError
 from jsonlbatch.exec.prepare.shard import MergeError, in_shard, merge, parse_shard, shard_of
-from jsonlbatch.records import Result
 
 
 def test_parse_shard() -> None:
@@ -163,7 +163,7 @@ def test_merge_waits_for_no_exec_and_knows_a_part_under_another_name(tmp_path: P
     import os
 
     from jsonlbatch.errors import OutputError
-    from jsonlbatch.jsonl import OutputLock
+    from jsonlbatch.file_io.output_guard import OutputLock
 
     req = _requests(tmp_path / "req.jsonl", ["a"])
     p1 = _part(tmp_path / "p1.jsonl", [("a", True)])

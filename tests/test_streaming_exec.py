@@ -14,7 +14,7 @@ from aiohttp import web
 from batchutil import cli, read_results
 
 import jsonlbatch
-from jsonlbatch.records import request_line
+from jsonlbatch.batch_format.records import request_line
 
 TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
 

@@ -17,8 +17,8 @@ import pytest
 from batchutil import cli, exec_cli, odd_server, read_results, start_exec
 from toolutil import answered_call
 
+from jsonlbatch.batch_format.records import CHAT_URL
 from jsonlbatch.exec.hooks.tool_call_parser import Malformed, parse_hermes
-from jsonlbatch.records import CHAT_URL
 
 ORDER_TOOL = {
     "type": "function",
@@ -456,7 +456,7 @@ def contract_server(first_arguments: dict, hold: threading.Event | None = None):
 
 
 def contract_requests(path: Path, messages: list[dict] | None = None) -> None:
-    from jsonlbatch.contract import with_schema
+    from jsonlbatch.answer_contract.schema_forms import with_schema
 
     body = {"model": "mock", "tools": [ORDER_TOOL],
             "messages": messages or [{"role": "user", "content": "where is A17?"}]}  # fmt: skip
@@ -530,7 +530,7 @@ def test_the_final_answer_still_holds_the_answer_schema(tmp_path):
 
 
 def test_a_tools_unusable_schema_stops_the_run_before_sending(tmp_path):
-    from jsonlbatch.contract import with_schema
+    from jsonlbatch.answer_contract.schema_forms import with_schema
 
     bad = {"type": "function", "function": {"name": "f", "parameters": {"type": "nonsense"}}}
     body = {"model": "mock", "tools": [ORDER_TOOL, bad],
@@ -703,8 +703,8 @@ def test_kill_9_during_a_tool_feedback_re_ask_resumes_at_that_ask(tmp_path):
 def test_a_tool_feedback_re_ask_resumes_from_the_journal(tmp_path):
     """A run killed after journaling a re-ask of a broken call goes on with the same feedback
     turns: the journal keeps the turn's calls, not only its text."""
+    from jsonlbatch.batch_format.records import Request
     from jsonlbatch.exec.hooks.contract_check import AnswerChecker, journal_path
-    from jsonlbatch.records import Request
 
     contract_requests(tmp_path / "in.jsonl")
     line = orjson.loads((tmp_path / "in.jsonl").read_bytes())

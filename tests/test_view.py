@@ -15,7 +15,7 @@ import pytest
 from batchutil import cli, start_cli
 from viewutil import ViewProcess, response_line, write_requests, write_run
 
-from jsonlbatch.cost import Price
+from jsonlbatch.pricing.cost import Price
 from jsonlbatch.view.index import LineIndex
 from jsonlbatch.view.query import Query, Searcher
 

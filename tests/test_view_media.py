@@ -170,7 +170,7 @@ def test_an_image_over_the_cap_or_with_broken_base64_is_refused() -> None:
         image_bytes(Source("image", "image/png", data="iVBORw0KG"))
     with pytest.raises(UsageError, match="not fetched"):
         image_bytes(Source("image", None, url="https://example.org/a.png"))
-    # the type sniffed is the shared one (jsonlbatch.media), which knows PDFs: a PDF named as
+    # the type sniffed is the shared one (jsonlbatch.batch_format.media), which knows PDFs: a PDF named as
     # a picture is still never served from the viewer's origin
     pdf = base64.b64encode(b"%PDF-1.7\n" + b"0" * 64).decode()
     with pytest.raises(UsageError, match="not a PNG"):

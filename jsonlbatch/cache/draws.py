@@ -17,10 +17,10 @@ from array import array
 
 import orjson
 
+from jsonlbatch.batch_format.idset import IdSet
 from jsonlbatch.cache.keys import body_digest, one_draw
 from jsonlbatch.cache.pack import key64
-from jsonlbatch.idset import IdSet
-from jsonlbatch.jsonl import iter_lines
+from jsonlbatch.file_io.jsonl import iter_lines
 
 
 class Draws:

@@ -115,7 +115,7 @@ def batch_target(batch: dict[str, Any], max_cost: float | None) -> ProviderBatch
     already refused what such a run does not use)."""
     from jsonlbatch.batchapi.client.provider_target import ProviderBatch
     from jsonlbatch.batchapi.client.submit_options import BatchOptions
-    from jsonlbatch.prices import load_price_file
+    from jsonlbatch.pricing.prices import load_price_file
 
     metadata = {}
     for item in batch["batch_metadata"]:

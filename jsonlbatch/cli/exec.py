@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from jsonlbatch.batch_format.records import PRIORITY_RANGE
 from jsonlbatch.cache import MODES as CACHE_MODES
 from jsonlbatch.cli.batch_options import (
     BATCH_NAMES,
@@ -40,7 +41,6 @@ from jsonlbatch.exec.hooks.tool_call_parser import PARSERS as TOOL_CALL_PARSERS
 from jsonlbatch.exec.output.run_summary import RunSummary
 from jsonlbatch.exec.prepare.input_scan import CHANGED_POLICIES
 from jsonlbatch.exec.route.router import POLICIES
-from jsonlbatch.records import PRIORITY_RANGE
 
 #: Exit status of a run that finished but recorded failed requests.
 EXIT_SOME_FAILED = 3

@@ -14,13 +14,13 @@ from jsonlbatch.cli.batch_options import batch_target, pop_batch_kwargs
 from jsonlbatch.cli.exec_watch import pop_watch_kwargs
 from jsonlbatch.cli.option_use import check_use, settle_kind
 from jsonlbatch.cli.serve_options import fleet_plan, serve_options_from_kwargs
-from jsonlbatch.cost import parse_price
 from jsonlbatch.errors import UsageError
 from jsonlbatch.exec.exec_options import ExecOptions
 from jsonlbatch.exec.front_door import EndpointsFiles, RunSpec, Target, Urls, Watcher
 from jsonlbatch.exec.hooks.answer_cache import cache_dir_from
 from jsonlbatch.exec.hooks.seams import Seams
 from jsonlbatch.exec.prepare.shard import parse_shard
+from jsonlbatch.pricing.cost import parse_price
 from jsonlbatch.redact import register_secret
 from jsonlbatch.serve.target import Fleet, Launch
 

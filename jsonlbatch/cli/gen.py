@@ -6,6 +6,7 @@ from typing import Any
 
 import click
 
+from jsonlbatch.batch_format.records import CHAT_URL
 from jsonlbatch.cli.params import Finite, NonEmpty
 from jsonlbatch.cli.sections import Section, Sectioned
 from jsonlbatch.errors import UsageError
@@ -16,7 +17,6 @@ from jsonlbatch.gen.schemas import load_schema
 from jsonlbatch.gen.sources import FORMATS, iter_rows, select
 from jsonlbatch.gen.templates import Prompt, RowTemplate, compile_condition
 from jsonlbatch.gen.writer import CHARS_PER_TOKEN, PROMPT_FIELDS, RequestWriter
-from jsonlbatch.records import CHAT_URL
 from jsonlbatch.stats import plural
 
 _SECTIONS: list[Section] = [

@@ -34,11 +34,11 @@ from click.core import ParameterSource
 from jsonlbatch.cli.option_use import GIVEN
 from jsonlbatch.cli.python_values import check_field, check_value
 from jsonlbatch.cli.sections import Sectioned
-from jsonlbatch.cost import Price
 from jsonlbatch.errors import UsageError
 from jsonlbatch.exec.exec_options import ExecOptions
 from jsonlbatch.exec.front_door import RunSpec, astart, start
 from jsonlbatch.exec.hooks.seams import Seams
+from jsonlbatch.pricing.cost import Price
 
 #: The command's positional parameters: given as `requests` and `output`, never as options.
 _POSITIONAL = ("requests", "output")

@@ -21,8 +21,8 @@ from typing import Any
 import click
 
 from jsonlbatch.cli.params import ByteSize, CacheDir, CountOrAuto, HttpUrl
-from jsonlbatch.cost import Price
 from jsonlbatch.errors import UsageError
+from jsonlbatch.pricing.cost import Price
 
 _TEXT = ((str,), "a string")
 _PATH = ((str, os.PathLike), "a path (str or os.PathLike)")

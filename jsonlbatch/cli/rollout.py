@@ -26,7 +26,7 @@ from jsonlbatch.errors import Interrupted, UsageError
 from jsonlbatch.exec.front_door import RunSpec, astart, start
 from jsonlbatch.exec.hooks.seams import Seams
 from jsonlbatch.exec.output.run_summary import RunSummary
-from jsonlbatch.jsonl import check_output
+from jsonlbatch.file_io.output_guard import check_output
 from jsonlbatch.rollouts.driver import DEFAULT_MAX_TURNS, DEFAULT_TOOL_TIMEOUT, Rollout
 from jsonlbatch.rollouts.journal import companions
 from jsonlbatch.rollouts.rollout_summary import RolloutSummary

@@ -225,7 +225,7 @@ def _serve_fleet(
     kwargs: dict[str, Any],
 ) -> None:
     from jsonlbatch.exec.route.endpoints_file import write_endpoints
-    from jsonlbatch.jsonl import check_output
+    from jsonlbatch.file_io.output_guard import check_output
     from jsonlbatch.serve.fleetrun import serving_fleet
 
     if endpoints_out:  # before any server starts: the fleet file is never written over

@@ -19,7 +19,7 @@ serve:
 The file is hostile input like any other: an unknown command or key is an error naming the
 file, the line and the key, with the nearest known key; a value of the wrong type (`"64"` for a
 count, `yes` for a path) or out of range is an error naming its line too; all problems at once,
-nothing run. It is read with `jsonlbatch.filecheck` (YAML's safe loader, or JSON; duplicated
+nothing run. It is read with `jsonlbatch.file_io.filecheck` (YAML's safe loader, or JSON; duplicated
 keys and alias bombs refused).
 """
 
@@ -38,7 +38,7 @@ from click.core import ParameterSource
 from jsonlbatch.cli.params import ByteSize, CacheDir, CountOrAuto
 from jsonlbatch.cli.sections import SETTINGS_NOTE, Deprecated
 from jsonlbatch.errors import InputError
-from jsonlbatch.filecheck import ANY, BOOL, INT, NUM, STR, FileChecker, kind_of
+from jsonlbatch.file_io.filecheck import ANY, BOOL, INT, NUM, STR, FileChecker, kind_of
 from jsonlbatch.redact import register_secret
 
 _F = TypeVar("_F", bound=Callable[..., Any])

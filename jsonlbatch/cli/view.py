@@ -6,7 +6,7 @@ import click
 
 from jsonlbatch.cli.params import NonEmpty
 from jsonlbatch.cli.sections import Sectioned
-from jsonlbatch.cost import parse_price
+from jsonlbatch.pricing.cost import parse_price
 
 
 @click.command(

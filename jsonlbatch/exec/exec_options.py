@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from jsonlbatch.batch_format.records import is_priority
 from jsonlbatch.cache.store import MODES as CACHE_MODES
-from jsonlbatch.cost import Price
 from jsonlbatch.errors import UsageError
 from jsonlbatch.exec.hooks.tool_call_parser import PARSERS as TOOL_CALL_PARSERS
 from jsonlbatch.exec.prepare.input_scan import CHANGED_POLICIES
@@ -18,7 +18,7 @@ from jsonlbatch.exec.route.credentials import check_url_credentials, clean_heade
 from jsonlbatch.exec.route.router import RouteOptions
 from jsonlbatch.exec.send.body_caps import MAX_RESPONSE_BYTES, STREAM_STALL_S
 from jsonlbatch.exec.send.file_collect import MAX_FILE_BYTES
-from jsonlbatch.records import is_priority
+from jsonlbatch.pricing.cost import Price
 
 DEFAULT_CONCURRENCY = 256  # requests in flight when none is given and nothing is tuned
 AUTO_MAX_CONCURRENCY = 1024  # the most requests in flight a tuned run has, over all endpoints

@@ -43,9 +43,7 @@ from jsonlbatch.exec.run_loop import Run
 from jsonlbatch.exec.run_setup import Prepared
 from jsonlbatch.exec.send.file_collect import open_files_dir
 from jsonlbatch.exec.send.streaming import NO_STREAM_URLS
-from jsonlbatch.jsonl import (
-    OutputLock,
-    check_output,
+from jsonlbatch.file_io.jsonl import (
     filter_lines,
     is_regular,
     prefetch,
@@ -53,6 +51,7 @@ from jsonlbatch.jsonl import (
     rewrite_atomically,
     spool,
 )
+from jsonlbatch.file_io.output_guard import OutputLock, check_output
 
 __all__ = ["ExecOptions", "Job", "refuse_running_loop", "run_coroutine"]
 

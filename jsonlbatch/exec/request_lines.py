@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import orjson
 
+from jsonlbatch.batch_format.records import Request, fingerprint
 from jsonlbatch.errors import InputError
 from jsonlbatch.exec.exec_options import ExecOptions
 from jsonlbatch.exec.hooks.request_source import RequestSource
@@ -24,7 +25,6 @@ from jsonlbatch.exec.prepare.input_scan import InputScan, stat_input
 from jsonlbatch.exec.route.model_pools import ModelPools
 from jsonlbatch.exec.route.model_routing import split_pending
 from jsonlbatch.exec.route.router import ordered_lines
-from jsonlbatch.records import Request, fingerprint
 
 
 @dataclass

@@ -24,6 +24,7 @@ from collections.abc import Callable
 
 import aiohttp
 
+from jsonlbatch.batch_format.records import Request, Result
 from jsonlbatch.errors import (
     Interrupted,
     JsonlbatchError,
@@ -53,7 +54,6 @@ from jsonlbatch.exec.route.server_metrics import compare, keep_servers, scrape_a
 from jsonlbatch.exec.run_setup import Prepared, hosted_files, make_meter, set_priority_signs
 from jsonlbatch.exec.send.budget import BudgetReached
 from jsonlbatch.exec.send.sender import Sender, Stop
-from jsonlbatch.records import Request, Result
 
 
 class Run:

@@ -28,7 +28,7 @@ from jsonlbatch.exec.send.file_uploads import Uploads, sidecar_paths
 from jsonlbatch.exec.send.hosted_files import HostedFiles
 from jsonlbatch.exec.send.pacing import Pacing
 from jsonlbatch.exec.send.priority import sign_of
-from jsonlbatch.jsonl import OutputLock
+from jsonlbatch.file_io.output_guard import OutputLock
 
 
 @dataclass

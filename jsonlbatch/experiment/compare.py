@@ -16,7 +16,7 @@ import orjson
 
 from jsonlbatch.experiment.spec import Experiment
 from jsonlbatch.experiment.state import StepState
-from jsonlbatch.jsonl import rewrite_atomically
+from jsonlbatch.file_io.jsonl import rewrite_atomically
 from jsonlbatch.report import build_report, render, write_report
 
 _WHERE_KEYS = ("url", "serve", "api_key_env")

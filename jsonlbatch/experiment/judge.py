@@ -30,19 +30,19 @@ from typing import Any
 
 import orjson
 
+from jsonlbatch.batch_format.samples import Sample, samples_of
 from jsonlbatch.errors import UsageError
 from jsonlbatch.exec.front_door import Target, Urls
 from jsonlbatch.experiment.exec_runs import send
 from jsonlbatch.experiment.rules import PassRule, coerce
 from jsonlbatch.experiment.state import file_digest
+from jsonlbatch.file_io.jsonl import iter_lines_at
 from jsonlbatch.gen import RequestWriter
 from jsonlbatch.gen.response_rows import RequestIndex, response_rows
 from jsonlbatch.gen.sources import Row
 from jsonlbatch.gen.templates import Prompt, RowTemplate
-from jsonlbatch.jsonl import iter_lines_at
 from jsonlbatch.post.extract import extract_answer, get_extractor
 from jsonlbatch.post.outputs import JsonlWriter
-from jsonlbatch.samples import Sample, samples_of
 from jsonlbatch.stats import plural
 
 DEFAULT_RETRY = (

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from jsonlbatch.batch_format.records import CHAT_URL, RESPONSES_URL
 from jsonlbatch.errors import UsageError
 from jsonlbatch.exec.front_door import Target, Urls
 from jsonlbatch.experiment.code_interpreter import interpreter_tools
@@ -42,13 +43,12 @@ from jsonlbatch.experiment.posting import (
 from jsonlbatch.experiment.spec import Condition, Experiment, Step, load_experiment
 from jsonlbatch.experiment.state import StepState, step_hash
 from jsonlbatch.extras import require
-from jsonlbatch.filecheck import read_text
+from jsonlbatch.file_io.filecheck import read_text
 from jsonlbatch.gen import RequestWriter, write_requests
 from jsonlbatch.gen.row_requests import row_custom_id
 from jsonlbatch.gen.sources import Row, iter_rows, select
 from jsonlbatch.gen.templates import Prompt, RowTemplate, compile_condition
 from jsonlbatch.post.outputs import JsonlWriter
-from jsonlbatch.records import CHAT_URL, RESPONSES_URL
 from jsonlbatch.redact import register_secret
 from jsonlbatch.report.charts import charts_missing
 from jsonlbatch.serve.fleet import serve_options

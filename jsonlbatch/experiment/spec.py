@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jsonlbatch.errors import InputError, Problem
-from jsonlbatch.filecheck import (
+from jsonlbatch.file_io.filecheck import (
     ANY,
     BOOL,
     EXTRACT,
@@ -317,7 +317,7 @@ class _Checker(FileChecker):
         if ("template" in settings) == ("text" in settings):
             self.problem(at, "give exactly one of template (a file) or text (inline)")
             return
-        from jsonlbatch.filecheck import read_text
+        from jsonlbatch.file_io.filecheck import read_text
 
         texts = {}
         for key in ("template", "retry_template"):

@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 
 from jsonlbatch.errors import InputError, UsageError
-from jsonlbatch.filecheck import read_json
+from jsonlbatch.file_io.filecheck import read_json
 
 
 def merge_patch(target: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:

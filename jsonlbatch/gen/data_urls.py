@@ -23,9 +23,16 @@ import os
 import stat
 from typing import Any
 
+from jsonlbatch.batch_format.media import (
+    IMAGE_TYPES,
+    KNOWN_TYPES,
+    bytes_reader,
+    image_size,
+    sniff,
+    truncated,
+)
 from jsonlbatch.errors import InputError
 from jsonlbatch.extras import load
-from jsonlbatch.media import IMAGE_TYPES, KNOWN_TYPES, bytes_reader, image_size, sniff, truncated
 
 #: The largest file embedded as it is (the providers' per-request caps are 20-50 MB, and base64
 #: adds a third). A larger picture can still go in shrunk: `max_side`, up to `MAX_SOURCE_BYTES`.

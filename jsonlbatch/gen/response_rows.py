@@ -34,13 +34,19 @@ from typing import IO, Any
 
 import orjson
 
-from jsonlbatch.answers import unusable_reason, usage_metrics
-from jsonlbatch.contract import recorded, recorded_value
+from jsonlbatch.answer_contract.contract import recorded, recorded_value
+from jsonlbatch.batch_format.answers import unusable_reason, usage_metrics
+from jsonlbatch.batch_format.records import CHAT_URL, check_response
+from jsonlbatch.batch_format.samples import (
+    DEFAULT_SEPARATORS,
+    Sample,
+    hosted_url,
+    samples_of,
+    split_id,
+)
 from jsonlbatch.errors import InputError, Problem, UsageError
+from jsonlbatch.file_io.jsonl import iter_lines, iter_lines_at, read_lines_at
 from jsonlbatch.gen.sources import Row, iter_rows
-from jsonlbatch.jsonl import iter_lines, iter_lines_at, read_lines_at
-from jsonlbatch.records import CHAT_URL, check_response
-from jsonlbatch.samples import DEFAULT_SEPARATORS, Sample, hosted_url, samples_of, split_id
 
 PER = ("request", "choice")
 #: Token counts offered as fields, found where `answers` says each endpoint puts them.
@@ -235,7 +241,7 @@ def _sample_fields(s: Sample) -> dict[str, Any]:
     valid, value = recorded_value(s.metrics, s.index)
     return {
         "answer": s.text,
-        # answers under a schema: the value exec read and validated (contract.py), for a judge
+        # answers under a schema: the value exec read and validated (answer_contract/contract.py), for a judge
         # or a repair prompt; `valid` is null for an answer exec checked against no schema
         "json": value if valid else None,
         "valid": valid if recorded(s.metrics) is not None else None,

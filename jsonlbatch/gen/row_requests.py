@@ -8,11 +8,11 @@ from array import array
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from jsonlbatch.batch_format.records import CHAT_URL
 from jsonlbatch.errors import InputError, UsageError
 from jsonlbatch.gen.sources import Row
 from jsonlbatch.gen.templates import Prompt, RowTemplate
 from jsonlbatch.gen.writer import CHAT_LIKE, RequestError, RequestWriter
-from jsonlbatch.records import CHAT_URL
 
 
 def write_requests(

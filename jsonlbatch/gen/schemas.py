@@ -2,7 +2,7 @@
 
 Whatever the source, the result is a plain JSON Schema (a dict), checked once per distinct
 schema (`contract.compile_schema`) so that an invalid schema stops `gen` before anything is
-written, and written into each request in its endpoint's form by `contract.with_schema`.
+written, and written into each request in its endpoint's form by `schema_forms.with_schema`.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from typing import Any
 
 import orjson
 
-from jsonlbatch.contract import SchemaError, compile_schema
+from jsonlbatch.answer_contract.contract import SchemaError, compile_schema
+from jsonlbatch.answer_contract.schema_bounds import ENV_VAR, limits
 from jsonlbatch.errors import InputError, UsageError
 from jsonlbatch.extras import require
-from jsonlbatch.schema_bounds import ENV_VAR, limits
 
 #: What may be given as a schema: a JSON Schema, or a Pydantic model class.
 SchemaLike = Any

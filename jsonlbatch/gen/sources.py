@@ -23,7 +23,7 @@ import orjson
 
 from jsonlbatch.errors import InputError, Problem, UsageError
 from jsonlbatch.extras import require
-from jsonlbatch.jsonl import BOM
+from jsonlbatch.file_io.jsonl import BOM
 
 #: The formats `iter_rows` reads, by the name `--format` takes.
 FORMATS = ("jsonl", "json", "csv", "parquet")

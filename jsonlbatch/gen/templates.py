@@ -25,12 +25,12 @@ import orjson
 from jinja2 import StrictUndefined, TemplateSyntaxError, UndefinedError
 from jinja2.sandbox import SandboxedEnvironment
 
+from jsonlbatch.batch_format.records import check_messages
 from jsonlbatch.errors import InputError, JsonlbatchError, Problem, UsageError
 from jsonlbatch.extras import MissingExtra
-from jsonlbatch.filecheck import read_text
+from jsonlbatch.file_io.filecheck import read_text
 from jsonlbatch.gen import data_urls
 from jsonlbatch.gen.sources import Row
-from jsonlbatch.records import check_messages
 
 _FILENAME = "<template>"
 _UNDEFINED = re.compile(r"'([^']+)' is undefined|has no attribute '([^']+)'")

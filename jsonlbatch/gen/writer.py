@@ -25,13 +25,9 @@ from typing import IO, Any
 
 import orjson
 
-from jsonlbatch.contract import DEFAULT_NAME, SchemaError, check_declared, with_schema
-from jsonlbatch.cost import image_tokens
-from jsonlbatch.errors import InputError, OutputError, UsageError
-from jsonlbatch.gen.body_fields import merge_patch
-from jsonlbatch.gen.schemas import SchemaLike, as_schema, checked_schema, row_schema, strict_ok
-from jsonlbatch.jsonl import check_output
-from jsonlbatch.records import (
+from jsonlbatch.answer_contract.contract import SchemaError
+from jsonlbatch.answer_contract.schema_forms import DEFAULT_NAME, check_declared, with_schema
+from jsonlbatch.batch_format.records import (
     CHAT_URL,
     COMPLETIONS_URL,
     EMBEDDINGS_URL,
@@ -41,6 +37,11 @@ from jsonlbatch.records import (
     check_request,
     request_line,
 )
+from jsonlbatch.errors import InputError, OutputError, UsageError
+from jsonlbatch.file_io.output_guard import check_output
+from jsonlbatch.gen.body_fields import merge_patch
+from jsonlbatch.gen.schemas import SchemaLike, as_schema, checked_schema, row_schema, strict_ok
+from jsonlbatch.pricing.cost import image_tokens
 
 #: The endpoints the generator writes bodies for, and the body field each one's prompt goes in.
 PROMPT_FIELDS = {
@@ -110,7 +111,7 @@ class RequestWriter:
     `no_think_suffix` appends `/no_think` to the last user message for servers that take no
     `chat_template_kwargs`; `suffix` appends any text there (e.g. an experiment condition's).
     `schema` (a JSON Schema or a Pydantic model) is declared as the answer's contract in the
-    endpoint's form (`contract.with_schema`; `strict` when the schema allows it); `add` takes
+    endpoint's form (`schema_forms.with_schema`; `strict` when the schema allows it); `add` takes
     one per prompt too.
 
     Local pictures and files go into a prompt's content as parts made by `image_part`,

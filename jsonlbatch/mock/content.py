@@ -26,9 +26,10 @@ from typing import Any
 
 import orjson
 
-from jsonlbatch.contract import SchemaError, declared_schema
-from jsonlbatch.cost import image_tokens
-from jsonlbatch.records import CHAT_URL
+from jsonlbatch.answer_contract.contract import SchemaError
+from jsonlbatch.answer_contract.schema_forms import declared_schema
+from jsonlbatch.batch_format.records import CHAT_URL
+from jsonlbatch.pricing.cost import image_tokens
 
 #: Completion length in words when a request sets no token budget (`MockConfig` default).
 DEFAULT_MAX_TOKENS = 16
@@ -125,7 +126,7 @@ def compose(
 # -- answers under a JSON schema --------------------------------------------------------------
 
 #: How `json_answer` breaks an answer, in turn: the first two only wrap valid JSON (the
-#: stripping rules of `jsonlbatch.contract` recover it), the others break the contract.
+#: stripping rules of `jsonlbatch.answer_contract.contract` recover it), the others break the contract.
 BREAKS = ("fence", "prose", "missing", "wrong-type", "truncated", "trailing")
 _FORMATS = {"date-time": "2026-01-01T00:00:00Z", "date": "2026-01-01", "time": "12:00:00Z",
             "email": "mock@example.com", "uri": "https://example.com/mock",

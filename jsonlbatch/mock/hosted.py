@@ -19,9 +19,10 @@ from typing import Any, Protocol
 import orjson
 from aiohttp import web
 
-from jsonlbatch.contract import SchemaError, declared_schema, with_schema
+from jsonlbatch.answer_contract.contract import SchemaError
+from jsonlbatch.answer_contract.schema_forms import declared_schema, with_schema
+from jsonlbatch.batch_format.records import CHAT_URL, MESSAGES_URL, RESPONSES_URL, check_messages
 from jsonlbatch.mock import containers, content
-from jsonlbatch.records import CHAT_URL, MESSAGES_URL, RESPONSES_URL, check_messages
 
 
 class _Mock(Protocol):

@@ -7,8 +7,8 @@ from typing import Any
 
 import orjson
 
+from jsonlbatch.batch_format.records import check_messages
 from jsonlbatch.mock import content
-from jsonlbatch.records import check_messages
 
 
 class Refusal(Exception):

@@ -27,17 +27,18 @@ from typing import Any
 
 import orjson
 
-from jsonlbatch.answers import number as json_number
+from jsonlbatch.batch_format.answers import number as json_number
+from jsonlbatch.batch_format.idset import IdSet
+from jsonlbatch.batch_format.samples import load_line
 from jsonlbatch.errors import InputError, Problem, UsageError
 from jsonlbatch.extras import require
-from jsonlbatch.idset import IdSet
-from jsonlbatch.jsonl import check_output, iter_lines
+from jsonlbatch.file_io.jsonl import iter_lines
+from jsonlbatch.file_io.output_guard import check_output
 from jsonlbatch.post.fields import FieldColumns, field_columns
 from jsonlbatch.post.files import MANIFEST, sample_dir
 from jsonlbatch.post.media_placeholders import row_without_base64
 from jsonlbatch.post.responses import KeyFunc, Sample, check_responses, read_responses, split_key
 from jsonlbatch.post.table_io import TableWriter, open_table, table_format
-from jsonlbatch.samples import load_line
 
 PER = ("request", "choice")
 _SAMPLE = re.compile(r"^[^0-9]+([0-9]+)$")  # the separator, then ASCII digits only

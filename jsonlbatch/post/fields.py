@@ -1,7 +1,7 @@
 """Typed table columns from answers under a schema: `jsonlbatch export --fields`.
 
 exec records, per choice, the JSON value read from an answer and whether it held its request's
-schema, and the schema itself (`metrics.contract`, see `jsonlbatch.contract`). The columns are
+schema, and the schema itself (`metrics.contract`, see `jsonlbatch.answer_contract.contract`). The columns are
 the schemas' top-level properties, typed from the schemas (not guessed from values): string,
 integer, number and boolean become typed columns, an array of strings a list of strings,
 anything else (objects, other arrays, unions of types) a column of JSON text. Only values that held their schema fill a row; an invalid answer
@@ -16,10 +16,10 @@ from typing import Any
 
 import orjson
 
-from jsonlbatch.contract import recorded, recorded_value
+from jsonlbatch.answer_contract.contract import recorded, recorded_value
+from jsonlbatch.batch_format.samples import Sample
 from jsonlbatch.errors import UsageError
-from jsonlbatch.jsonl import iter_lines
-from jsonlbatch.samples import Sample
+from jsonlbatch.file_io.jsonl import iter_lines
 
 _TYPES: dict[str, type] = {"string": str, "integer": int, "number": float, "boolean": bool}
 _JSON = object  # marks a column of JSON text

@@ -18,7 +18,7 @@ import jinja2
 import orjson
 
 from jsonlbatch.errors import InputError, UsageError
-from jsonlbatch.jsonl import check_output
+from jsonlbatch.file_io.output_guard import check_output
 from jsonlbatch.post.apply import FileSource, MappedFiles, RepoFiles, apply_edits
 from jsonlbatch.post.diffs import make_diff, normalized_diff, syntax_errors
 from jsonlbatch.post.edits import extract_edits

@@ -7,7 +7,7 @@ response becomes a `Sample`; failed requests become a sample with `error` set so
 counted, never silently lost. Lines `{"custom_id", "answer"}` (answers computed elsewhere, e.g.
 by running a model's code) are read too, so they can be pooled into a vote.
 
-What a line says (its `Sample`s, the id split) is format knowledge in `jsonlbatch.samples`,
+What a line says (its `Sample`s, the id split) is format knowledge in `jsonlbatch.batch_format.samples`,
 shared with `gen`; this module adds reading whole files and grouping.
 
 Grouping (samples of one question or one SWE-bench instance) streams: a first pass counts the
@@ -25,11 +25,8 @@ from typing import Any
 
 import orjson
 
-from jsonlbatch.errors import InputError, Problem, UsageError, problems_text
-from jsonlbatch.jsonl import iter_lines, iter_lines_at, read_lines_at
-from jsonlbatch.post.summary import TORN, Unused
-from jsonlbatch.records import check_response
-from jsonlbatch.samples import (
+from jsonlbatch.batch_format.records import check_response
+from jsonlbatch.batch_format.samples import (
     DEFAULT_SEPARATORS,
     KeyFunc,
     Sample,
@@ -41,8 +38,11 @@ from jsonlbatch.samples import (
     split_key,
     split_think,
 )
+from jsonlbatch.errors import InputError, Problem, UsageError, problems_text
+from jsonlbatch.file_io.jsonl import iter_lines, iter_lines_at, read_lines_at
+from jsonlbatch.post.summary import TORN, Unused
 
-__all__ = [  # the response-line pieces live in the core (`jsonlbatch.samples`); post re-exports
+__all__ = [  # the response-line pieces live in the core (`jsonlbatch.batch_format.samples`); post re-exports
     "DEFAULT_SEPARATORS",
     "Group",
     "KeyFunc",

@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from math import comb
 from typing import Any
 
-from jsonlbatch.contract import recorded_value
+from jsonlbatch.answer_contract.contract import recorded_value
 from jsonlbatch.errors import InputError, Problem, UsageError
-from jsonlbatch.jsonl import check_output
+from jsonlbatch.file_io.output_guard import check_output
 from jsonlbatch.post.extract import (
     DEFAULT_EXTRACTORS,
     INVALID,

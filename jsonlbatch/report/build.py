@@ -11,7 +11,7 @@ import os
 from collections.abc import Sequence
 
 from jsonlbatch.errors import OutputError, UsageError
-from jsonlbatch.jsonl import check_output
+from jsonlbatch.file_io.output_guard import check_output
 from jsonlbatch.redact import redact
 from jsonlbatch.report.load import load_request_fields, load_run, request_fields_for
 from jsonlbatch.report.model import Report

@@ -19,9 +19,9 @@ from typing import Any
 
 import orjson
 
-from jsonlbatch.jsonl import iter_lines
-from jsonlbatch.records import is_failure
-from jsonlbatch.samples import load_line
+from jsonlbatch.batch_format.records import is_failure
+from jsonlbatch.batch_format.samples import load_line
+from jsonlbatch.file_io.jsonl import iter_lines
 
 _TURN = re.compile(r"#t(\d{1,6})(\.ask\d{1,9})?\Z")
 

@@ -21,17 +21,22 @@ from typing import Any
 
 import orjson
 
+from jsonlbatch.batch_format.records import (
+    check_response,
+    is_failure,
+    json_object,
+    reasoning_tokens,
+)
+from jsonlbatch.batch_format.samples import chat_usage, hosted_choices, load_line
 from jsonlbatch.errors import InputError, Problem, UsageError
-from jsonlbatch.jsonl import ends_with_newline, iter_lines
-from jsonlbatch.prices import Tokens, tokens_of
-from jsonlbatch.records import check_response, is_failure, json_object, reasoning_tokens
+from jsonlbatch.file_io.jsonl import ends_with_newline, iter_lines
+from jsonlbatch.pricing.prices import Tokens, tokens_of
 from jsonlbatch.report.conversations import (
     count_tool_names,
     superseded_failures,
     tool_names,
     turn_of,
 )
-from jsonlbatch.samples import chat_usage, hosted_choices, load_line
 
 #: Per-request columns, each an `array('d')` aligned with the successful requests.
 COLUMNS = ("e2e", "ttft", "decode", "tpot", "itl", "prompt", "completion", "reasoning", "end")

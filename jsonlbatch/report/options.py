@@ -10,8 +10,8 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from jsonlbatch.cost import Price, parse_price  # noqa: F401 - the report's --price
 from jsonlbatch.errors import UsageError
+from jsonlbatch.pricing.cost import Price, parse_price  # noqa: F401 - the report's --price
 
 #: SLA metric names and the per-request column each one bounds.
 SLA_METRICS: dict[str, str] = {

@@ -15,7 +15,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from jsonlbatch.prices import PriceBook, Tokens, bill
+from jsonlbatch.pricing.prices import PriceBook, Tokens, bill
 from jsonlbatch.report.conversations import turns_per_conversation
 from jsonlbatch.report.load import RunData
 from jsonlbatch.report.options import Price, Sla

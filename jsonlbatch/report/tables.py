@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from jsonlbatch.prices import PriceBook
+from jsonlbatch.pricing.prices import PriceBook
 from jsonlbatch.report.conversations import turn_figures
 from jsonlbatch.report.model import Report
 from jsonlbatch.report.options import Price, format_duration

@@ -12,8 +12,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from jsonlbatch.batch_format.records import CHAT_URL
 from jsonlbatch.errors import JsonlbatchError, UsageError
-from jsonlbatch.records import CHAT_URL
 
 _CURRENT: contextvars.ContextVar[Conversation] = contextvars.ContextVar("jsonlbatch_conversation")
 

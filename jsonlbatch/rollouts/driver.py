@@ -18,11 +18,11 @@ from typing import Any
 
 import orjson
 
+from jsonlbatch.batch_format.idset import IdSet
+from jsonlbatch.batch_format.records import CHAT_URL, Request, Result, check_request, fingerprint
 from jsonlbatch.errors import MAX_PROBLEMS, InputError, Problem, problems_text
 from jsonlbatch.exec.prepare.input_scan import NO_FINGERPRINT, InputScan, OutputScan, edited
-from jsonlbatch.idset import IdSet
-from jsonlbatch.jsonl import iter_lines_at
-from jsonlbatch.records import CHAT_URL, Request, Result, check_request, fingerprint
+from jsonlbatch.file_io.jsonl import iter_lines_at
 from jsonlbatch.rollouts import context
 from jsonlbatch.rollouts.context import AskAnswer, AskFailed, Conversation, Diverged
 from jsonlbatch.rollouts.journal import (

@@ -22,10 +22,10 @@ from typing import Any
 
 import orjson
 
+from jsonlbatch.batch_format.idset import IdSet
 from jsonlbatch.errors import OutputError
 from jsonlbatch.exec.prepare.input_scan import line_custom_id
-from jsonlbatch.idset import IdSet
-from jsonlbatch.jsonl import AppendWriter, read_lines_at, repair_tail
+from jsonlbatch.file_io.jsonl import AppendWriter, read_lines_at, repair_tail
 
 _TURN_MARK = "#t"
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from jsonlbatch.errors import InputError, Problem, UsageError
-from jsonlbatch.filecheck import ANY, BOOL, INT, LIST, MAP, NUM, STR, STRS, FileChecker
+from jsonlbatch.file_io.filecheck import ANY, BOOL, INT, LIST, MAP, NUM, STR, STRS, FileChecker
 from jsonlbatch.serve.backends import BACKENDS, ServeOptions
 from jsonlbatch.serve.gpus import GpuList
 

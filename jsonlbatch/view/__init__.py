@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from jsonlbatch.cost import Price
 from jsonlbatch.errors import UsageError
+from jsonlbatch.pricing.cost import Price
 from jsonlbatch.view.hosts import allowed_hosts
 from jsonlbatch.view.index import LineIndex
 from jsonlbatch.view.live import LiveState, PrometheusExporter

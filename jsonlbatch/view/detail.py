@@ -12,8 +12,8 @@ from typing import Any
 
 import orjson
 
+from jsonlbatch.batch_format.samples import Sample, samples_of
 from jsonlbatch.redact import redact, redact_json
-from jsonlbatch.samples import Sample, samples_of
 from jsonlbatch.view.media import describe_source, part_source
 
 #: Where the page gets the bytes of image part (message, part) of the request shown.

@@ -30,10 +30,10 @@ from typing import Any, BinaryIO
 
 import orjson
 
-from jsonlbatch.cost import Price
+from jsonlbatch.batch_format.records import is_failure
+from jsonlbatch.batch_format.samples import chat_usage, hosted_choices
 from jsonlbatch.exec.send.body_caps import MAX_RESPONSE_BYTES
-from jsonlbatch.records import is_failure
-from jsonlbatch.samples import chat_usage, hosted_choices
+from jsonlbatch.pricing.cost import Price
 
 #: Lines indexed per step before yielding, so a web request never waits behind a long scan.
 STEP_LINES = 5000

@@ -21,11 +21,11 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import aiohttp
 
-from jsonlbatch.cost import Price
 from jsonlbatch.errors import UsageError
 from jsonlbatch.exec.output.events import Answered, Failed, RateLimited, Retried, Sent, Snapshot
 from jsonlbatch.exec.route.server_metrics import ServerCounters, scrape
 from jsonlbatch.extras import load
+from jsonlbatch.pricing.cost import Price
 from jsonlbatch.view.hosts import allowed_hosts
 
 if TYPE_CHECKING:  # the alias only: viewing a file must not load the run loop

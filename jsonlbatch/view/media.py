@@ -16,8 +16,8 @@ import binascii
 from dataclasses import dataclass
 from typing import Any
 
+from jsonlbatch.batch_format.media import IMAGE_TYPES, sniff, split_data_url
 from jsonlbatch.errors import UsageError
-from jsonlbatch.media import IMAGE_TYPES, sniff, split_data_url
 
 #: The most decoded bytes one image answer holds (a provider's own cap on a request is 20-32 MB).
 MAX_IMAGE_BYTES = 32 * 1000 * 1000

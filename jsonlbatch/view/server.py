@@ -26,8 +26,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from jsonlbatch.cost import Price
 from jsonlbatch.errors import JsonlbatchError, UsageError
+from jsonlbatch.pricing.cost import Price
 from jsonlbatch.redact import redact
 from jsonlbatch.report.conversations import conversation_of, turn_of
 from jsonlbatch.view.detail import describe

@@ -14,9 +14,9 @@ from typing import Any, Protocol
 
 import orjson
 
+from jsonlbatch.batch_format.samples import samples_of
 from jsonlbatch.redact import redact
 from jsonlbatch.report.conversations import conversation_of, turn_id, turn_of
-from jsonlbatch.samples import samples_of
 
 MAX_LINES = 200  # the longest conversation listed (turns and asks together)
 _SNIPPET = 120  # characters of a text answer shown

@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 import pytest
 
-from jsonlbatch.contract import check_choice, compile_schema
+from jsonlbatch.answer_contract.contract import check_choice, compile_schema
 from real_vllm.vllmtier import SERVED, read_lines, run_cli, serve_flags
 
 #: Short by construction (an enum and a boolean), so a constrained answer ends well within

@@ -21,13 +21,13 @@ from typing import Any
 
 import orjson
 
+from jsonlbatch.batch_format.records import json_object
 from jsonlbatch.batchapi.client.batch_api import BatchApi, RemoteError, _quoted
 from jsonlbatch.batchapi.client.paging import Pages
 from jsonlbatch.batchapi.client.result_merge import ResultsGuard
 from jsonlbatch.batchapi.client.safe_names import is_plain_id
 from jsonlbatch.batchapi.formats.batch_objects import epoch_of, new_id
-from jsonlbatch.jsonl import iter_lines
-from jsonlbatch.records import json_object
+from jsonlbatch.file_io.jsonl import iter_lines
 from jsonlbatch.redact import register_secret
 
 #: The API version this client speaks (SDK 2.x); older servers also take 2023-06-01.

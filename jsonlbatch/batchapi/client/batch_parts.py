@@ -17,12 +17,12 @@ from typing import IO, Any
 
 import orjson
 
+from jsonlbatch.answer_contract.schema_forms import SCHEMA_KEYS
+from jsonlbatch.batch_format.records import fingerprint
 from jsonlbatch.batchapi.client.providers import Provider, safe_id
 from jsonlbatch.batchapi.client.submit_state import Part
-from jsonlbatch.contract import SCHEMA_KEYS
 from jsonlbatch.errors import InputError, Problem, UsageError
-from jsonlbatch.jsonl import iter_lines, iter_lines_at, read_lines_at
-from jsonlbatch.records import fingerprint
+from jsonlbatch.file_io.jsonl import iter_lines, iter_lines_at, read_lines_at
 
 #: Problems listed before the check stops reading (the first ones say what to fix).
 MAX_PROBLEMS = 50
@@ -159,7 +159,7 @@ def marks_path(part: Part) -> str:
 
 
 def declares(body: Any) -> dict[str, Any]:
-    """The fields of a request body that declare its answer's schema (`contract.SCHEMA_KEYS`,
+    """The fields of a request body that declare its answer's schema (`schema_forms.SCHEMA_KEYS`,
     and the tool a forced tool call names), as `{"declares": {...}}`; {} for a body without:
     what a results line is checked against, without keeping the prompt."""
     if not isinstance(body, dict) or SCHEMA_KEYS.isdisjoint(body):

@@ -20,9 +20,9 @@ from typing import Any
 
 import orjson
 
+from jsonlbatch.batch_format.records import Request, Result
 from jsonlbatch.batchapi.client.result_merge import Merged
 from jsonlbatch.exec.hooks.check_hook import Check, refused, vet
-from jsonlbatch.records import Request, Result
 
 
 class ResultChecks:

@@ -19,13 +19,13 @@ from typing import Any
 
 import orjson
 
+from jsonlbatch.batch_format.records import json_object
 from jsonlbatch.batchapi.client.batch_api import BatchApi, RemoteError
 from jsonlbatch.batchapi.client.paging import Pages
 from jsonlbatch.batchapi.client.result_merge import ResultsGuard
 from jsonlbatch.batchapi.formats.batch_objects import epoch_of, new_id
 from jsonlbatch.batchapi.formats.gemini_format import chat_to_gemini, gemini_to_chat_response
-from jsonlbatch.jsonl import iter_lines, rewrite_atomically
-from jsonlbatch.records import json_object
+from jsonlbatch.file_io.jsonl import iter_lines, rewrite_atomically
 from jsonlbatch.redact import register_secret
 
 _STATES = {

@@ -18,6 +18,7 @@ from typing import Any
 
 import orjson
 
+from jsonlbatch.batch_format.records import is_failure
 from jsonlbatch.batchapi.client.batch_api import BatchProvider
 from jsonlbatch.batchapi.client.batch_parts import marks_path, read_asked, read_marks
 from jsonlbatch.batchapi.client.batch_result_check import ResultChecks
@@ -34,9 +35,8 @@ from jsonlbatch.batchapi.client.submit_state import Part, State
 from jsonlbatch.batchapi.formats.batch_objects import failure_line
 from jsonlbatch.exec.job import Job
 from jsonlbatch.exec.output.events import Answered, EventBus, Failed
-from jsonlbatch.jsonl import AppendWriter
-from jsonlbatch.prices import PriceBook
-from jsonlbatch.records import is_failure
+from jsonlbatch.file_io.jsonl import AppendWriter
+from jsonlbatch.pricing.prices import PriceBook
 
 
 def run_events(job: Job) -> EventBus:

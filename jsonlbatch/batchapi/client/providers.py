@@ -22,13 +22,7 @@ from typing import Any
 
 import aiohttp
 
-from jsonlbatch.batchapi.client.batch_api import BatchApi, BatchProvider
-from jsonlbatch.batchapi.formats.anthropic_format import chat_to_messages
-from jsonlbatch.batchapi.formats.gemini_format import chat_to_gemini
-from jsonlbatch.errors import UsageError
-from jsonlbatch.exec.route.endpoints import Endpoint
-from jsonlbatch.exec.send.retry import Backoff
-from jsonlbatch.records import (
+from jsonlbatch.batch_format.records import (
     CHAT_URL,
     COMPLETIONS_URL,
     EMBEDDINGS_URL,
@@ -36,6 +30,12 @@ from jsonlbatch.records import (
     MODERATIONS_URL,
     RESPONSES_URL,
 )
+from jsonlbatch.batchapi.client.batch_api import BatchApi, BatchProvider
+from jsonlbatch.batchapi.formats.anthropic_format import chat_to_messages
+from jsonlbatch.batchapi.formats.gemini_format import chat_to_gemini
+from jsonlbatch.errors import UsageError
+from jsonlbatch.exec.route.endpoints import Endpoint
+from jsonlbatch.exec.send.retry import Backoff
 
 NAMES = ("openai", "anthropic", "gemini")
 _SAFE_ID = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")

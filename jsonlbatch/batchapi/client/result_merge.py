@@ -23,11 +23,15 @@ from typing import Any
 
 import orjson
 
+from jsonlbatch.batch_format.records import is_failure, json_object
 from jsonlbatch.batchapi.formats.batch_objects import MISSING_CODES
-from jsonlbatch.cost import UNCAPPED_OUTPUT_TOKENS, estimate_prompt_tokens, max_output_tokens
-from jsonlbatch.jsonl import iter_lines
-from jsonlbatch.prices import PriceBook, Tokens, bill, tokens_of
-from jsonlbatch.records import is_failure, json_object
+from jsonlbatch.file_io.jsonl import iter_lines
+from jsonlbatch.pricing.cost import (
+    UNCAPPED_OUTPUT_TOKENS,
+    estimate_prompt_tokens,
+    max_output_tokens,
+)
+from jsonlbatch.pricing.prices import PriceBook, Tokens, bill, tokens_of
 from jsonlbatch.redact import redact, redact_line
 
 #: The longest results line read (a longer one is unreadable: memory stays bounded whatever a

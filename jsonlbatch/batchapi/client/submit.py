@@ -15,9 +15,9 @@ from jsonlbatch.batchapi.client.providers import PROVIDERS
 from jsonlbatch.batchapi.client.submit_options import BatchOptions, SubmitSummary
 from jsonlbatch.batchapi.client.submitter import Submitter
 from jsonlbatch.batchapi.formats.batch_objects import DEFAULT_POLL_S, DEFAULT_WINDOW
-from jsonlbatch.cost import Price
 from jsonlbatch.exec.exec_options import ExecOptions
 from jsonlbatch.exec.front_door import RunSpec, start
+from jsonlbatch.pricing.cost import Price
 
 __all__ = ["BatchOptions", "SubmitOptions", "SubmitSummary", "Submitter", "submit"]
 

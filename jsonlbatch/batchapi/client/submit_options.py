@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from jsonlbatch.batchapi.formats.batch_objects import DEFAULT_POLL_S, DEFAULT_WINDOW
-from jsonlbatch.cost import Price
 from jsonlbatch.errors import UsageError
 from jsonlbatch.exec.output.run_outcome import Results
+from jsonlbatch.pricing.cost import Price
 
 
 @dataclass(frozen=True)

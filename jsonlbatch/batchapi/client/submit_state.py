@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 
 from jsonlbatch.errors import OutputError
-from jsonlbatch.jsonl import rewrite_atomically
+from jsonlbatch.file_io.jsonl import rewrite_atomically
 
 VERSION = 1
 

@@ -49,8 +49,8 @@ from jsonlbatch.exec.job import Job
 from jsonlbatch.exec.prepare.input_scan import InputScan, OutputScan, line_custom_id
 from jsonlbatch.exec.route.endpoints import parse_endpoint
 from jsonlbatch.exec.send.retry import Backoff
-from jsonlbatch.jsonl import repair_tail
-from jsonlbatch.prices import PriceBook
+from jsonlbatch.file_io.jsonl import repair_tail
+from jsonlbatch.pricing.prices import PriceBook
 
 
 class Submitter:

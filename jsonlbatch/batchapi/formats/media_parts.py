@@ -17,7 +17,7 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
-from jsonlbatch.media import base64_problem
+from jsonlbatch.batch_format.media import base64_problem
 
 Problems = list[tuple[str, str]]
 

@@ -19,11 +19,11 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from jsonlbatch.batch_format.records import MESSAGES_URL, json_object
 from jsonlbatch.batchapi.formats.batch_objects import TERMINAL, new_id, now, rfc3339
 from jsonlbatch.batchapi.server.batch_intake import ProviderFront, request_line
 from jsonlbatch.batchapi.server.json_api import ApiError, json_body, json_response, origin
-from jsonlbatch.jsonl import iter_lines
-from jsonlbatch.records import MESSAGES_URL, json_object
+from jsonlbatch.file_io.jsonl import iter_lines
 
 #: Anthropic's limits per batch and on custom_ids.
 MAX_REQUESTS = 100_000

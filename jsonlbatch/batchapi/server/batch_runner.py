@@ -22,14 +22,14 @@ from typing import Any
 
 import orjson
 
+from jsonlbatch.batch_format.records import is_failure
 from jsonlbatch.batchapi.formats.batch_objects import MISSING_CODES, failure_line, now
 from jsonlbatch.batchapi.server.batch_store import Store
 from jsonlbatch.errors import InputError, JsonlbatchError, ServerError, ServerUnavailableError
 from jsonlbatch.exec.exec_options import ExecOptions
 from jsonlbatch.exec.front_door import RunSpec, Urls, astart
 from jsonlbatch.exec.prepare.input_scan import scan_input
-from jsonlbatch.jsonl import iter_lines
-from jsonlbatch.records import is_failure
+from jsonlbatch.file_io.jsonl import iter_lines
 
 log = logging.getLogger("jsonlbatch.batchapi")
 

@@ -24,6 +24,7 @@ import orjson
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
+from jsonlbatch.batch_format.records import KNOWN_URLS
 from jsonlbatch.batchapi.formats.batch_objects import new_id, now, window_seconds
 from jsonlbatch.batchapi.server.anthropic_routes import AnthropicBatches
 from jsonlbatch.batchapi.server.batch_intake import new_batch, queued_requests
@@ -33,7 +34,6 @@ from jsonlbatch.batchapi.server.gemini_routes import GeminiBatches, is_gemini
 from jsonlbatch.batchapi.server.json_api import ApiError, json_response
 from jsonlbatch.errors import UsageError
 from jsonlbatch.exec.route.endpoints import parse_endpoint
-from jsonlbatch.records import KNOWN_URLS
 from jsonlbatch.redact import redact
 
 _FILE_PURPOSES = ("batch", "batch_output", "assistants", "fine-tune", "vision", "user_data")

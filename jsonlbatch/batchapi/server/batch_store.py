@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 
 from jsonlbatch.errors import OutputError
-from jsonlbatch.jsonl import OutputLock
+from jsonlbatch.file_io.output_guard import OutputLock
 
 #: Seconds a change waits for another process's lock on the database (a backup, a `sqlite3`
 #: shell in a transaction) before it gives up: SQLite's own default of 5 s made the runner die.

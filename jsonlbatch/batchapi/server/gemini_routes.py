@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from jsonlbatch.batch_format.records import CHAT_URL, json_object
 from jsonlbatch.batchapi.formats.batch_objects import TERMINAL, new_id, now, rfc3339
 from jsonlbatch.batchapi.formats.gemini_format import (
     chat_to_gemini_response,
@@ -25,8 +26,7 @@ from jsonlbatch.batchapi.formats.gemini_format import (
 )
 from jsonlbatch.batchapi.server.batch_intake import ProviderFront, request_line, store_file
 from jsonlbatch.batchapi.server.json_api import ApiError, json_body, json_response, origin
-from jsonlbatch.jsonl import iter_lines
-from jsonlbatch.records import CHAT_URL, json_object
+from jsonlbatch.file_io.jsonl import iter_lines
 
 DEFAULT_EXPIRY = 48 * 3600.0
 VERSIONS = "v1|v1beta"

@@ -20,14 +20,14 @@ from typing import Any
 
 import orjson
 
+from jsonlbatch.batch_format.idset import IdSet
+from jsonlbatch.batch_format.records import Request, Result
 from jsonlbatch.cache.draws import Draws, count_draws
 from jsonlbatch.cache.keys import body_digest, key_scope, one_draw
 from jsonlbatch.cache.pack import Entry, key64
 from jsonlbatch.cache.store import Cache, CacheCounts
-from jsonlbatch.cost import Price
 from jsonlbatch.exec.hooks.store_hook import StoreBase
-from jsonlbatch.idset import IdSet
-from jsonlbatch.records import Request, Result
+from jsonlbatch.pricing.cost import Price
 from jsonlbatch.redact import redact_line
 from jsonlbatch.stats import plural
 

@@ -1,6 +1,6 @@
 """The on-answer check: a caller's rule that sees each usable answer and may refuse it or ask again.
 
-The executor decides what a *usable* answer is (`answers.py`: the endpoint's shape); a check
+The executor decides what a *usable* answer is (`batch_format/answers.py`: the endpoint's shape); a check
 decides whether it is a *good* one for this caller (an answer contract, a JSON schema). It is
 called once per usable answer, with the request as sent, and returns a verdict:
 
@@ -35,9 +35,9 @@ from typing import Any, Protocol, runtime_checkable
 
 import orjson
 
-from jsonlbatch.answers import unusable_reason
+from jsonlbatch.batch_format.answers import unusable_reason
+from jsonlbatch.batch_format.records import Request, Result
 from jsonlbatch.errors import UsageError
-from jsonlbatch.records import Request, Result
 from jsonlbatch.redact import redact
 
 
@@ -216,7 +216,7 @@ def vet(check: Check | None, request: Request, result: Result, raw: bytes | None
     `request`; else why not, as the `Reject` its failure line would say.
 
     It takes the steps a fresh answer takes after it is read: the endpoint's shape (a usable
-    answer, `answers.py`: a cache folder or a provider's results file is hostile input too),
+    answer, `batch_format/answers.py`: a cache folder or a provider's results file is hostile input too),
     then the check, as a first answer. An accepted answer keeps what the check wrote into its
     metrics (the contract's verdict); a refused one is sent instead where it can be (the check
     plans no re-ask on it), else written as the failure."""

@@ -5,7 +5,7 @@ asked again when it breaks it; and `max_tokens` fitted to the context when a ser
 the caller's:
 
 - an answer whose every choice holds the schema is accepted, and the line's `metrics` gain the
-  contract record (`contract.py`): the verdict, message and value read per choice, the asks, the
+  contract record (`answer_contract/contract.py`): the verdict, message and value read per choice, the asks, the
   schema;
 - one that breaks it is asked again (`AskAgain`) while `reask` asks are left: a fresh sample (a
   new seed, derived from the id and the ask) or, with `feedback`, a follow-up turn quoting the
@@ -32,7 +32,15 @@ from typing import Any
 
 import orjson
 
-from jsonlbatch.contract import declared_schema
+from jsonlbatch.answer_contract.schema_forms import declared_schema
+from jsonlbatch.batch_format.idset import IdSet
+from jsonlbatch.batch_format.records import (
+    CHAT_URL,
+    COMPLETIONS_URL,
+    MESSAGES_URL,
+    RESPONSES_URL,
+    Request,
+)
 from jsonlbatch.exec.hooks.check_hook import (
     ACCEPT,
     AnswerToCheck,
@@ -42,9 +50,7 @@ from jsonlbatch.exec.hooks.check_hook import (
     Reject,
 )
 from jsonlbatch.exec.hooks.tool_contract import broken_turn, check_answer_choices, tool_feedback
-from jsonlbatch.idset import IdSet
-from jsonlbatch.jsonl import AppendWriter, iter_lines, rewrite_atomically
-from jsonlbatch.records import CHAT_URL, COMPLETIONS_URL, MESSAGES_URL, RESPONSES_URL, Request
+from jsonlbatch.file_io.jsonl import AppendWriter, iter_lines, rewrite_atomically
 from jsonlbatch.redact import redact_line
 
 #: What a follow-up turn says (`--reask-feedback`); {error} is the validator's message.

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Protocol
 
-from jsonlbatch.records import Request, Result
+from jsonlbatch.batch_format.records import Request, Result
 
 if TYPE_CHECKING:
     from jsonlbatch.exec.prepare.input_scan import InputScan, OutputScan

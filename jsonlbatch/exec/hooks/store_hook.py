@@ -39,9 +39,9 @@ from typing import Any, Protocol, runtime_checkable
 
 import orjson
 
+from jsonlbatch.batch_format.records import Request, Result, fingerprint
 from jsonlbatch.exec.hooks.check_hook import Check, vet
-from jsonlbatch.jsonl import iter_lines, read_lines_at
-from jsonlbatch.records import Request, Result, fingerprint
+from jsonlbatch.file_io.jsonl import iter_lines, read_lines_at
 
 
 class SimpleStore(Protocol):

@@ -41,8 +41,8 @@ from typing import Any
 
 import orjson
 
+from jsonlbatch.batch_format.records import CHAT_URL
 from jsonlbatch.exec.hooks.check_hook import ACCEPT, AnswerToCheck, Check, CheckVerdict
-from jsonlbatch.records import CHAT_URL
 
 #: The formats `--parse-tool-calls` reads.
 PARSERS = ("hermes",)

@@ -24,19 +24,18 @@ from typing import Any
 
 import orjson
 
-from jsonlbatch.bounded_check import deadline
-from jsonlbatch.contract import (
+from jsonlbatch.answer_contract.bounded_check import deadline
+from jsonlbatch.answer_contract.contract import (
     ChoiceVerdict,
     Contract,
-    Declared,
     SchemaError,
     answer_texts,
     check_choice,
     check_choices,
     compile_schema,
-    declared_schema,
 )
-from jsonlbatch.records import CHAT_URL
+from jsonlbatch.answer_contract.schema_forms import Declared, declared_schema
+from jsonlbatch.batch_format.records import CHAT_URL
 
 #: What the tool message of a feedback re-ask says; {error} is the validator's message.
 TOOL_FEEDBACK = (

@@ -15,13 +15,14 @@ from collections.abc import Callable
 
 import orjson
 
+from jsonlbatch.batch_format.records import Result
 from jsonlbatch.errors import OutputError
 from jsonlbatch.exec.hooks.store_hook import EarlyAnswers
 from jsonlbatch.exec.output.events import Answered, EventBus, Failed
 from jsonlbatch.exec.output.run_summary import RunSummary
 from jsonlbatch.exec.prepare.input_scan import InputScan, OutputScan, line_custom_id
-from jsonlbatch.jsonl import AppendWriter, OutputLock, filter_lines, repair_tail, rewrite_atomically
-from jsonlbatch.records import Result
+from jsonlbatch.file_io.jsonl import AppendWriter, filter_lines, repair_tail, rewrite_atomically
+from jsonlbatch.file_io.output_guard import OutputLock
 
 FSYNC_EVERY = 5.0  # seconds: durability against power loss without an fsync per line
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import orjson
 
+from jsonlbatch.batch_format.samples import Sample, samples_of
 from jsonlbatch.errors import InputError, OutputError
 from jsonlbatch.exec.output.result_display import (
     CELL_CHARS,
@@ -33,8 +34,7 @@ from jsonlbatch.exec.output.result_display import (
     cut,
     table,
 )
-from jsonlbatch.jsonl import BOM, iter_lines_at, read_lines_at, refuse_non_jsonl
-from jsonlbatch.samples import Sample, samples_of
+from jsonlbatch.file_io.jsonl import BOM, iter_lines_at, read_lines_at, refuse_non_jsonl
 from jsonlbatch.stats import plural
 
 

@@ -6,9 +6,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from jsonlbatch.batch_format.records import Result
 from jsonlbatch.exec.output.result_display import table
 from jsonlbatch.exec.route.server_metrics import ServerStats
-from jsonlbatch.records import Result
 from jsonlbatch.stats import plural
 
 if TYPE_CHECKING:

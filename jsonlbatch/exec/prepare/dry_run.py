@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from jsonlbatch.cost import (
+from jsonlbatch.exec.job import Job
+from jsonlbatch.file_io.jsonl import read_lines_at
+from jsonlbatch.pricing.cost import (
     UNCAPPED_OUTPUT_TOKENS,
     Price,
     estimate_prompt,
@@ -22,8 +24,6 @@ from jsonlbatch.cost import (
     tiktoken_counter,
     tiktoken_unavailable,
 )
-from jsonlbatch.exec.job import Job
-from jsonlbatch.jsonl import read_lines_at
 
 
 @dataclass

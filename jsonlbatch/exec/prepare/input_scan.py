@@ -18,7 +18,9 @@ from zlib import crc32
 
 import orjson
 
-from jsonlbatch.contract import SCHEMA_KEYS, check_declared
+from jsonlbatch.answer_contract.schema_forms import SCHEMA_KEYS, check_declared
+from jsonlbatch.batch_format.idset import IdSet, id_key
+from jsonlbatch.batch_format.records import check_request, request_crc, request_head_ok
 from jsonlbatch.errors import MAX_PROBLEMS, InputError, Problem, problems_text
 from jsonlbatch.exec.hooks.tool_contract import check_tool_schemas
 
@@ -35,9 +37,7 @@ from jsonlbatch.exec.prepare.resume_scan import (  # the output pass: callers as
     scan_output,
 )
 from jsonlbatch.exec.prepare.wrong_file_hints import hint
-from jsonlbatch.idset import IdSet, id_key
-from jsonlbatch.jsonl import iter_lines_at
-from jsonlbatch.records import check_request, request_crc, request_head_ok
+from jsonlbatch.file_io.jsonl import iter_lines_at
 
 __all__ = [
     "CHANGED_POLICIES",

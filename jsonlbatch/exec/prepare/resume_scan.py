@@ -19,10 +19,10 @@ from itertools import repeat
 
 import orjson
 
+from jsonlbatch.batch_format.idset import IdSet, id_key
+from jsonlbatch.batch_format.records import check_response, is_failure
 from jsonlbatch.errors import MAX_PROBLEMS, OutputError, Problem, count_problems, problems_text
-from jsonlbatch.idset import IdSet, id_key
-from jsonlbatch.jsonl import BOM, iter_lines
-from jsonlbatch.records import check_response, is_failure
+from jsonlbatch.file_io.jsonl import BOM, iter_lines
 
 
 @dataclass

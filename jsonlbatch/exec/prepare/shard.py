@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 
 import orjson
 
+from jsonlbatch.batch_format.records import check_response, is_failure
+from jsonlbatch.batch_format.samples import split_id
 from jsonlbatch.errors import InputError, Problem, UsageError
-from jsonlbatch.jsonl import OutputLock, check_output, iter_lines, rewrite_atomically, same_file
-from jsonlbatch.records import check_response, is_failure
-from jsonlbatch.samples import split_id
+from jsonlbatch.file_io.jsonl import iter_lines, rewrite_atomically
+from jsonlbatch.file_io.output_guard import OutputLock, check_output, same_file
 
 _SHOWN_PER_KIND = 5
 

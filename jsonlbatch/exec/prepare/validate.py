@@ -7,12 +7,12 @@ from dataclasses import dataclass, field
 
 import orjson
 
+from jsonlbatch.batch_format.idset import IdSet
+from jsonlbatch.batch_format.records import check_response
 from jsonlbatch.errors import MAX_PROBLEMS, InputError, Problem, UsageError
 from jsonlbatch.exec.prepare.file_refs import FileRefs
 from jsonlbatch.exec.prepare.input_scan import find_duplicates, scan_input
-from jsonlbatch.idset import IdSet
-from jsonlbatch.jsonl import is_regular, iter_lines, spool
-from jsonlbatch.records import check_response
+from jsonlbatch.file_io.jsonl import is_regular, iter_lines, spool
 
 
 @dataclass

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import orjson
 
 from jsonlbatch.errors import InputError, Problem
-from jsonlbatch.filecheck import read_json
-from jsonlbatch.jsonl import rewrite_atomically
+from jsonlbatch.file_io.filecheck import read_json
+from jsonlbatch.file_io.jsonl import rewrite_atomically
 
 
 @dataclass

@@ -22,13 +22,13 @@ from collections.abc import Callable, Mapping, Sequence
 import aiohttp
 import orjson
 
+from jsonlbatch.batch_format.records import Request, Result
 from jsonlbatch.errors import JsonlbatchError, ModelNotServedError, UsageError
 from jsonlbatch.exec.route.endpoint_pool import EndpointPool
 from jsonlbatch.exec.route.endpoints import auth_headers, parse_endpoint
 from jsonlbatch.exec.route.endpoints_file import ModelEndpoints
 from jsonlbatch.exec.route.model_pools import ModelPools, PoolSpec
-from jsonlbatch.jsonl import read_lines_at
-from jsonlbatch.records import Request, Result
+from jsonlbatch.file_io.jsonl import read_lines_at
 from jsonlbatch.redact import redact
 
 

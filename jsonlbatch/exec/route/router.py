@@ -27,7 +27,7 @@ from typing import Any, Protocol
 import orjson
 
 from jsonlbatch.errors import UsageError
-from jsonlbatch.jsonl import read_lines_at
+from jsonlbatch.file_io.jsonl import read_lines_at
 
 POLICIES = ("prefix", "least-busy", "round-robin")
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import aiohttp
 import orjson
 
-from jsonlbatch.jsonl import rewrite_atomically
+from jsonlbatch.file_io.jsonl import rewrite_atomically
 from jsonlbatch.redact import redact_line
 
 if TYPE_CHECKING:

@@ -16,13 +16,18 @@ from typing import Any
 
 import orjson
 
-from jsonlbatch.cost import UNCAPPED_OUTPUT_TOKENS, Price, estimate_prompt_tokens, max_output_tokens
+from jsonlbatch.batch_format.records import Request, Result
 from jsonlbatch.exec.output.run_summary import RunSummary
 from jsonlbatch.exec.send.pacing import Pacing
 from jsonlbatch.exec.send.rate_limits import RateLimiter
 from jsonlbatch.exec.send.token_bucket import Cost
-from jsonlbatch.jsonl import iter_lines
-from jsonlbatch.records import Request, Result
+from jsonlbatch.file_io.jsonl import iter_lines
+from jsonlbatch.pricing.cost import (
+    UNCAPPED_OUTPUT_TOKENS,
+    Price,
+    estimate_prompt_tokens,
+    max_output_tokens,
+)
 
 _UNIT = Cost()  # the cost of a request when no token count is needed
 

@@ -23,11 +23,11 @@ from typing import Any, BinaryIO
 import aiohttp
 import orjson
 
+from jsonlbatch.batch_format.records import Request, Result
 from jsonlbatch.errors import OutputError
 from jsonlbatch.exec.prepare.file_refs import HASHED, SCHEME, FileRefs, file_slots
 from jsonlbatch.exec.route.endpoints import Endpoint, describe_exception
-from jsonlbatch.jsonl import rewrite_atomically
-from jsonlbatch.records import Request, Result
+from jsonlbatch.file_io.jsonl import rewrite_atomically
 
 #: What the uploads are for (OpenAI: `user_data` serves code interpreter and `input_file`).
 PURPOSE = "user_data"

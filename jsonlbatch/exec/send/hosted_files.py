@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from jsonlbatch.batch_format.records import RESPONSES_URL, Request, Result
 from jsonlbatch.exec.hooks.check_hook import AnswerToCheck, AskAgain, Reject
 from jsonlbatch.exec.route.endpoint_pool import EndpointPool
 from jsonlbatch.exec.route.endpoints import Endpoint
 from jsonlbatch.exec.send.file_collect import Collector, FilesFailed, no_files_verdict
 from jsonlbatch.exec.send.file_uploads import UploadFailed, Uploads, upload_failure
-from jsonlbatch.records import RESPONSES_URL, Request, Result
 
 
 @dataclass

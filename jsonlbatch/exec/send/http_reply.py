@@ -11,10 +11,10 @@ from typing import Any
 
 import orjson
 
-from jsonlbatch.answers import unusable_reason, usage_metrics
+from jsonlbatch.batch_format.answers import unusable_reason, usage_metrics
+from jsonlbatch.batch_format.records import Request, Result
 from jsonlbatch.exec.send.retry import Verdict, classify
-from jsonlbatch.jsonl import BOM
-from jsonlbatch.records import Request, Result
+from jsonlbatch.file_io.jsonl import BOM
 from jsonlbatch.redact import redact
 
 
@@ -24,7 +24,7 @@ def http_result(
     """Turn a response into a Result and decide what it means for the request.
 
     A 2xx line always has `error` null (resume relies on it): a 2xx whose body is no usable
-    answer for its endpoint (`answers.py` says what is), such as `{}` or a gateway's
+    answer for its endpoint (`batch_format/answers.py` says what is), such as `{}` or a gateway's
     `{"error": ...}` sent with 200, is retried, and if it is the last word it is recorded as
     `invalid_response` with no response. A usable body is kept as the server's exact bytes.
     """

@@ -25,6 +25,7 @@ from typing import Any
 
 import aiohttp
 
+from jsonlbatch.batch_format.records import Request, Result
 from jsonlbatch.errors import AuthenticationError
 from jsonlbatch.exec.exec_options import ExecOptions
 from jsonlbatch.exec.hooks.check_hook import (
@@ -49,7 +50,6 @@ from jsonlbatch.exec.send.priority import Payloads
 from jsonlbatch.exec.send.retry import Backoff, batch_cap
 from jsonlbatch.exec.send.streaming import STREAM_URLS, stream_body
 from jsonlbatch.exec.send.transport import Assessed, Broken, Health, Next, Transport, assess
-from jsonlbatch.records import Request, Result
 
 
 class Stop(Exception):

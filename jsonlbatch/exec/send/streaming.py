@@ -23,10 +23,10 @@ from typing import Any
 
 import orjson
 
-from jsonlbatch.answers import usage_metrics
+from jsonlbatch.batch_format.answers import usage_metrics
+from jsonlbatch.batch_format.records import CHAT_URL, COMPLETIONS_URL, MESSAGES_URL, RESPONSES_URL
 from jsonlbatch.errors import JsonlbatchError
 from jsonlbatch.exec.send.stream_choices import ChoiceDeltas
-from jsonlbatch.records import CHAT_URL, COMPLETIONS_URL, MESSAGES_URL, RESPONSES_URL
 from jsonlbatch.redact import redact
 from jsonlbatch.stats import percentile
 

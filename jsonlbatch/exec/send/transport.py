@@ -19,14 +19,14 @@ from typing import Any
 
 import aiohttp
 
-from jsonlbatch.answers import unusable_reason
+from jsonlbatch.batch_format.answers import unusable_reason
+from jsonlbatch.batch_format.records import COMPLETIONS_URL, Request, Result
 from jsonlbatch.exec.hooks.check_hook import AnswerToCheck
 from jsonlbatch.exec.route.endpoints import Endpoint, describe_exception
 from jsonlbatch.exec.send.body_caps import TOO_LARGE, read_answer, read_body
 from jsonlbatch.exec.send.http_reply import http_result
 from jsonlbatch.exec.send.retry import Verdict, retry_after_of
 from jsonlbatch.exec.send.streaming import StreamError, StreamReader
-from jsonlbatch.records import COMPLETIONS_URL, Request, Result
 from jsonlbatch.redact import redact
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from jsonlbatch.records import (
+from jsonlbatch.batch_format.records import (
     MESSAGES_URL,
     MODERATIONS_URL,
     RESPONSES_URL,

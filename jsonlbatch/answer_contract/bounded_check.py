@@ -1,4 +1,4 @@
-"""Checking one answer against its schema within a time limit (`schema_bounds.py` bounds the
+"""Checking one answer against its schema within a time limit (`answer_contract/schema_bounds.py` bounds the
 schema itself, once).
 
 jsonschema is pure Python, and a schema can make it slow without end (`$ref`s that fan out,

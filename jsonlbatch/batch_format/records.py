@@ -23,8 +23,8 @@ from typing import Any
 
 import orjson
 
+from jsonlbatch.batch_format.media import part_problem
 from jsonlbatch.errors import InputError, Problem
-from jsonlbatch.media import part_problem
 from jsonlbatch.redact import redact_line
 
 CHAT_URL = "/v1/chat/completions"

@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from jsonlbatch.records import (
+from jsonlbatch.batch_format.records import (
     CHAT_URL,
     COMPLETIONS_URL,
     EMBEDDINGS_URL,

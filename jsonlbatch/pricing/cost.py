@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from jsonlbatch.batch_format.media import Base64Bytes, image_size, image_source, media_parts
 from jsonlbatch.errors import UsageError
-from jsonlbatch.media import Base64Bytes, image_size, image_source, media_parts
 
 #: Output tokens assumed for a request that sets no cap on them, when a cap is needed (the
 #: `--max-cost` reservation); the real usage replaces it when the answer arrives.

@@ -25,8 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from jsonlbatch.cost import Price
 from jsonlbatch.errors import UsageError
+from jsonlbatch.pricing.cost import Price
 
 #: When the table below was gathered (USD per million tokens; batch = share of the live price).
 PRICES_DATE = "2026-11-25"
@@ -162,7 +162,7 @@ class PriceBook:
 def load_price_file(path: str | os.PathLike[str]) -> dict[str, Price]:
     """A user's prices: `{"model": {"in": 1.0, "out": 5.0, "cached": 0.1, "write": 1.25,
     "batch": 0.5}}` as JSON or YAML."""
-    from jsonlbatch.filecheck import FileChecker
+    from jsonlbatch.file_io.filecheck import FileChecker
 
     data = FileChecker(os.fspath(path)).load("price file")
     if not isinstance(data, Mapping):

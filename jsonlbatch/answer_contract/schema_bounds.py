@@ -18,7 +18,7 @@ where and which limit before anything is sent:
 - `unevaluatedProperties` not with `patternProperties` (jsonschema would run those patterns with
   Python's own engine, which cannot be stopped).
 
-Checking one answer is bounded too (`bounded_check.py`): a check that cannot finish within
+Checking one answer is bounded too (`answer_contract/bounded_check.py`): a check that cannot finish within
 `seconds` is that answer's failure, never a hang.
 
 The limits are `LIMITS`, raised with one environment variable,
@@ -33,7 +33,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 from urllib.parse import unquote
 
-from jsonlbatch.bounded_check import compiled
+from jsonlbatch.answer_contract.bounded_check import compiled
 from jsonlbatch.errors import UsageError
 
 #: The environment variable that raises (or lowers) the limits.
