@@ -301,3 +301,33 @@ def test_the_resume_note_counts_finished_conversations(tmp_path, monkeypatch, ca
     err = capsys.readouterr().err
     assert f"resuming: 2 of 3 conversations already finished in {out}" in err, err
     assert "requests already have a result" not in err
+
+
+def test_a_finished_rollout_says_nothing_to_send_in_conversations(tmp_path, monkeypatch, capsys):
+    """It said "nothing to send: all 3 requests have a result": a rollout counts conversations
+    finished in the conversations file, as its resume note does."""
+    monkeypatch.setenv("ROLLOUT_TEST_LOG", str(tmp_path / "ran.log"))
+    requests = write_requests(tmp_path / "req.jsonl", 3, tools=TOOLS[:1])
+    tools = write_tools(tmp_path, TOOLS_PY)
+    out = tmp_path / "conv.jsonl"
+    with BackgroundMock(MockConfig(tool_rate=0.0)) as mock:
+        jsonlbatch.rollout(requests, out, tools=tools, urls=[mock.url], quiet=True)
+        sent = _requests_at(mock)
+        capsys.readouterr()
+        jsonlbatch.rollout(requests, out, tools=tools, urls=[mock.url], quiet=False)
+        assert _requests_at(mock) == sent
+    err = capsys.readouterr().err
+    assert f"nothing to send: all 3 conversations already finished in {out}" in err, err
+    assert "requests have a result" not in err
+
+
+def test_the_progress_bar_is_labelled_rollout(tmp_path, monkeypatch, capsys):
+    """The bar of a rollout said "exec:", the command the user did not run."""
+    monkeypatch.setenv("ROLLOUT_TEST_LOG", str(tmp_path / "ran.log"))
+    requests = write_requests(tmp_path / "req.jsonl", 3, tools=TOOLS[:1])
+    tools = write_tools(tmp_path, TOOLS_PY)
+    with BackgroundMock(MockConfig(tool_rate=0.0)) as mock:
+        jsonlbatch.rollout(requests, tmp_path / "conv.jsonl", tools=tools, urls=[mock.url])
+    err = capsys.readouterr().err
+    assert "rollout:" in err, err
+    assert "exec:" not in err

@@ -39,6 +39,7 @@ from jsonlbatch.exec.output.run_summary import RunSummary
 from jsonlbatch.exec.prepare.file_refs import FileRefs
 from jsonlbatch.exec.prepare.input_scan import InputScan, OutputScan, scan_input, scan_output
 from jsonlbatch.exec.route.endpoints import parse_endpoint
+from jsonlbatch.exec.route.router import window_group
 from jsonlbatch.exec.run_loop import Run
 from jsonlbatch.exec.run_setup import Prepared
 from jsonlbatch.exec.send.file_collect import open_files_dir
@@ -180,6 +181,7 @@ class Job:
                 select=select,
                 answer=self.early,
                 refs=self.file_refs,
+                group=window_group(opts.route_options()),  # the look-ahead window's, per line
             )
             if self.early is not None:
                 self.early.settle(self.input, self.source)

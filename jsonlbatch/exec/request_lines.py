@@ -21,7 +21,7 @@ from jsonlbatch.errors import InputError
 from jsonlbatch.exec.exec_options import ExecOptions
 from jsonlbatch.exec.hooks.request_source import RequestSource
 from jsonlbatch.exec.prepare.file_refs import FileRefs, has_refs
-from jsonlbatch.exec.prepare.input_scan import InputScan, stat_input
+from jsonlbatch.exec.prepare.input_scan import InputScan, groups_of, stat_input
 from jsonlbatch.exec.route.model_pools import ModelPools
 from jsonlbatch.exec.route.model_routing import split_pending
 from jsonlbatch.exec.route.router import ordered_lines
@@ -52,7 +52,8 @@ class RequestLines:
         obj = orjson.loads(raw)
         url, body = obj["url"], obj["body"]
         refs = self.file_refs
-        if refs is not None and has_refs(raw) and not refs.resolve(body):
+        # searched only when the scan found a line naming a file (most files name none)
+        if refs is not None and self.scan.ref_lines and has_refs(raw) and not refs.resolve(body):
             raw = orjson.dumps(obj)  # its files by content (`file://sha256:`), not by path
         mark = fingerprint(raw, url, body)  # of the request as the file asks it
         if self.model_override is not None:
@@ -73,7 +74,7 @@ class RequestLines:
         """Each line at `offsets` onto `queue`, then one end mark per worker."""
         self.check_unchanged()
         route = self.opts.route_options()
-        for raw in ordered_lines(self.path, offsets, route):
+        for raw in ordered_lines(self.path, offsets, route, groups_of(self.scan, offsets)):
             await queue.put(self.request(raw))
             if self.stopping.is_set():
                 break
@@ -90,7 +91,8 @@ class RequestLines:
         """`read` for a run whose requests come from `source`: the file's pending lines are
         its input; what it yields goes onto the same queue, as it becomes ready."""
         self.check_unchanged()
-        lines = ordered_lines(self.path, pending, self.opts.route_options())
+        groups = groups_of(self.scan, pending)
+        lines = ordered_lines(self.path, pending, self.opts.route_options(), groups)
         async for request in source.requests(lines, self.request):
             await queue.put(request)
             if self.stopping.is_set():

@@ -88,7 +88,8 @@ class Run:
         #: Where the requests come from when not from the file's lines (a rollout).
         self.source = seams.source
         total = len(self.scan.pending) + self.scan.answered if self.source is None else None
-        self.progress = Progress(total, quiet=opts.quiet)
+        label = "exec" if self.source is None else "rollout"  # the only source today
+        self.progress = Progress(total, quiet=opts.quiet, label=label)
         if not opts.quiet:
             self.progress.listen(self.bus, streams=opts.stream)
         for callback, types in seams.subscribers:
@@ -144,9 +145,8 @@ class Run:
             self.contract.close(complete=True)
             self._close_store()
             answered = f", {self.scan.answered} of them now" if self.scan.answered else ""
-            self.progress.note(
-                f"nothing to send: all {self.scan.total} requests have a result{answered}"
-            )
+            done = self.scan.done_words or "requests have a result"
+            self.progress.note(f"nothing to send: all {self.scan.total} {done}{answered}")
             self.summary.wall_s = time.monotonic() - started
             self._snapshot(final=True)  # listeners (metrics, the live page) see the counts
             return self.summary

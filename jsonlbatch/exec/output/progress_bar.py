@@ -23,8 +23,9 @@ _TTFT_WINDOW = 1000  # the running TTFT median is over this many latest streamed
 
 
 class Progress:
-    def __init__(self, total: int | None, *, quiet: bool = False) -> None:
+    def __init__(self, total: int | None, *, quiet: bool = False, label: str = "exec") -> None:
         self.total = total
+        self.label = label  # the bar's name: the command the user ran (exec, rollout)
         self.quiet = quiet
         self.bar: tqdm | None = None
         self._shown = 0
@@ -70,7 +71,7 @@ class Progress:
         self.bar = tqdm(
             total=self.total,
             unit="req",
-            desc="exec",
+            desc=self.label,
             file=sys.stderr,
             dynamic_ncols=True,
             mininterval=0.5,

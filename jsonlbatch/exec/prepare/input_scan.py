@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import os
 from array import array
+from bisect import bisect_left
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from zlib import crc32
@@ -41,11 +42,13 @@ from jsonlbatch.file_io.jsonl import iter_lines_at
 
 __all__ = [
     "CHANGED_POLICIES",
+    "NO_GROUP",
     "InputScan",
     "OutputScan",
     "check_output_file",
     "edited",
     "find_duplicates",
+    "groups_of",
     "line_custom_id",
     "scan_input",
     "scan_output",
@@ -78,8 +81,38 @@ class InputScan:
     changed_ids: list[str] = field(default_factory=list)  # the first few of them
     unfingerprinted: int = 0  # done requests whose result predates fingerprints
     foreign: int = 0  # ids in the output with no request in the input (without a shard)
+    #: Each pending line's look-ahead group (`router.prefix_group`, `NO_GROUP` for none), beside
+    #: `grouped`, the offsets they were taken for: the window need not read and parse the lines
+    #: again (8 bytes a pending line). Empty when the scan was not asked for groups.
+    groups: array = field(default_factory=lambda: array("q"))
+    grouped: array | None = field(default=None, repr=False)
+    #: Lines that name a `file://` file (`file_refs.has_refs`): none, and a line to send need
+    #: not be searched again.
+    ref_lines: int = 0
     size: int = 0  # the file's size and mtime when scanned: the sender checks them again
     mtime_ns: int = 0
+
+
+#: A pending line with no look-ahead group: -1 is no `hash()` value (CPython never returns it).
+NO_GROUP = -1
+
+
+def groups_of(scan: InputScan, offsets: Sequence[int]) -> Sequence[int] | None:
+    """The look-ahead groups the scan noted for `offsets` (its pending lines, or some of them:
+    a pool's, those a store left), in their order; None when it noted none for one of them
+    (the window then reads the lines for their groups)."""
+    grouped, groups = scan.grouped, scan.groups
+    if grouped is None:
+        return None
+    if offsets is grouped:
+        return groups
+    found = array("q")
+    for offset in offsets:
+        at = bisect_left(grouped, offset)  # the scan's offsets ascend: file order
+        if at == len(grouped) or grouped[at] != offset:
+            return None
+        found.append(groups[at])
+    return found
 
 
 def scan_input(
@@ -93,6 +126,7 @@ def scan_input(
     name: str | None = None,
     answer: Callable[[dict[str, Any], bytes, bool], bool] | None = None,
     refs: FileRefs | None = None,
+    group: Callable[[dict[str, Any]], int | None] | None = None,
 ) -> InputScan:
     """Validate the request file and work out what still has to be sent.
 
@@ -110,6 +144,7 @@ def scan_input(
     counted in `answered`, not `pending`): the answer cache's look-up, made in this one pass.
     `refs` reads each `file://PATH` a line names as its file's hash (`file_refs.py`) before
     anything else sees the line; a path that cannot be sent is a problem of its line.
+    `group(body)` is each pending line's look-ahead group, noted in `groups` (`groups_of`).
     """
     if changed not in CHANGED_POLICIES:
         raise ValueError(f"changed must be one of {CHANGED_POLICIES}")
@@ -136,7 +171,9 @@ def scan_input(
                 break
             continue
         cid: Any = obj.get("custom_id") if type(obj) is dict else None  # a str when checked
-        unusable = refs.resolve(obj.get("body")) if refs and cid and has_refs(raw) else []
+        named = bool(refs and cid and has_refs(raw))
+        scan.ref_lines += named
+        unusable = refs.resolve(obj.get("body")) if refs and named else []
         at = done_slot(cid) if any_done and type(cid) is str else -1
         kept_failure = at < 0 and any_failed and type(cid) is str and failed_slot(cid) >= 0
         if at >= 0 or (kept_failure and not retry_failed):
@@ -206,6 +243,11 @@ def scan_input(
             scan.models[model] += 1
         scan.urls[obj["url"]] += 1
         scan.pending.append(offset)
+        if group is not None:  # of the body as the line has it, before its files were resolved
+            key = group(orjson.loads(raw)["body"] if named else obj["body"])
+            scan.groups.append(NO_GROUP if key is None else key)
+    if group is not None:
+        scan.grouped = scan.pending
     seen.update(ids)
     if number == 0:  # "all 0 requests have a result" would read as success
         raise InputError(f"{scan.path} is empty: it has no request lines; nothing was sent")

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import bisect
 from collections import OrderedDict
-from collections.abc import Hashable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol
 
 import orjson
@@ -281,16 +282,32 @@ def grouped(items: Iterable[tuple[int, Hashable | None]], window: int) -> Iterat
         yield from offsets
 
 
-def ordered_lines(path: str, offsets: Sequence[int], route: RouteOptions) -> Iterator[bytes]:
+def window_group(route: RouteOptions) -> Callable[[dict[str, Any]], int | None] | None:
+    """What the look-ahead window groups a request body by (`prefix_group`), or None when
+    the window keeps the file's order: the input scan notes it for each pending line."""
+    if route.policy != "prefix" or route.order_window < 2:
+        return None
+    return partial(prefix_group, share=route.min_match)
+
+
+def ordered_lines(
+    path: str,
+    offsets: Sequence[int],
+    route: RouteOptions,
+    groups: Sequence[int] | None = None,
+) -> Iterator[bytes]:
     """The request lines at `offsets`; with `--route prefix`, those sharing most of their prompt
     are grouped within the look-ahead window, so they reach a server while the prefix is still
-    in its cache. Each line is read twice (once for its key, once to send): only offsets wait
-    in the window, never bodies."""
-    if route.policy != "prefix" or route.order_window < 2:
+    in its cache. Only offsets wait in the window, never bodies. `groups`, beside `offsets`, are
+    their groups as the input scan noted them (`window_group`, -1 for none); without them each
+    line is read twice (once for its group, once to send)."""
+    group = window_group(route)
+    if group is None:
         return read_lines_at(path, offsets)
-
-    def group(raw: bytes) -> int | None:
-        return prefix_group(orjson.loads(raw)["body"], route.min_match)
-
-    keyed = zip(offsets, map(group, read_lines_at(path, offsets)), strict=True)
+    if groups is not None:
+        noted = (None if key == -1 else key for key in groups)
+        keyed = zip(offsets, noted, strict=True)
+    else:
+        found = (group(orjson.loads(raw)["body"]) for raw in read_lines_at(path, offsets))
+        keyed = zip(offsets, found, strict=True)
     return read_lines_at(path, grouped(keyed, route.order_window))
