@@ -76,7 +76,7 @@ _BRIEF = (
     "max_retries", "price", "max_cost",
     "route",
     "fleet", "endpoint_files",
-    "cache", "files_dir", "require_files", "parse_tool_calls",
+    "cache", "files_dir", "parse_tool_calls",
     "backend", "model_path", "served_model_name", "tp_size", "dp_size", "dp_mode",
     "context_length", "reasoning_parser", "server_args", "restart", "ray_address",
     "batch_api", "poll_interval",
