@@ -238,7 +238,8 @@ def serve_app(app: Any) -> tuple[str, Callable[[], None]]:
     thread.start()
 
     def stop() -> None:
-        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+        # 30 s: aiohttp 3.10 lets a handler that is still writing finish before cleanup ends
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(30)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
 
