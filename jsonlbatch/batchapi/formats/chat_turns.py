@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jsonlbatch.batchapi.formats.media_parts import Media, Problems, read_media
+from jsonlbatch.batchapi.formats.media_parts import Media, Problems, media_of_part
 
 #: A turn's content: text pieces and media, in order.
 Parts = list[str | Media]
@@ -23,7 +23,7 @@ def _parts(content: Any, where: str, target: str, problems: Problems) -> Parts |
             if kind == "text" and isinstance(part.get("text"), str):
                 out.append(part["text"])
             elif kind in ("image_url", "file"):
-                media = read_media(part, f"{where}.{i}", problems)
+                media = media_of_part(part, f"{where}.{i}", problems)
                 if media is not None:
                     out.append(media)
             else:

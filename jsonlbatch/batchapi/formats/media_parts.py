@@ -56,7 +56,7 @@ def parse_data_url(url: str, where: str, problems: Problems) -> tuple[str, str] 
     return found.group(1).lower(), payload
 
 
-def read_media(part: dict[str, Any], where: str, problems: Problems) -> Media | None:
+def media_of_part(part: dict[str, Any], where: str, problems: Problems) -> Media | None:
     """An `image_url` or `file` part as `Media` (None, with a problem, when it is unusable)."""
     kind = part.get("type")
     if kind == "image_url":
