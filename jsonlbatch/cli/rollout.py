@@ -19,6 +19,7 @@ from typing import Any
 
 import click
 
+from jsonlbatch.batch_format.call_ids import companions
 from jsonlbatch.cli.exec import EXIT_BUDGET, EXIT_SOME_FAILED, exec_, spec_from_params
 from jsonlbatch.cli.params import SECONDS
 from jsonlbatch.cli.sections import Sectioned
@@ -28,7 +29,6 @@ from jsonlbatch.exec.hooks.seams import Seams
 from jsonlbatch.exec.output.run_summary import RunSummary
 from jsonlbatch.file_io.output_guard import check_output
 from jsonlbatch.rollouts.driver import DEFAULT_MAX_TURNS, DEFAULT_TOOL_TIMEOUT, Rollout
-from jsonlbatch.rollouts.journal import companions
 from jsonlbatch.rollouts.rollout_summary import RolloutSummary
 from jsonlbatch.rollouts.tools import load_tools
 

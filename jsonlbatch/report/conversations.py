@@ -13,33 +13,15 @@ the lines of turn k, and those with exactly k the difference between turn k's an
 from __future__ import annotations
 
 import math
-import re
 from collections import Counter
 from typing import Any
 
 import orjson
 
+from jsonlbatch.batch_format.call_ids import turn_of
 from jsonlbatch.batch_format.records import is_failure
 from jsonlbatch.batch_format.samples import load_line
 from jsonlbatch.file_io.jsonl import iter_lines
-
-_TURN = re.compile(r"#t(\d{1,6})(\.ask\d{1,9})?\Z")
-
-
-def turn_of(custom_id: str) -> tuple[int, bool] | None:
-    """(turn number, whether the line is an ask) of a calls file's line; None for any other
-    custom_id."""
-    found = _TURN.search(custom_id)
-    if found is None:
-        return None
-    return int(found[1]), found[2] is not None
-
-
-def conversation_of(custom_id: str) -> str | None:
-    """The conversation id of a calls file's line (`conv#t3.ask1` -> `conv`); None for any
-    other custom_id."""
-    found = _TURN.search(custom_id)
-    return None if found is None else custom_id[: found.start()]
 
 
 def superseded_failures(path: str) -> set[int]:
@@ -65,11 +47,6 @@ def superseded_failures(path: str) -> set[int]:
         if is_failure(obj):
             failed[cid] = number
     return replaced
-
-
-def turn_id(conversation: str, turn: int, ask: int | None = None) -> str:
-    """The custom_id of a turn (or of its `ask`-th ask) in a calls file."""
-    return f"{conversation}#t{turn}" + ("" if ask is None else f".ask{ask}")
 
 
 #: Distinct tool names a report counts one by one. Names read from hermes text are the model's

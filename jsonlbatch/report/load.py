@@ -21,6 +21,7 @@ from typing import Any
 
 import orjson
 
+from jsonlbatch.batch_format.call_ids import companions, turn_of
 from jsonlbatch.batch_format.records import (
     check_response,
     is_failure,
@@ -31,12 +32,7 @@ from jsonlbatch.batch_format.samples import chat_usage, hosted_choices, load_lin
 from jsonlbatch.errors import InputError, Problem, UsageError
 from jsonlbatch.file_io.jsonl import ends_with_newline, iter_lines
 from jsonlbatch.pricing.prices import Tokens, tokens_of
-from jsonlbatch.report.conversations import (
-    count_tool_names,
-    superseded_failures,
-    tool_names,
-    turn_of,
-)
+from jsonlbatch.report.conversations import count_tool_names, superseded_failures, tool_names
 
 #: Per-request columns, each an `array('d')` aligned with the successful requests.
 COLUMNS = ("e2e", "ttft", "decode", "tpot", "itl", "prompt", "completion", "reasoning", "end")
@@ -318,10 +314,9 @@ def _refuse_request_file(obj: Any, path: str) -> None:
             "`jsonlbatch exec` (pass requests with --requests)"
         )
     if isinstance(obj, dict) and "messages" in obj and "status" in obj and "response" not in obj:
-        stem = path[: -len(".jsonl")] if path.endswith(".jsonl") else path
         raise InputError(
             f"{path} is a rollout's conversations file (its lines have `messages` and `status`), "
-            f"not responses: report reads its calls file, {stem}.calls.jsonl, where every model "
+            f"not responses: report reads its calls file, {companions(path)[0]}, where every model "
             "call of the rollout is a response line"
         )
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import orjson
 
+from jsonlbatch.batch_format.call_ids import call_id, companions
 from jsonlbatch.batch_format.idset import IdSet
 from jsonlbatch.batch_format.records import CHAT_URL, Request, Result, check_request, fingerprint
 from jsonlbatch.errors import MAX_PROBLEMS, InputError, Problem, problems_text
@@ -25,13 +26,7 @@ from jsonlbatch.exec.prepare.input_scan import NO_FINGERPRINT, InputScan, Output
 from jsonlbatch.file_io.jsonl import iter_lines_at
 from jsonlbatch.rollouts import context
 from jsonlbatch.rollouts.context import AskAnswer, AskFailed, Conversation, Diverged
-from jsonlbatch.rollouts.journal import (
-    Journal,
-    ResumeIndex,
-    call_id,
-    companions,
-    finished_ids,
-)
+from jsonlbatch.rollouts.journal import Journal, ResumeIndex, finished_ids
 from jsonlbatch.rollouts.rollout_summary import RolloutSummary, Tally
 from jsonlbatch.rollouts.tools import (
     HookFailed,

@@ -30,18 +30,6 @@ from jsonlbatch.file_io.jsonl import AppendWriter, read_lines_at, repair_tail
 _TURN_MARK = "#t"
 
 
-def companions(output: str) -> tuple[str, str]:
-    """The calls file and the tool journal beside a conversations file
-    (`conv.jsonl` -> `conv.calls.jsonl`, `conv.tools.jsonl`)."""
-    stem = output[: -len(".jsonl")] if output.endswith(".jsonl") else output
-    return f"{stem}.calls.jsonl", f"{stem}.tools.jsonl"
-
-
-def call_id(conversation: str, turn: int, ask: int = 0) -> str:
-    """The custom_id of a conversation's model call at `turn`, or of its `ask`-th ask then."""
-    return f"{conversation}#t{turn}" + (f".ask{ask}" if ask else "")
-
-
 def conversation_of(custom_id: str) -> str:
     return custom_id[: custom_id.rfind(_TURN_MARK)] if _TURN_MARK in custom_id else custom_id
 

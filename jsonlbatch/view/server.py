@@ -26,10 +26,10 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from jsonlbatch.batch_format.call_ids import conversation_of, turn_of
 from jsonlbatch.errors import JsonlbatchError, UsageError
 from jsonlbatch.pricing.cost import Price
 from jsonlbatch.redact import redact
-from jsonlbatch.report.conversations import conversation_of, turn_of
 from jsonlbatch.view.detail import describe
 from jsonlbatch.view.index import OVERSIZED, LineIndex, open_regular
 from jsonlbatch.view.media import image_bytes, media_at

@@ -14,9 +14,9 @@ from typing import Any, Protocol
 
 import orjson
 
+from jsonlbatch.batch_format.call_ids import call_id, conversation_of, turn_of
 from jsonlbatch.batch_format.samples import samples_of
 from jsonlbatch.redact import redact
-from jsonlbatch.report.conversations import conversation_of, turn_id, turn_of
 
 MAX_LINES = 200  # the longest conversation listed (turns and asks together)
 _SNIPPET = 120  # characters of a text answer shown
@@ -39,17 +39,17 @@ def conversation_lines(index: _Lines, custom_id: str) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     turn = max(0, place[0] - MAX_LINES)  # a huge turn number costs no huge scan
     while len(out) < MAX_LINES and turn <= place[0] + MAX_LINES:
-        rows = index.find(turn_id(conversation, turn))
+        rows = index.find(call_id(conversation, turn))
         if not rows and turn > place[0]:  # a gap after the line's own turn: the end
             break
         for row in rows[-1:]:
-            out.append(_entry(index, turn_id(conversation, turn), row, turn, None))
+            out.append(_entry(index, call_id(conversation, turn), row, turn, None))
         ask = 1
         while len(out) < MAX_LINES:
-            asked = index.find(turn_id(conversation, turn, ask))
+            asked = index.find(call_id(conversation, turn, ask))
             if not asked:
                 break
-            out.append(_entry(index, turn_id(conversation, turn, ask), asked[-1], turn, ask))
+            out.append(_entry(index, call_id(conversation, turn, ask), asked[-1], turn, ask))
             ask += 1
         turn += 1
     return out
